@@ -1,0 +1,2 @@
+#include "kernels/kernels.h"
+namespace maskd::kernels { bool BuiltWithCuda() { return false; } }
