@@ -1,0 +1,286 @@
+#include "client/client.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+#include <grpcpp/generic/generic_stub.h>
+
+#include <condition_variable>
+#include <mutex>
+
+namespace maskd::client {
+namespace {
+
+constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
+
+std::chrono::system_clock::time_point DeadlineAfter(std::chrono::milliseconds timeout) {
+  return std::chrono::system_clock::now() + timeout;
+}
+
+// grpc.health.v1.HealthCheckRequest is one string field (1: service) and HealthCheckResponse one
+// enum field (1: status). Encoding them by hand avoids a second copy of grpc's health.proto in
+// this repository; the generic stub carries the bytes.
+grpc::ByteBuffer EncodeHealthRequest(const std::string& service) {
+  std::string bytes;
+  if (!service.empty()) {
+    google::protobuf::io::StringOutputStream raw(&bytes);
+    google::protobuf::io::CodedOutputStream out(&raw);
+    out.WriteTag((1 << 3) | 2);  // field 1, length-delimited
+    out.WriteVarint32(static_cast<uint32_t>(service.size()));
+    out.WriteString(service);
+  }
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+StatusOr<ServingStatus> DecodeHealthResponse(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok()) return Internal("health response: unreadable byte buffer");
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  uint32_t status = 0;  // absent field = UNKNOWN
+  while (uint32_t tag = in.ReadTag()) {
+    if (tag == ((1 << 3) | 0)) {
+      if (!in.ReadVarint32(&status)) return Internal("health response: truncated status field");
+    } else if (!google::protobuf::internal::WireFormatLite::SkipField(&in, tag)) {
+      return Internal("health response: malformed field with tag " + std::to_string(tag));
+    }
+  }
+  if (status > 3) return ServingStatus::kUnknown;
+  return static_cast<ServingStatus>(status);
+}
+
+grpc::ChannelArguments MakeChannelArgs(const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  args.SetMaxSendMessageSize(options.max_send_message_bytes);
+  if (options.channel_index) {
+    // Distinct args give distinct subchannels, i.e. separate TCP connections, so that a load
+    // generator is not limited by one HTTP/2 connection's single I/O thread.
+    args.SetInt("maskd.channel_index", *options.channel_index);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  }
+  return args;
+}
+
+}  // namespace
+
+const char* GrpcCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNRECOGNISED_CODE";
+  }
+}
+
+Status FromGrpcStatus(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::OK:
+      return Status::Ok();
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::UNAVAILABLE:
+      return {static_cast<StatusCode>(status.error_code()), status.error_message()};
+    default:
+      return Internal(std::string("gRPC status ") + GrpcCodeName(status.error_code()) + ": " +
+                      status.error_message());
+  }
+}
+
+const char* ServingStatusName(ServingStatus s) {
+  switch (s) {
+    case ServingStatus::kServing: return "SERVING";
+    case ServingStatus::kNotServing: return "NOT_SERVING";
+    case ServingStatus::kServiceUnknown: return "SERVICE_UNKNOWN";
+    case ServingStatus::kUnknown: break;
+  }
+  return "UNKNOWN";
+}
+
+v1::Prompt BuildPrompt(const PromptArg& prompt) {
+  v1::Prompt out;
+  for (const PointArg& p : prompt.points) {
+    v1::Point* point = out.add_points();
+    point->set_x(p.x);
+    point->set_y(p.y);
+    point->set_label(p.foreground ? v1::POINT_LABEL_FOREGROUND : v1::POINT_LABEL_BACKGROUND);
+  }
+  if (prompt.box) {
+    v1::Box* box = out.mutable_box();
+    box->set_x0(prompt.box->x0);
+    box->set_y0(prompt.box->y0);
+    box->set_x1(prompt.box->x1);
+    box->set_y1(prompt.box->y1);
+  }
+  if (!prompt.mask_from.empty()) {
+    v1::MaskInput* mask = out.mutable_mask_input();
+    mask->set_result_id(prompt.mask_from);
+    if (prompt.mask_index) mask->set_mask_index(*prompt.mask_index);
+  }
+  out.set_multimask(prompt.multimask);
+  return out;
+}
+
+v1::SegmentRequest BuildSegmentRequest(const SegmentArgs& args) {
+  v1::SegmentRequest request;
+  if (!args.image.encoded.empty()) {
+    request.mutable_image()->set_encoded(args.image.encoded);
+  } else if (!args.image.image_id.empty()) {
+    request.set_image_id(args.image.image_id);
+  }
+  for (const PromptArg& p : args.prompts) *request.add_prompts() = BuildPrompt(p);
+  request.set_output_format(args.format);
+  if (!args.request_tag.empty()) request.set_request_tag(args.request_tag);
+  return request;
+}
+
+Client::Client(const ClientOptions& options)
+    : options_(options),
+      channel_(grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(),
+                                         MakeChannelArgs(options))),
+      stub_(v1::MaskService::NewStub(channel_)) {}
+
+StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  auto client = std::make_unique<Client>(options);
+  if (!client->channel_->WaitForConnected(DeadlineAfter(options.connect_timeout))) {
+    return Unavailable("could not connect to " + options.target + " within " +
+                       std::to_string(options.connect_timeout.count()) +
+                       " ms (is maskd running and listening there?)");
+  }
+  return client;
+}
+
+void Client::SetDeadline(grpc::ClientContext& context) const {
+  context.set_deadline(DeadlineAfter(options_.timeout));
+}
+
+StatusOr<v1::EmbedResponse> Client::Embed(const std::string& encoded_image) {
+  v1::EmbedRequest request;
+  request.mutable_image()->set_encoded(encoded_image);
+  return Embed(request);
+}
+
+StatusOr<v1::EmbedResponse> Client::Embed(const v1::EmbedRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::EmbedResponse response;
+  Status status = FromGrpcStatus(stub_->Embed(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+StatusOr<v1::SegmentResponse> Client::Segment(const SegmentArgs& args) {
+  return Segment(BuildSegmentRequest(args));
+}
+
+StatusOr<v1::SegmentResponse> Client::Segment(const v1::SegmentRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::SegmentResponse response;
+  Status status = FromGrpcStatus(stub_->Segment(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+StatusOr<v1::GetInfoResponse> Client::GetInfo() {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::GetInfoResponse response;
+  Status status = FromGrpcStatus(stub_->GetInfo(&context, v1::GetInfoRequest(), &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+StatusOr<ServingStatus> Client::Health(const std::string& service) {
+  // The generic stub only offers the callback form; wait for it here to keep Health synchronous.
+  grpc::GenericStub generic(channel_);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::ByteBuffer request = EncodeHealthRequest(service);
+  grpc::ByteBuffer response;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;  // guarded by mu
+  grpc::Status rpc_status;
+  generic.UnaryCall(&context, kHealthCheckMethod, grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) {
+                      std::lock_guard<std::mutex> lock(mu);
+                      rpc_status = std::move(s);
+                      done = true;
+                      cv.notify_one();
+                    });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+  Status status = FromGrpcStatus(rpc_status);
+  if (!status.ok()) return status;
+  return DecodeHealthResponse(response);
+}
+
+std::unique_ptr<SegmentSession> Client::OpenSession(std::chrono::milliseconds stream_timeout) {
+  return std::make_unique<SegmentSession>(*stub_, stream_timeout);
+}
+
+SegmentSession::SegmentSession(v1::MaskService::Stub& stub, std::chrono::milliseconds timeout) {
+  if (timeout.count() > 0) context_.set_deadline(DeadlineAfter(timeout));
+  stream_ = stub.SegmentStream(&context_);
+}
+
+SegmentSession::~SegmentSession() {
+  if (!finished_) {
+    context_.TryCancel();
+    (void)Finish();
+  }
+}
+
+StatusOr<v1::SegmentResponse> SegmentSession::Send(const v1::SegmentRequest& request) {
+  if (finished_) return FailedPrecondition("SegmentSession::Send after Finish");
+  v1::SegmentResponse response;
+  if (!stream_->Write(request) || !stream_->Read(&response)) {
+    Status status = Finish();
+    if (status.ok()) return Unavailable("SegmentStream closed by the server before answering");
+    return status;
+  }
+  if (response.has_error()) {
+    const int code = response.error().code();
+    if (code == 0) return Internal("SegmentStream response has `error` set with code 0: " + response.error().message());
+    return FromGrpcStatus(grpc::Status(static_cast<grpc::StatusCode>(code), response.error().message()));
+  }
+  return response;
+}
+
+Status SegmentSession::Finish() {
+  if (finished_) return final_status_;
+  finished_ = true;
+  stream_->WritesDone();
+  v1::SegmentResponse ignored;
+  while (stream_->Read(&ignored)) {
+  }
+  final_status_ = FromGrpcStatus(stream_->Finish());
+  return final_status_;
+}
+
+}  // namespace maskd::client

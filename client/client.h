@@ -1,0 +1,149 @@
+// maskd_client: a small, typed C++ client for maskd's v1 API (maskd/v1/maskd.proto).
+//
+// What a caller may rely on:
+// - Every call has a deadline (ClientOptions::timeout unless the call says otherwise); a call never
+//   blocks longer than that.
+// - Failures come back as maskd::Status whose code is the gRPC status code the server sent (or the
+//   one gRPC produced locally, e.g. UNAVAILABLE when nothing listens) and whose message is the
+//   server's message. A SegmentStream response carrying `error` is returned as that Status.
+// - A Client is thread-safe: its methods may be called concurrently (one HTTP/2 channel is shared).
+// - No exceptions, no output: this is library code, the caller decides what to print.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "maskd/v1/maskd.grpc.pb.h"
+#include "model/status.h"
+
+namespace maskd::client {
+
+struct ClientOptions {
+  // HOST:PORT (or any gRPC target string).
+  std::string target = "localhost:50051";
+  // Deadline of each call.
+  std::chrono::milliseconds timeout{30000};
+  // How long Connect waits for the channel to become READY.
+  std::chrono::milliseconds connect_timeout{5000};
+  // Responses with many full-size masks are large (PNG/logits especially): gRPC's 4 MiB default is
+  // too small for a 256-prompt request.
+  int max_receive_message_bytes = 512 << 20;
+  int max_send_message_bytes = 64 << 20;
+  // Extra channel args for load generators that want one TCP connection per channel.
+  std::optional<int> channel_index;
+};
+
+// The grpc::Status -> maskd::Status conversion used for every call (codes are numerically equal; a
+// code maskd::StatusCode does not name becomes INTERNAL with the gRPC code name in the message).
+Status FromGrpcStatus(const grpc::Status& status);
+const char* GrpcCodeName(grpc::StatusCode code);
+
+// One point of a prompt, in original image pixels.
+struct PointArg {
+  float x = 0, y = 0;
+  bool foreground = true;
+};
+
+struct BoxArg {
+  float x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+};
+
+// One prompt: points and/or a box, optionally refining an earlier result.
+struct PromptArg {
+  std::vector<PointArg> points;
+  std::optional<BoxArg> box;
+  // MaskInput.result_id of an earlier result on the same image, and which of its masks (absent: its
+  // best one).
+  std::string mask_from;
+  std::optional<uint32_t> mask_index;
+  bool multimask = false;
+};
+
+// The image of a Segment call: encoded file bytes, or the image_id of an earlier Embed/Segment.
+struct ImageArg {
+  std::string encoded;   // JPEG/PNG/WebP bytes
+  std::string image_id;  // used when encoded is empty
+
+  static ImageArg Encoded(std::string bytes) { return {std::move(bytes), {}}; }
+  static ImageArg Id(std::string id) { return {{}, std::move(id)}; }
+};
+
+struct SegmentArgs {
+  ImageArg image;
+  std::vector<PromptArg> prompts;
+  v1::OutputFormat format = v1::OUTPUT_FORMAT_COCO_RLE;
+  std::string request_tag;
+};
+
+// Builds the wire request (exposed for the load generator and tests). Does not validate: the server
+// does, and says which field is wrong.
+v1::SegmentRequest BuildSegmentRequest(const SegmentArgs& args);
+v1::Prompt BuildPrompt(const PromptArg& prompt);
+
+enum class ServingStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
+const char* ServingStatusName(ServingStatus s);
+
+class SegmentSession;
+
+class Client {
+ public:
+  // Creates the channel and waits (up to connect_timeout) until it is connected. UNAVAILABLE with
+  // the target in the message when it does not connect in time.
+  static StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  // Creates the channel without waiting (calls then fail or wait as gRPC decides).
+  explicit Client(const ClientOptions& options);
+
+  StatusOr<v1::EmbedResponse> Embed(const std::string& encoded_image);
+  StatusOr<v1::EmbedResponse> Embed(const v1::EmbedRequest& request);
+  StatusOr<v1::SegmentResponse> Segment(const SegmentArgs& args);
+  StatusOr<v1::SegmentResponse> Segment(const v1::SegmentRequest& request);
+  StatusOr<v1::GetInfoResponse> GetInfo();
+  // grpc.health.v1.Health/Check for `service` ("" = the whole server).
+  StatusOr<ServingStatus> Health(const std::string& service = "maskd.v1.MaskService");
+
+  // Opens a SegmentStream. The stream's own deadline is `stream_timeout` (zero: none; interactive
+  // sessions last as long as the user clicks).
+  std::unique_ptr<SegmentSession> OpenSession(
+      std::chrono::milliseconds stream_timeout = std::chrono::milliseconds{0});
+
+  const ClientOptions& options() const { return options_; }
+  v1::MaskService::Stub& stub() { return *stub_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
+  void SetDeadline(grpc::ClientContext& context) const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::MaskService::Stub> stub_;
+};
+
+// One SegmentStream: each Send writes one request and reads its one response (the server answers in
+// order). Not thread-safe: one user, one session.
+class SegmentSession {
+ public:
+  SegmentSession(v1::MaskService::Stub& stub, std::chrono::milliseconds timeout);
+  ~SegmentSession();
+  SegmentSession(const SegmentSession&) = delete;
+  SegmentSession& operator=(const SegmentSession&) = delete;
+
+  // A response whose `error` is set comes back as that error (the stream stays usable). A broken
+  // stream returns the stream's final status.
+  StatusOr<v1::SegmentResponse> Send(const v1::SegmentRequest& request);
+  StatusOr<v1::SegmentResponse> Send(const SegmentArgs& args) { return Send(BuildSegmentRequest(args)); }
+  // Half-closes and returns the stream's status. Idempotent.
+  Status Finish();
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SegmentRequest, v1::SegmentResponse>> stream_;
+  bool finished_ = false;
+  Status final_status_;
+};
+
+}  // namespace maskd::client

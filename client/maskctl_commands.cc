@@ -1,0 +1,367 @@
+#include "client/maskctl_commands.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <cstdio>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "client/client.h"
+#include "client/mask_codec.h"
+#include "client/overlay.h"
+#include "client/prompt_parse.h"
+
+namespace maskd::client {
+namespace {
+
+ClientOptions OptionsFrom(const MaskctlConfig& c) {
+  ClientOptions o;
+  o.target = c.server;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.timeout_s * 1000));
+  o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(c.connect_timeout_s * 1000));
+  return o;
+}
+
+int Fail(std::ostream& err, const Status& status) {
+  err << "maskctl: " << status.ToString() << "\n";
+  return 1;
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(m, &json, options);
+  return json;
+}
+
+std::string Mib(uint64_t bytes) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << bytes / (1024.0 * 1024.0) << " MiB";
+  return s.str();
+}
+
+std::string Ms(uint64_t us) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(2) << us / 1000.0 << " ms";
+  return s.str();
+}
+
+void PrintTiming(std::ostream& out, const v1::CallTiming& t) {
+  out << "timing: total " << Ms(t.total_us()) << " (decode " << Ms(t.decode_us()) << ", encoder queue "
+      << Ms(t.encoder_queue_us()) << " + compute " << Ms(t.encoder_compute_us())
+      << ", decoder queue " << Ms(t.decoder_queue_us()) << " + compute "
+      << Ms(t.decoder_compute_us()) << ", postprocess " << Ms(t.postprocess_us()) << ")\n";
+}
+
+void PrintQueue(std::ostream& out, const char* name, const v1::QueueStats& q) {
+  out << "  " << name << ": depth " << q.depth() << "/" << q.capacity() << ", " << q.batches()
+      << " batches, " << q.items() << " items (mean batch " << std::fixed << std::setprecision(2)
+      << q.mean_batch_size() << "), rejected " << q.rejected() << ", dropped " << q.dropped() << "\n";
+}
+
+void PrintInfo(std::ostream& out, const v1::GetInfoResponse& info) {
+  const v1::ModelInfo& m = info.model();
+  out << "maskd " << info.version() << ", up " << info.uptime_seconds() << " s\n";
+  out << "model: " << m.arch() << (m.demo() ? " (built-in demo: random weights)" : "") << " from "
+      << m.checkpoint() << "\n";
+  out << "  identity " << m.identity() << ", " << m.parameter_count() << " parameters, encoder dim "
+      << m.encoder_embed_dim() << " depth " << m.encoder_depth() << " heads " << m.encoder_num_heads()
+      << " global attention at [";
+  for (int i = 0; i < m.encoder_global_attn_indexes_size(); ++i)
+    out << (i ? ", " : "") << m.encoder_global_attn_indexes(i);
+  out << "], input " << m.image_size() << " px\n";
+  out << "precision: " << info.precision() << "; optimisations:";
+  if (info.optimisations().empty()) out << " none";
+  for (const std::string& o : info.optimisations()) out << " " << o;
+  out << "\n";
+  const v1::CacheStats& c = info.cache();
+  out << "cache: device " << c.device().entries() << " entries " << Mib(c.device().bytes()) << " / "
+      << Mib(c.device().capacity_bytes()) << ", host " << c.host().entries() << " entries "
+      << Mib(c.host().bytes()) << " / " << Mib(c.host().capacity_bytes()) << "\n";
+  out << "  hits " << c.hits() << ", misses " << c.misses() << ", evictions " << c.evictions()
+      << ", demotions " << c.demotions() << ", single-flight joins " << c.single_flight_joins()
+      << ", stored results " << c.results() << " (" << Mib(c.result_bytes()) << ")\n";
+  out << "queues:\n";
+  PrintQueue(out, "encoder", info.encoder_queue());
+  PrintQueue(out, "decoder", info.decoder_queue());
+  const v1::GpuMemory& g = info.memory();
+  out << "memory: allocated " << Mib(g.allocated_bytes()) << ", peak " << Mib(g.peak_allocated_bytes())
+      << ", reserved " << Mib(g.reserved_bytes()) << ", total " << Mib(g.total_bytes()) << "\n";
+  if (!info.stages().empty()) {
+    out << "stages (recent window):\n";
+    for (const v1::StageTiming& s : info.stages()) {
+      out << "  " << std::left << std::setw(22) << s.stage() << std::right << " n=" << s.count()
+          << " mean " << Ms(static_cast<uint64_t>(s.mean_us())) << " p50 "
+          << Ms(static_cast<uint64_t>(s.p50_us())) << " p99 " << Ms(static_cast<uint64_t>(s.p99_us()))
+          << "\n";
+    }
+  }
+  for (const v1::DeviceInfo& d : info.devices()) {
+    out << "device " << d.device() << " (" << d.name() << "): cache hits " << d.cache().hits()
+        << ", memory peak " << Mib(d.memory().peak_allocated_bytes()) << "\n";
+  }
+  const v1::Limits& l = info.limits();
+  out << "limits: image " << Mib(l.max_image_bytes()) << ", " << l.max_image_pixels()
+      << " pixels, " << l.max_prompts_per_request() << " prompts/request, "
+      << l.max_points_per_prompt() << " points/prompt\n";
+  out << "calls: " << info.calls();
+  for (const auto& [code, n] : info.calls_by_status()) out << ", " << code << " " << n;
+  out << "\n";
+}
+
+void PrintSegment(std::ostream& out, const v1::SegmentResponse& r) {
+  out << "image_id " << r.image_id() << " (" << r.width() << "x" << r.height()
+      << (r.cached() ? ", cached embedding" : "") << ")\n";
+  for (int p = 0; p < r.results_size(); ++p) {
+    const v1::PromptResult& pr = r.results(p);
+    out << "prompt " << p << ": result_id " << pr.result_id() << "\n";
+    for (int k = 0; k < pr.masks_size(); ++k) {
+      const v1::MaskResult& m = pr.masks(k);
+      out << "  mask " << k << (static_cast<uint32_t>(k) == pr.best_index() ? " *" : "  ")
+          << " score " << std::fixed << std::setprecision(4) << m.score() << " stability "
+          << m.stability_score() << " area " << m.area() << " bbox [" << m.bbox().x() << ", "
+          << m.bbox().y() << ", " << m.bbox().width() << ", " << m.bbox().height() << "]";
+      if (m.has_rle()) out << " rle " << m.rle().counts().size() << " B";
+      if (!m.png().empty()) out << " png " << m.png().size() << " B";
+      out << "\n";
+    }
+  }
+  PrintTiming(out, r.timing());
+}
+
+struct SegmentFlags {
+  std::string image_path;
+  std::string image_id;
+  std::vector<std::string> points;
+  std::string box;
+  std::string mask_from;
+  int mask_index = -1;
+  bool multimask = false;
+  std::string format = "rle";
+  std::string out_json;
+  std::string out_overlay;
+  std::string tag;
+};
+
+int RunSegment(const MaskctlConfig& config, const SegmentFlags& f, std::ostream& out,
+               std::ostream& err) {
+  if (f.image_path.empty() == f.image_id.empty()) {
+    return Fail(err, InvalidArgument("segment: give exactly one of IMAGE or --image-id"));
+  }
+  if (!f.out_overlay.empty() && f.image_path.empty()) {
+    return Fail(err, InvalidArgument("--out-overlay needs IMAGE: the server does not return pixels"));
+  }
+  PromptArg prompt;
+  for (const std::string& text : f.points) {
+    StatusOr<PointArg> p = ParsePoint(text);
+    if (!p.ok()) return Fail(err, p.status());
+    prompt.points.push_back(*p);
+  }
+  if (!f.box.empty()) {
+    StatusOr<BoxArg> b = ParseBox(f.box);
+    if (!b.ok()) return Fail(err, b.status());
+    prompt.box = *b;
+  }
+  prompt.mask_from = f.mask_from;
+  if (f.mask_index >= 0) prompt.mask_index = static_cast<uint32_t>(f.mask_index);
+  prompt.multimask = f.multimask;
+  StatusOr<v1::OutputFormat> format = ParseOutputFormat(f.format);
+  if (!format.ok()) return Fail(err, format.status());
+  if (!f.out_overlay.empty() && *format == v1::OUTPUT_FORMAT_LOW_RES_LOGITS) {
+    return Fail(err, InvalidArgument("--out-overlay needs --format rle or png (logits are 256x256)"));
+  }
+
+  SegmentArgs args;
+  std::string image_bytes;
+  if (!f.image_path.empty()) {
+    StatusOr<std::string> bytes = ReadFileBytes(f.image_path);
+    if (!bytes.ok()) return Fail(err, bytes.status());
+    image_bytes = std::move(*bytes);
+    args.image = ImageArg::Encoded(image_bytes);
+  } else {
+    args.image = ImageArg::Id(f.image_id);
+  }
+  args.prompts.push_back(prompt);
+  args.format = *format;
+  args.request_tag = f.tag;
+
+  StatusOr<std::unique_ptr<Client>> client = Client::Connect(OptionsFrom(config));
+  if (!client.ok()) return Fail(err, client.status());
+  StatusOr<v1::SegmentResponse> response = (*client)->Segment(args);
+  if (!response.ok()) return Fail(err, response.status());
+  PrintSegment(out, *response);
+
+  if (!f.out_json.empty()) {
+    Status s = WriteFileBytes(f.out_json, ToJson(*response) + "\n");
+    if (!s.ok()) return Fail(err, s);
+    out << "wrote " << f.out_json << "\n";
+  }
+  if (!f.out_overlay.empty()) {
+    if (response->results_size() == 0 || response->results(0).masks_size() == 0) {
+      return Fail(err, Internal("segment: the server returned no masks to draw"));
+    }
+    const v1::PromptResult& pr = response->results(0);
+    const uint32_t best = pr.best_index() < static_cast<uint32_t>(pr.masks_size()) ? pr.best_index() : 0;
+    StatusOr<ImageRGB8> image = DecodeImageBytes(image_bytes);
+    if (!image.ok()) return Fail(err, image.status());
+    if (image->width != static_cast<int>(response->width()) ||
+        image->height != static_cast<int>(response->height())) {
+      // EXIF orientation rotates the server's frame; the overlay would not line up.
+      return Fail(err, InvalidArgument("--out-overlay: decoded image is " + std::to_string(image->width) +
+                                       "x" + std::to_string(image->height) + " but the server saw " +
+                                       std::to_string(response->width()) + "x" +
+                                       std::to_string(response->height()) + " (EXIF orientation?)"));
+    }
+    StatusOr<std::vector<uint8_t>> mask = DecodeMask(pr.masks(best), image->width, image->height);
+    if (!mask.ok()) return Fail(err, mask.status());
+    StatusOr<ImageRGB8> overlay = DrawOverlay(*image, *mask, prompt);
+    if (!overlay.ok()) return Fail(err, overlay.status());
+    StatusOr<std::string> png = EncodePng(*overlay);
+    if (!png.ok()) return Fail(err, png.status());
+    Status s = WriteFileBytes(f.out_overlay, *png);
+    if (!s.ok()) return Fail(err, s);
+    out << "wrote " << f.out_overlay << " (mask " << best << ")\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, std::ostream& out,
+                       std::ostream& err) {
+  app.add_option("--server", config.server, "maskd address HOST:PORT")
+      ->envname("MASKD_SERVER")
+      ->capture_default_str();
+  app.add_option("--timeout", config.timeout_s, "deadline of each call, seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--connect-timeout", config.connect_timeout_s,
+                 "how long to wait for the connection, seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
+  // embed
+  {
+    auto path = std::make_shared<std::string>();
+    auto json = std::make_shared<bool>(false);
+    CLI::App* embed = app.add_subcommand(
+        "embed", "Compute (or find cached) the embedding of IMAGE; prints its image_id");
+    embed->add_option("IMAGE", *path, "JPEG, PNG or WebP file")->required()->check(CLI::ExistingFile);
+    embed->add_flag("--json", *json, "print the EmbedResponse as JSON");
+    embed->callback([&config, &run, &out, &err, path, json] {
+      StatusOr<std::string> bytes = ReadFileBytes(*path);
+      if (!bytes.ok()) {
+        run.exit_code = Fail(err, bytes.status());
+        return;
+      }
+      StatusOr<std::unique_ptr<Client>> client = Client::Connect(OptionsFrom(config));
+      if (!client.ok()) {
+        run.exit_code = Fail(err, client.status());
+        return;
+      }
+      StatusOr<v1::EmbedResponse> r = (*client)->Embed(*bytes);
+      if (!r.ok()) {
+        run.exit_code = Fail(err, r.status());
+        return;
+      }
+      if (*json) {
+        out << ToJson(*r) << "\n";
+      } else {
+        out << "image_id " << r->image_id() << " (" << r->width() << "x" << r->height()
+            << (r->cached() ? ", cached" : ", computed") << ")\n";
+        PrintTiming(out, r->timing());
+      }
+      run.exit_code = 0;
+    });
+  }
+
+  // segment
+  {
+    auto f = std::make_shared<SegmentFlags>();
+    CLI::App* seg = app.add_subcommand(
+        "segment", "Segment one prompt (points and/or a box) on IMAGE or a cached --image-id");
+    seg->add_option("IMAGE", f->image_path, "JPEG, PNG or WebP file (or use --image-id)")
+        ->check(CLI::ExistingFile);
+    seg->add_option("--image-id", f->image_id, "image_id of an earlier embed/segment (cached on the server)");
+    seg->add_option("--point", f->points,
+                    "x,y[,label] in original image pixels; label 1|fg (default) or 0|bg; repeatable")
+        ->allow_extra_args(false)
+        ->take_all();
+    seg->add_option("--box", f->box, "x0,y0,x1,y1 in original image pixels");
+    seg->add_option("--mask-from", f->mask_from,
+                    "result_id of an earlier result on the same image, fed back as the mask input");
+    seg->add_option("--mask-index", f->mask_index,
+                    "which mask of --mask-from to use (default: its best)")
+        ->check(CLI::NonNegativeNumber);
+    seg->add_flag("--multimask", f->multimask, "return SAM's three candidate masks instead of one");
+    seg->add_option("--format", f->format, "mask format: rle (COCO RLE), png, logits (256x256 low-res)")
+        ->check(CLI::IsMember({"rle", "png", "logits"}))
+        ->capture_default_str();
+    seg->add_option("--out-json", f->out_json, "write the SegmentResponse as JSON to FILE");
+    seg->add_option("--out-overlay", f->out_overlay,
+                    "write a PNG of IMAGE with the best mask blended in colour and the prompt drawn");
+    seg->add_option("--tag", f->tag, "request tag echoed by the server and shown in its logs");
+    seg->callback([&config, &run, &out, &err, f] {
+      if (f->points.empty() && f->box.empty()) {
+        run.exit_code = Fail(err, InvalidArgument("segment: give at least one --point or a --box"));
+        return;
+      }
+      run.exit_code = RunSegment(config, *f, out, err);
+    });
+  }
+
+  // info
+  {
+    auto json = std::make_shared<bool>(false);
+    CLI::App* info = app.add_subcommand(
+        "info", "Show the server's model, precision, cache, queues, stage timings, memory, limits");
+    info->add_flag("--json", *json, "print the GetInfoResponse as JSON");
+    info->callback([&config, &run, &out, &err, json] {
+      StatusOr<std::unique_ptr<Client>> client = Client::Connect(OptionsFrom(config));
+      if (!client.ok()) {
+        run.exit_code = Fail(err, client.status());
+        return;
+      }
+      StatusOr<v1::GetInfoResponse> r = (*client)->GetInfo();
+      if (!r.ok()) {
+        run.exit_code = Fail(err, r.status());
+        return;
+      }
+      if (*json) {
+        out << ToJson(*r) << "\n";
+      } else {
+        PrintInfo(out, *r);
+      }
+      run.exit_code = 0;
+    });
+  }
+
+  // health
+  {
+    auto service = std::make_shared<std::string>("maskd.v1.MaskService");
+    CLI::App* health = app.add_subcommand(
+        "health", "Ask grpc.health.v1 whether the server is SERVING (exit 0) or not (exit 2)");
+    health->add_option("--service", *service, "service name to check (\"\" = the whole server)")
+        ->capture_default_str();
+    health->callback([&config, &run, &out, &err, service] {
+      StatusOr<std::unique_ptr<Client>> client = Client::Connect(OptionsFrom(config));
+      if (!client.ok()) {
+        run.exit_code = Fail(err, client.status());
+        return;
+      }
+      StatusOr<ServingStatus> s = (*client)->Health(*service);
+      if (!s.ok()) {
+        run.exit_code = Fail(err, s.status());
+        return;
+      }
+      out << ServingStatusName(*s) << "\n";
+      run.exit_code = *s == ServingStatus::kServing ? 0 : 2;
+    });
+  }
+}
+
+}  // namespace maskd::client
