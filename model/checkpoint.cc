@@ -1,1 +1,609 @@
-// placeholder
+#include "model/checkpoint.h"
+
+#include <caffe2/serialize/inline_container.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+#include <variant>
+
+namespace maskd {
+namespace {
+
+// ---------------------------------------------------------------------------------------------------
+// A restricted pickle machine.
+
+struct Value;
+using ValuePtr = std::shared_ptr<Value>;
+
+struct Global {
+  std::string module, name;
+  std::string Qualified() const { return module + "." + name; }
+};
+struct StorageRef {
+  std::string key;
+  at::ScalarType dtype;
+  int64_t numel;
+};
+struct Mark {};
+struct None {};
+using List = std::vector<ValuePtr>;
+struct Tuple {
+  std::vector<ValuePtr> items;
+};
+struct Dict {
+  std::vector<std::pair<ValuePtr, ValuePtr>> items;
+};
+
+struct Value {
+  std::variant<None, Mark, bool, int64_t, double, std::string, Tuple, List, Dict, Global, StorageRef,
+               at::Tensor>
+      v;
+};
+
+template <typename T>
+ValuePtr Make(T x) {
+  auto p = std::make_shared<Value>();
+  p->v = std::move(x);
+  return p;
+}
+
+class PickleError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The storage classes torch.save names in its persistent ids.
+bool StorageDtype(const std::string& name, at::ScalarType* dtype) {
+  static const std::map<std::string, at::ScalarType> kStorages = {
+      {"FloatStorage", at::kFloat},   {"DoubleStorage", at::kDouble}, {"HalfStorage", at::kHalf},
+      {"BFloat16Storage", at::kBFloat16}, {"LongStorage", at::kLong}, {"IntStorage", at::kInt},
+      {"ShortStorage", at::kShort},   {"CharStorage", at::kChar},     {"ByteStorage", at::kByte},
+      {"BoolStorage", at::kBool},
+  };
+  auto it = kStorages.find(name);
+  if (it == kStorages.end()) return false;
+  *dtype = it->second;
+  return true;
+}
+
+bool IsAllowedCallable(const Global& g) {
+  return (g.module == "collections" && g.name == "OrderedDict") ||
+         (g.module == "torch._utils" &&
+          (g.name == "_rebuild_tensor_v2" || g.name == "_rebuild_tensor" ||
+           g.name == "_rebuild_parameter"));
+}
+
+class Unpickler {
+ public:
+  // `load_storage(key, dtype, numel)` returns the storage's data as a 1-D tensor.
+  Unpickler(const char* data, size_t size,
+            std::function<at::Tensor(const std::string&, at::ScalarType, int64_t)> load_storage)
+      : p_(data), end_(data + size), load_storage_(std::move(load_storage)) {}
+
+  ValuePtr Run() {
+    while (true) {
+      const uint8_t op = Byte();
+      switch (op) {
+        case 0x80: Byte(); break;                 // PROTO
+        case 0x95: Skip(8); break;                // FRAME (protocol 4)
+        case '.': return Pop();                   // STOP
+        case '(': stack_.push_back(Make(Mark{})); break;  // MARK
+        case '0': Pop(); break;                   // POP
+        case '1': PopMark(); break;               // POP_MARK
+        case '2': stack_.push_back(Top()); break;  // DUP
+        case 'N': stack_.push_back(Make(None{})); break;
+        case 0x88: stack_.push_back(Make(true)); break;   // NEWTRUE
+        case 0x89: stack_.push_back(Make(false)); break;  // NEWFALSE
+        case 'J': stack_.push_back(Make(static_cast<int64_t>(ReadLE<int32_t>()))); break;  // BININT
+        case 'K': stack_.push_back(Make(static_cast<int64_t>(Byte()))); break;  // BININT1
+        case 'M': stack_.push_back(Make(static_cast<int64_t>(ReadLE<uint16_t>()))); break;  // BININT2
+        case 0x8a: {  // LONG1
+          const int n = Byte();
+          if (n > 8) throw PickleError("integer wider than 64 bits");
+          uint64_t u = 0;
+          for (int i = 0; i < n; ++i) u |= static_cast<uint64_t>(Byte()) << (8 * i);
+          if (n > 0 && n < 8 && (u >> (8 * n - 1)) & 1) u |= ~uint64_t{0} << (8 * n);  // sign
+          stack_.push_back(Make(static_cast<int64_t>(u)));
+          break;
+        }
+        case 'G': {  // BINFLOAT (big-endian double)
+          uint64_t u = 0;
+          for (int i = 0; i < 8; ++i) u = (u << 8) | Byte();
+          double d;
+          std::memcpy(&d, &u, 8);
+          stack_.push_back(Make(d));
+          break;
+        }
+        case 'X': stack_.push_back(Make(Str(ReadLE<uint32_t>()))); break;  // BINUNICODE
+        case 0x8c: stack_.push_back(Make(Str(Byte()))); break;             // SHORT_BINUNICODE
+        case 0x8d: stack_.push_back(Make(Str(ReadLE<uint64_t>()))); break;  // BINUNICODE8
+        case 'T': stack_.push_back(Make(Str(ReadLE<uint32_t>()))); break;  // BINSTRING
+        case 'U': stack_.push_back(Make(Str(Byte()))); break;              // SHORT_BINSTRING
+        case 'B': stack_.push_back(Make(Str(ReadLE<uint32_t>()))); break;  // BINBYTES
+        case 'C': stack_.push_back(Make(Str(Byte()))); break;              // SHORT_BINBYTES
+        case ')': stack_.push_back(Make(Tuple{})); break;                  // EMPTY_TUPLE
+        case 't': stack_.push_back(Make(Tuple{PopMark()})); break;         // TUPLE
+        case 0x85: stack_.push_back(Make(Tuple{PopN(1)})); break;          // TUPLE1
+        case 0x86: stack_.push_back(Make(Tuple{PopN(2)})); break;          // TUPLE2
+        case 0x87: stack_.push_back(Make(Tuple{PopN(3)})); break;          // TUPLE3
+        case ']': stack_.push_back(Make(List{})); break;                   // EMPTY_LIST
+        case 'a': {  // APPEND
+          ValuePtr v = Pop();
+          AsList(Top()).push_back(v);
+          break;
+        }
+        case 'e': {  // APPENDS
+          auto items = PopMark();
+          auto& l = AsList(Top());
+          l.insert(l.end(), items.begin(), items.end());
+          break;
+        }
+        case '}': stack_.push_back(Make(Dict{})); break;  // EMPTY_DICT
+        case 's': {                                      // SETITEM
+          ValuePtr v = Pop(), k = Pop();
+          AsDict(Top()).items.emplace_back(k, v);
+          break;
+        }
+        case 'u': {  // SETITEMS
+          auto items = PopMark();
+          if (items.size() % 2) throw PickleError("SETITEMS with an odd number of items");
+          auto& d = AsDict(Top());
+          for (size_t i = 0; i < items.size(); i += 2) d.items.emplace_back(items[i], items[i + 1]);
+          break;
+        }
+        case 'c': {  // GLOBAL "module\nname\n"
+          Global g;
+          g.module = Line();
+          g.name = Line();
+          stack_.push_back(Make(CheckGlobal(g)));
+          break;
+        }
+        case 0x93: {  // STACK_GLOBAL
+          ValuePtr name = Pop(), module = Pop();
+          stack_.push_back(Make(CheckGlobal(Global{AsStr(module), AsStr(name)})));
+          break;
+        }
+        case 'q': memo_[Byte()] = Top(); break;               // BINPUT
+        case 'r': memo_[ReadLE<uint32_t>()] = Top(); break;   // LONG_BINPUT
+        case 0x94: memo_[memo_.size()] = Top(); break;        // MEMOIZE
+        case 'h': stack_.push_back(Memo(Byte())); break;      // BINGET
+        case 'j': stack_.push_back(Memo(ReadLE<uint32_t>())); break;  // LONG_BINGET
+        case 'Q': stack_.push_back(PersistentLoad(Pop())); break;     // BINPERSID
+        case 'R': {                                                   // REDUCE
+          ValuePtr args = Pop(), fn = Pop();
+          stack_.push_back(Reduce(fn, args));
+          break;
+        }
+        case 'b': {  // BUILD: only an OrderedDict's attribute dict (state_dict._metadata) is accepted
+          ValuePtr state = Pop();
+          if (!std::holds_alternative<Dict>(Top()->v) || !std::holds_alternative<Dict>(state->v))
+            throw PickleError("BUILD on something other than a dict (not a state dict)");
+          break;  // the metadata (per-module versions) does not change the tensors
+        }
+        default: {
+          std::ostringstream os;
+          os << "unsupported pickle opcode 0x" << std::hex << int(op) << " at byte "
+             << std::dec << (p_ - 1 - start_) << " (not a plain tensor state dict)";
+          throw PickleError(os.str());
+        }
+      }
+    }
+  }
+
+ private:
+  uint8_t Byte() {
+    if (p_ >= end_) throw PickleError("pickle data ends before STOP (truncated)");
+    return static_cast<uint8_t>(*p_++);
+  }
+  void Skip(size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) throw PickleError("pickle data truncated");
+    p_ += n;
+  }
+  template <typename T>
+  T ReadLE() {
+    T v = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(static_cast<T>(Byte()) << (8 * i));
+    return v;
+  }
+  std::string Str(uint64_t n) {
+    if (static_cast<uint64_t>(end_ - p_) < n) throw PickleError("pickle string runs past the end");
+    std::string s(p_, p_ + n);
+    p_ += n;
+    return s;
+  }
+  std::string Line() {
+    const char* nl = static_cast<const char*>(std::memchr(p_, '\n', end_ - p_));
+    if (!nl) throw PickleError("unterminated GLOBAL name");
+    std::string s(p_, nl);
+    p_ = nl + 1;
+    return s;
+  }
+  ValuePtr Pop() {
+    if (stack_.empty()) throw PickleError("pickle stack underflow");
+    ValuePtr v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  ValuePtr& Top() {
+    if (stack_.empty()) throw PickleError("pickle stack underflow");
+    return stack_.back();
+  }
+  std::vector<ValuePtr> PopN(size_t n) {
+    if (stack_.size() < n) throw PickleError("pickle stack underflow");
+    std::vector<ValuePtr> items(stack_.end() - n, stack_.end());
+    stack_.resize(stack_.size() - n);
+    return items;
+  }
+  std::vector<ValuePtr> PopMark() {
+    for (size_t i = stack_.size(); i-- > 0;) {
+      if (std::holds_alternative<Mark>(stack_[i]->v)) {
+        std::vector<ValuePtr> items(stack_.begin() + i + 1, stack_.end());
+        stack_.resize(i);
+        return items;
+      }
+    }
+    throw PickleError("pickle MARK not found");
+  }
+  ValuePtr Memo(uint64_t i) {
+    auto it = memo_.find(i);
+    if (it == memo_.end()) throw PickleError("pickle memo entry " + std::to_string(i) + " missing");
+    return it->second;
+  }
+  static List& AsList(ValuePtr& v) {
+    if (auto* l = std::get_if<List>(&v->v)) return *l;
+    throw PickleError("APPEND to something that is not a list");
+  }
+  static Dict& AsDict(ValuePtr& v) {
+    if (auto* d = std::get_if<Dict>(&v->v)) return *d;
+    throw PickleError("SETITEM on something that is not a dict");
+  }
+  static const std::string& AsStr(const ValuePtr& v) {
+    if (auto* s = std::get_if<std::string>(&v->v)) return *s;
+    throw PickleError("expected a string in the pickle");
+  }
+  static int64_t AsInt(const ValuePtr& v, const char* what) {
+    if (auto* i = std::get_if<int64_t>(&v->v)) return *i;
+    throw PickleError(std::string("expected an integer for ") + what);
+  }
+  static std::vector<int64_t> AsInts(const ValuePtr& v, const char* what) {
+    auto* t = std::get_if<Tuple>(&v->v);
+    if (!t) throw PickleError(std::string("expected a tuple for ") + what);
+    std::vector<int64_t> out;
+    for (auto& x : t->items) out.push_back(AsInt(x, what));
+    return out;
+  }
+
+  Global CheckGlobal(const Global& g) {
+    at::ScalarType dtype;
+    if (g.module == "torch" && StorageDtype(g.name, &dtype)) return g;
+    if (IsAllowedCallable(g)) return g;
+    throw PickleError("the pickle references the global '" + g.Qualified() +
+                      "', which a tensor state dict does not need; refusing to load it (a "
+                      "checkpoint is never allowed to run code)");
+  }
+
+  ValuePtr PersistentLoad(const ValuePtr& pid) {
+    auto* t = std::get_if<Tuple>(&pid->v);
+    if (!t || t->items.size() != 5 || AsStr(t->items[0]) != "storage")
+      throw PickleError("persistent id is not ('storage', type, key, location, numel)");
+    auto* g = std::get_if<Global>(&t->items[1]->v);
+    at::ScalarType dtype;
+    if (!g || g->module != "torch" || !StorageDtype(g->name, &dtype))
+      throw PickleError("unknown storage type in persistent id");
+    const std::string key = AsStr(t->items[2]);
+    const int64_t numel = AsInt(t->items[4], "storage size");
+    if (numel < 0) throw PickleError("negative storage size");
+    auto it = storages_.find(key);
+    if (it == storages_.end()) it = storages_.emplace(key, load_storage_(key, dtype, numel)).first;
+    return Make(StorageRef{key, dtype, numel});
+  }
+
+  ValuePtr Reduce(const ValuePtr& fn, const ValuePtr& args) {
+    auto* g = std::get_if<Global>(&fn->v);
+    auto* a = std::get_if<Tuple>(&args->v);
+    if (!g || !a || !IsAllowedCallable(*g)) throw PickleError("REDUCE of a non-callable value");
+    if (g->name == "OrderedDict") {
+      if (!a->items.empty()) throw PickleError("OrderedDict called with arguments");
+      return Make(Dict{});
+    }
+    if (g->name == "_rebuild_parameter") {
+      if (a->items.empty() || !std::holds_alternative<at::Tensor>(a->items[0]->v))
+        throw PickleError("_rebuild_parameter without a tensor");
+      return a->items[0];
+    }
+    // _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])
+    // _rebuild_tensor(storage, offset, size, stride)
+    if (a->items.size() < 4) throw PickleError("tensor rebuild with too few arguments");
+    auto* s = std::get_if<StorageRef>(&a->items[0]->v);
+    if (!s) throw PickleError("tensor rebuild without a storage");
+    const int64_t offset = AsInt(a->items[1], "storage offset");
+    const auto size = AsInts(a->items[2], "tensor size");
+    const auto stride = AsInts(a->items[3], "tensor stride");
+    if (size.size() != stride.size()) throw PickleError("tensor size and stride differ in rank");
+    // Bounds: the furthest element must lie inside the storage.
+    int64_t last = offset;
+    bool empty = false;
+    for (size_t i = 0; i < size.size(); ++i) {
+      if (size[i] < 0 || stride[i] < 0) throw PickleError("negative tensor size or stride");
+      if (size[i] == 0) empty = true;
+      last += (size[i] - 1) * stride[i];
+    }
+    const at::Tensor& storage = storages_.at(s->key);
+    if (!empty && (offset < 0 || last >= storage.numel()))
+      throw PickleError("a tensor reaches past its storage of " +
+                        std::to_string(storage.numel()) + " elements");
+    if (empty) return Make(at::empty(size, storage.options()));
+    return Make(storage.as_strided(size, stride, offset).contiguous());
+  }
+
+  const char* p_;
+  const char* const end_;
+  const char* const start_ = p_;
+  std::function<at::Tensor(const std::string&, at::ScalarType, int64_t)> load_storage_;
+  std::vector<ValuePtr> stack_;
+  std::unordered_map<uint64_t, ValuePtr> memo_;
+  std::unordered_map<std::string, at::Tensor> storages_;
+};
+
+StatusOr<StateDict> ToStateDict(const ValuePtr& root, const std::string& path) {
+  auto* d = std::get_if<Dict>(&root->v);
+  if (!d) return InvalidArgument(path + ": the pickled object is not a dict of tensors");
+  StateDict out;
+  for (auto& [k, v] : d->items) {
+    auto* name = std::get_if<std::string>(&k->v);
+    if (!name) return InvalidArgument(path + ": a state-dict key is not a string");
+    auto* t = std::get_if<at::Tensor>(&v->v);
+    if (!t) return InvalidArgument(path + ": entry '" + *name + "' is not a tensor");
+    out.emplace_back(*name, *t);
+  }
+  return out;
+}
+
+bool ReadPrefix(const std::string& path, char* buf, size_t n, size_t* got, uint64_t* file_size) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return false;
+  *file_size = static_cast<uint64_t>(f.tellg());
+  f.seekg(0);
+  f.read(buf, static_cast<std::streamsize>(n));
+  *got = static_cast<size_t>(f.gcount());
+  return true;
+}
+
+StatusOr<StateDict> ReadTorchZip(const std::string& path) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    // The archive's top folder (file stem or "archive") is handled by the reader; records are
+    // addressed relative to it.
+    if (!reader.hasRecord("data.pkl"))
+      return InvalidArgument(path + ": zip archive without data.pkl (not a torch.save checkpoint)");
+    auto [pkl, pkl_size] = reader.getRecord("data.pkl");
+    auto load = [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
+      const std::string rec = "data/" + key;
+      if (!reader.hasRecord(rec)) throw PickleError("storage record " + rec + " is missing");
+      const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+      const size_t have = reader.getRecordSize(rec);
+      if (have < bytes)
+        throw PickleError("storage record " + rec + " holds " + std::to_string(have) +
+                          " bytes, expected " + std::to_string(bytes));
+      at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
+      if (bytes) reader.getRecord(rec, t.data_ptr(), bytes);
+      return t;
+    };
+    Unpickler u(static_cast<const char*>(pkl.get()), pkl_size, load);
+    return ToStateDict(u.Run(), path);
+  } catch (const PickleError& e) {
+    return InvalidArgument(path + ": " + e.what());
+  } catch (const c10::Error& e) {
+    return InvalidArgument(path + ": not a readable torch.save archive (truncated or corrupt?): " +
+                           e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InvalidArgument(path + ": cannot read: " + e.what());
+  }
+}
+
+StatusOr<StateDict> ReadSafetensors(const std::string& path, uint64_t file_size) {
+  std::ifstream f(path, std::ios::binary);
+  uint64_t header_len = 0;
+  unsigned char len_bytes[8];
+  if (!f.read(reinterpret_cast<char*>(len_bytes), 8))
+    return InvalidArgument(path + ": truncated safetensors file");
+  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(len_bytes[i]) << (8 * i);
+  if (header_len > file_size - 8 || header_len > (100u << 20))
+    return InvalidArgument(path + ": safetensors header length " + std::to_string(header_len) +
+                           " exceeds the file");
+  std::string header(header_len, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_len));
+  const uint64_t data_start = 8 + header_len;
+  static const std::map<std::string, at::ScalarType> kDtypes = {
+      {"F32", at::kFloat}, {"F64", at::kDouble}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
+      {"I64", at::kLong},  {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},
+      {"U8", at::kByte},   {"BOOL", at::kBool}};
+  try {
+    const auto j = nlohmann::json::parse(header);
+    if (!j.is_object()) return InvalidArgument(path + ": safetensors header is not a JSON object");
+    // Sort by data offset so that the file is read front to back, but keep header order for names.
+    StateDict out;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key() == "__metadata__") continue;
+      const auto& e = it.value();
+      const std::string dt = e.at("dtype").get<std::string>();
+      auto d = kDtypes.find(dt);
+      if (d == kDtypes.end())
+        return InvalidArgument(path + ": tensor '" + it.key() + "' has unsupported dtype " + dt);
+      std::vector<int64_t> shape = e.at("shape").get<std::vector<int64_t>>();
+      auto off = e.at("data_offsets").get<std::vector<uint64_t>>();
+      int64_t numel = 1;
+      for (auto s : shape) {
+        if (s < 0) return InvalidArgument(path + ": tensor '" + it.key() + "' has a negative size");
+        numel *= s;
+      }
+      const uint64_t bytes = static_cast<uint64_t>(numel) * c10::elementSize(d->second);
+      if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != bytes ||
+          data_start + off[1] > file_size)
+        return InvalidArgument(path + ": tensor '" + it.key() +
+                               "' has data offsets that do not match its shape or the file size "
+                               "(truncated file?)");
+      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(d->second));
+      f.seekg(static_cast<std::streamoff>(data_start + off[0]));
+      if (bytes && !f.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes)))
+        return InvalidArgument(path + ": truncated data for tensor '" + it.key() + "'");
+      out.emplace_back(it.key(), t);
+    }
+    return out;
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(path + ": bad safetensors header: " + e.what());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Writing: the pickle torch.save produces for an OrderedDict of tensors (protocol 2).
+
+class Pickler {
+ public:
+  void Proto() { Op(0x80), Op(2); }
+  void Op(uint8_t b) { out_.push_back(static_cast<char>(b)); }
+  void Global(const std::string& module, const std::string& name) {
+    Op('c');
+    out_ += module + "\n" + name + "\n";
+  }
+  void Unicode(const std::string& s) {
+    Op('X');
+    U32(static_cast<uint32_t>(s.size()));
+    out_ += s;
+  }
+  void Int(int64_t v) {
+    if (v >= 0 && v < 256) {
+      Op('K'), Op(static_cast<uint8_t>(v));
+    } else if (v >= 0 && v < 65536) {
+      Op('M'), Op(v & 0xff), Op((v >> 8) & 0xff);
+    } else if (v >= INT32_MIN && v <= INT32_MAX) {
+      Op('J');
+      U32(static_cast<uint32_t>(static_cast<int32_t>(v)));
+    } else {
+      Op(0x8a), Op(8);
+      for (int i = 0; i < 8; ++i) Op(static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i)));
+    }
+  }
+  void IntTuple(const std::vector<int64_t>& v) {
+    Op('(');
+    for (auto x : v) Int(x);
+    Op('t');
+  }
+  const std::string& bytes() const { return out_; }
+
+ private:
+  void U32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) Op(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  std::string out_;
+};
+
+const char* StorageName(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "FloatStorage";
+    case at::kDouble: return "DoubleStorage";
+    case at::kHalf: return "HalfStorage";
+    case at::kBFloat16: return "BFloat16Storage";
+    case at::kLong: return "LongStorage";
+    case at::kInt: return "IntStorage";
+    case at::kShort: return "ShortStorage";
+    case at::kChar: return "CharStorage";
+    case at::kByte: return "ByteStorage";
+    case at::kBool: return "BoolStorage";
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+StatusOr<StateDict> ReadStateDict(const std::string& path) {
+  char magic[8] = {};
+  size_t got = 0;
+  uint64_t size = 0;
+  if (!ReadPrefix(path, magic, sizeof magic, &got, &size))
+    return InvalidArgument(path + ": cannot open the checkpoint file");
+  if (got < 8) return InvalidArgument(path + ": file too short to be a checkpoint (" +
+                                      std::to_string(size) + " bytes)");
+  if (magic[0] == 'P' && magic[1] == 'K') return ReadTorchZip(path);
+  if (static_cast<uint8_t>(magic[0]) == 0x80)
+    return InvalidArgument(path + ": legacy (pre-1.6, non-zip) torch.save format is not supported; "
+                                  "re-save it with torch.save in torch >= 1.6");
+  // safetensors: 8-byte little-endian header length, then a JSON object.
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(static_cast<uint8_t>(magic[i])) << (8 * i);
+  if (header_len > 0 && header_len < size) {
+    std::ifstream f(path, std::ios::binary);
+    f.seekg(8);
+    char c = 0;
+    f.get(c);
+    if (c == '{') return ReadSafetensors(path, size);
+  }
+  return InvalidArgument(path + ": not a checkpoint (neither a torch.save zip archive nor "
+                                "safetensors)");
+}
+
+Status WriteStateDict(const StateDict& tensors, const std::string& path) {
+  try {
+    caffe2::serialize::PyTorchStreamWriter writer(path);
+    Pickler p;
+    p.Proto();
+    p.Global("collections", "OrderedDict");
+    p.Op(')');
+    p.Op('R');
+    p.Op('(');
+    int key = 0;
+    for (const auto& [name, t0] : tensors) {
+      const char* storage = StorageName(t0.scalar_type());
+      if (!storage) return InvalidArgument("cannot write tensor '" + name + "' of dtype " +
+                                           std::string(c10::toString(t0.scalar_type())));
+      at::Tensor t = t0.to(at::kCPU).contiguous();
+      const std::string k = std::to_string(key++);
+      writer.writeRecord("data/" + k, t.data_ptr(), t.nbytes());
+      p.Unicode(name);
+      p.Global("torch._utils", "_rebuild_tensor_v2");
+      p.Op('(');
+      p.Op('(');
+      p.Unicode("storage");
+      p.Global("torch", storage);
+      p.Unicode(k);
+      p.Unicode("cpu");
+      p.Int(t.numel());
+      p.Op('t');
+      p.Op('Q');
+      p.Int(0);
+      p.IntTuple(t.sizes().vec());
+      p.IntTuple(t.strides().vec());
+      p.Op(0x89);
+      p.Global("collections", "OrderedDict");
+      p.Op(')');
+      p.Op('R');
+      p.Op('t');
+      p.Op('R');
+    }
+    p.Op('u');
+    // state_dict()._metadata, as torch.save writes it (empty: no per-module versions).
+    p.Op('}');
+    p.Unicode("_metadata");
+    p.Global("collections", "OrderedDict");
+    p.Op(')');
+    p.Op('R');
+    p.Op('s');
+    p.Op('b');
+    p.Op('.');
+    writer.writeRecord("data.pkl", p.bytes().data(), p.bytes().size());
+    writer.writeRecord("byteorder", "little", 6);
+    writer.writeEndOfFile();
+    return Status::Ok();
+  } catch (const c10::Error& e) {
+    return Internal(path + ": cannot write checkpoint: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Internal(path + ": cannot write checkpoint: " + e.what());
+  }
+}
+
+}  // namespace maskd

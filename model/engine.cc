@@ -1,1 +1,902 @@
-// placeholder
+// The Engine implementation: SAM in LibTorch with the fast path on CUDA.
+#include "model/engine.h"
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "kernels/kernels.h"
+#include "model/checkpoint.h"
+#include "model/fast_linear.h"
+#include "model/pil_resize.h"
+#include "model/sam.h"
+#include "model/sam_config.h"
+
+#ifdef MASKD_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace maskd {
+
+// ---------------------------------------------------------------------------------------------------
+// Opaque handles
+
+struct PreparedImage::Impl {
+  at::Tensor input;  // [3, S, S] normalised and padded, engine dtype, engine device
+  int original_width, original_height, input_width, input_height;
+};
+int PreparedImage::original_width() const { return impl_->original_width; }
+int PreparedImage::original_height() const { return impl_->original_height; }
+int PreparedImage::input_width() const { return impl_->input_width; }
+int PreparedImage::input_height() const { return impl_->input_height; }
+
+struct Embedding::Impl {
+  at::Tensor tensor;  // [C, h, w]
+  int original_width, original_height, input_width, input_height;
+};
+int Embedding::original_width() const { return impl_->original_width; }
+int Embedding::original_height() const { return impl_->original_height; }
+int Embedding::input_width() const { return impl_->input_width; }
+int Embedding::input_height() const { return impl_->input_height; }
+size_t Embedding::bytes() const { return impl_->tensor.nbytes(); }
+bool Embedding::on_host() const { return impl_->tensor.is_cpu(); }
+std::vector<int64_t> Embedding::shape() const { return impl_->tensor.sizes().vec(); }
+std::vector<float> Embedding::ToFloat() const {
+  at::Tensor t = impl_->tensor.to(at::kCPU, at::kFloat).contiguous();
+  return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+}
+
+struct MaskLogits::Impl {
+  at::Tensor tensor;  // [N, 256, 256], possibly a view into a decoded batch
+};
+int MaskLogits::num_masks() const { return static_cast<int>(impl_->tensor.size(0)); }
+int MaskLogits::height() const { return static_cast<int>(impl_->tensor.size(1)); }
+int MaskLogits::width() const { return static_cast<int>(impl_->tensor.size(2)); }
+size_t MaskLogits::bytes() const { return impl_->tensor.nbytes(); }
+std::vector<float> MaskLogits::ToFloat() const {
+  at::Tensor t = impl_->tensor.to(at::kCPU, at::kFloat).contiguous();
+  return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Names
+
+const char* PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kFloat32: return "fp32";
+    case Precision::kBFloat16: return "bf16";
+    case Precision::kFloat16: return "fp16";
+  }
+  return "?";
+}
+
+StatusOr<Precision> ParsePrecision(std::string_view name) {
+  if (name == "fp32" || name == "float32") return Precision::kFloat32;
+  if (name == "bf16" || name == "bfloat16") return Precision::kBFloat16;
+  if (name == "fp16" || name == "float16") return Precision::kFloat16;
+  return InvalidArgument("precision '" + std::string(name) + "' is not one of fp32, bf16, fp16");
+}
+
+const char* AttentionImplName(AttentionImpl a) {
+  switch (a) {
+    case AttentionImpl::kAuto: return "auto";
+    case AttentionImpl::kMath: return "math";
+    case AttentionImpl::kSdpa: return "sdpa";
+    case AttentionImpl::kSdpaFolded: return "sdpa-folded";
+    case AttentionImpl::kFused: return "fused";
+  }
+  return "?";
+}
+
+StatusOr<AttentionImpl> ParseAttentionImpl(std::string_view name) {
+  for (auto a : {AttentionImpl::kAuto, AttentionImpl::kMath, AttentionImpl::kSdpa,
+                 AttentionImpl::kSdpaFolded, AttentionImpl::kFused})
+    if (name == AttentionImplName(a)) return a;
+  return InvalidArgument("attention '" + std::string(name) +
+                         "' is not one of auto, math, sdpa, sdpa-folded, fused");
+}
+
+FastPathOptions FastPathOptions::Fast() {
+  FastPathOptions f;
+  f.attention = AttentionImpl::kAuto;
+  f.cuda_graphs = true;
+  f.gpu_preprocess = true;
+  f.gpu_postprocess = true;
+  return f;
+}
+
+std::pair<int, int> ResizedSize(int width, int height, int target) {
+  // SAM's ResizeLongestSide.get_preprocess_shape: scale in double, round half up.
+  const double scale = target * 1.0 / std::max(width, height);
+  const int w = static_cast<int>(width * scale + 0.5);
+  const int h = static_cast<int>(height * scale + 0.5);
+  return {w, h};
+}
+
+Status ValidatePrompt(const PromptSpec& p, int w, int h, std::string_view prefix) {
+  const std::string f(prefix);
+  auto bad = [&](const std::string& m) { return InvalidArgument(m); };
+  if (p.points.empty() && !p.box)
+    return bad(f + " has no points and no box; at least one point or a box is required");
+  for (size_t i = 0; i < p.points.size(); ++i) {
+    const auto& pt = p.points[i];
+    const std::string n = f + ".points[" + std::to_string(i) + "]";
+    if (!std::isfinite(pt.x) || !std::isfinite(pt.y))
+      return bad(n + " has a non-finite coordinate");
+    if (pt.x < 0 || pt.x > w)
+      return bad(n + ".x = " + std::to_string(pt.x) + " is outside the image width [0, " +
+                 std::to_string(w) + "]");
+    if (pt.y < 0 || pt.y > h)
+      return bad(n + ".y = " + std::to_string(pt.y) + " is outside the image height [0, " +
+                 std::to_string(h) + "]");
+    if (pt.label != 0 && pt.label != 1)
+      return bad(n + ".label = " + std::to_string(pt.label) + " must be 0 (background) or 1 (foreground)");
+  }
+  if (p.box) {
+    const Box& b = *p.box;
+    const std::string n = f + ".box";
+    if (!std::isfinite(b.x0) || !std::isfinite(b.y0) || !std::isfinite(b.x1) || !std::isfinite(b.y1))
+      return bad(n + " has a non-finite coordinate");
+    if (b.x0 > b.x1 || b.y0 > b.y1)
+      return bad(n + " = (" + std::to_string(b.x0) + ", " + std::to_string(b.y0) + ", " +
+                 std::to_string(b.x1) + ", " + std::to_string(b.y1) +
+                 ") must have x0 <= x1 and y0 <= y1");
+    if (b.x0 < 0 || b.y0 < 0 || b.x1 > w || b.y1 > h)
+      return bad(n + " = (" + std::to_string(b.x0) + ", " + std::to_string(b.y0) + ", " +
+                 std::to_string(b.x1) + ", " + std::to_string(b.y1) + ") is outside the image " +
+                 std::to_string(w) + "x" + std::to_string(h));
+  }
+  if (p.mask_input) {
+    if (p.mask_input_index < 0 || p.mask_input_index >= p.mask_input->num_masks())
+      return bad(f + ".mask_input index " + std::to_string(p.mask_input_index) + " is outside its " +
+                 std::to_string(p.mask_input->num_masks()) + " masks");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+void DefaultLog(LogLevel level, std::string_view msg) {
+  static const char* kNames[] = {"debug", "info", "warning", "error"};
+  std::fprintf(stderr, "[maskd engine] [%s] %.*s\n", kNames[static_cast<int>(level)],
+               static_cast<int>(msg.size()), msg.data());
+}
+
+at::ScalarType DtypeOf(Precision p) {
+  switch (p) {
+    case Precision::kFloat32: return at::kFloat;
+    case Precision::kBFloat16: return at::kBFloat16;
+    case Precision::kFloat16: return at::kHalf;
+  }
+  return at::kFloat;
+}
+
+// Runs `fn`, turning LibTorch/CUDA exceptions into a Status that names the operation.
+template <typename Fn>
+auto Guarded(const char* what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    return Internal(std::string(what) + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Internal(std::string(what) + ": " + e.what());
+  }
+}
+
+std::string Hex(uint64_t hi, uint64_t lo) {
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(hi),
+                static_cast<unsigned long long>(lo));
+  return buf;
+}
+
+// Per-call stream (CUDA): each Engine call runs on a pool stream of its own and synchronises it
+// before returning, which is what makes every method synchronous and safe to call concurrently.
+class CallStream {
+ public:
+  explicit CallStream(const at::Device& device) {
+#ifdef MASKD_WITH_CUDA
+    if (device.is_cuda()) {
+      stream_.emplace(c10::cuda::getStreamFromPool(false, device.index()));
+      guard_.emplace(*stream_);
+    }
+#endif
+  }
+  void Sync() {
+#ifdef MASKD_WITH_CUDA
+    if (stream_) stream_->synchronize();
+#endif
+  }
+  ~CallStream() = default;
+
+ private:
+#ifdef MASKD_WITH_CUDA
+  std::optional<c10::cuda::CUDAStream> stream_;
+  std::optional<c10::cuda::CUDAStreamGuard> guard_;
+#endif
+};
+
+// ---------------------------------------------------------------------------------------------------
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(EngineOptions options, SamConfig config, Sam model, at::Device device, std::string identity,
+             uint64_t params)
+      : options_(std::move(options)), config_(std::move(config)), sam_(std::move(model)),
+        device_(device), dtype_(DtypeOf(options_.precision)) {
+    if (!options_.log) options_.log = DefaultLog;
+    desc_.arch = config_.arch;
+    desc_.checkpoint = options_.checkpoint.empty() ? "builtin-demo" : options_.checkpoint;
+    desc_.demo = options_.checkpoint.empty();
+    desc_.embed_dim = config_.embed_dim;
+    desc_.depth = config_.depth;
+    desc_.num_heads = config_.num_heads;
+    desc_.patch_size = config_.patch_size;
+    desc_.window_size = config_.window_size;
+    desc_.image_size = config_.img_size;
+    desc_.mlp_dim = config_.mlp_dim;
+    desc_.out_chans = config_.out_chans;
+    desc_.global_attn_indexes = config_.global_attn_indexes;
+    desc_.parameter_count = params;
+    desc_.identity = identity;
+  }
+
+  Status Init();
+
+  const ModelDescription& description() const override { return desc_; }
+  const EngineOptions& options() const override { return options_; }
+  std::string device() const override { return device_.str(); }
+  std::string device_name() const override;
+  std::vector<std::string> optimisations() const override { return optimisations_; }
+  int max_encoder_batch() const override { return options_.encoder_batch_sizes.back(); }
+
+  StatusOr<PreparedImage> Prepare(const ImageRGB8& image) override;
+  StatusOr<PreparedImage> PrepareResized(const ImageRGB8& resized, int ow, int oh) override;
+  StatusOr<std::vector<std::shared_ptr<const Embedding>>> Encode(
+      const std::vector<PreparedImage>& images) override;
+  StatusOr<std::vector<DecodedPrompt>> Decode(const std::vector<DecodeItem>& items) override;
+  StatusOr<std::vector<std::vector<MaskData>>> Postprocess(
+      const std::vector<PostprocessItem>& items) override;
+  StatusOr<std::shared_ptr<const Embedding>> ToHost(const Embedding& e) override;
+  StatusOr<std::shared_ptr<const Embedding>> ToDevice(const Embedding& e) override;
+  StatusOr<std::shared_ptr<const MaskLogits>> MakeMaskLogits(const float* v, int h, int w) override;
+  DeviceMemoryStats memory() const override;
+  void ResetPeakMemory() override;
+
+ private:
+  void Log(LogLevel l, const std::string& m) const { options_.log(l, m); }
+  at::Tensor Normalize(const at::Tensor& hwc_u8, int h, int w) const;
+  at::Tensor RunEncoder(const at::Tensor& batch);
+  MaskDecoderImpl::Output RunDecoder(const at::Tensor& src, const at::Tensor& sparse);
+  Status PrepareFastPath();
+  Status CaptureEncoderGraphs();
+  Status Warmup();
+
+  EngineOptions options_;
+  SamConfig config_;
+  Sam sam_;
+  at::Device device_;
+  at::ScalarType dtype_;
+  ModelDescription desc_;
+  std::vector<std::string> optimisations_;
+  at::Tensor dense_pe_;     // [1, D, g, g] engine dtype
+  at::Tensor no_mask_;      // [1, D, 1, 1] engine dtype
+  at::Tensor pixel_mean_, pixel_std_;  // [3, 1, 1] float32, engine device
+  bool gpu_pre_ = false, gpu_post_ = false;
+
+#ifdef MASKD_WITH_CUDA
+  // Encoder CUDA graphs by batch size, sharing one memory pool. Replays reuse static buffers, so
+  // they are serialised: graph_mu_ guards graphs_ and the static tensors while a graph runs.
+  struct EncoderGraph {
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+    at::Tensor input, output;
+  };
+  std::mutex graph_mu_;
+  std::map<int, EncoderGraph> graphs_;
+#endif
+};
+
+std::string EngineImpl::device_name() const {
+#ifdef MASKD_WITH_CUDA
+  if (device_.is_cuda()) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device_.index()) == cudaSuccess) return prop.name;
+  }
+#endif
+  return "cpu";
+}
+
+Status EngineImpl::Init() {
+  return Guarded("preparing the model", [&]() -> Status {
+    torch::NoGradGuard no_grad;
+    sam_->eval();
+    // Positional encodings stay fp32 until they are added (they are precomputed once here).
+    dense_pe_ = sam_->prompt_encoder->DensePe().to(device_);
+    sam_->to(device_, dtype_);
+    dense_pe_ = dense_pe_.to(dtype_);
+    no_mask_ = sam_->prompt_encoder->NoMaskDense();
+    const auto fopts = at::TensorOptions().dtype(at::kFloat).device(device_);
+    pixel_mean_ = at::tensor(kPixelMean, fopts).view({3, 1, 1});
+    pixel_std_ = at::tensor(kPixelStd, fopts).view({3, 1, 1});
+    if (device_.is_cuda() && options_.precision == Precision::kFloat32 && options_.strict_fp32) {
+      // fp32 means fp32: the golden parity tolerances assume no TF32.
+      at::globalContext().setAllowTF32CuBLAS(false);
+      at::globalContext().setAllowTF32CuDNN(false);
+    }
+    MASKD_RETURN_IF_ERROR(PrepareFastPath());
+    sam_->image_encoder->Prepare();
+    if (options_.warmup) MASKD_RETURN_IF_ERROR(Warmup());
+    return Status::Ok();
+  });
+}
+
+Status EngineImpl::PrepareFastPath() {
+  const bool cuda = device_.is_cuda();
+  const FastPathOptions& f = options_.fast;
+  AttentionImpl attn = f.attention;
+  if (attn == AttentionImpl::kAuto) {
+    if (!cuda || options_.precision == Precision::kFloat32) {
+      attn = AttentionImpl::kMath;
+    } else {
+      const int hd = config_.embed_dim / config_.num_heads;
+      attn = (kernels::BuiltWithCuda() && (hd == 64 || hd == 80)) ? AttentionImpl::kFused
+                                                                   : AttentionImpl::kSdpaFolded;
+    }
+  }
+  if (attn == AttentionImpl::kFused && (!cuda || !kernels::BuiltWithCuda()))
+    return InvalidArgument("attention 'fused' needs a CUDA device and a CUDA build");
+  if (attn == AttentionImpl::kFused && options_.precision == Precision::kFloat32)
+    return InvalidArgument("attention 'fused' runs in bf16 or fp16, not fp32");
+  sam_->image_encoder->SetAttention(attn);
+  if (attn != AttentionImpl::kMath) optimisations_.push_back(AttentionImplName(attn));
+  if (cuda && options_.precision != Precision::kFloat32) sam_->mask_decoder->transformer->SetSdpa(true);
+  if ((f.int8 || f.sparse24) && !cuda) {
+    Log(LogLevel::kWarning, "int8 and 2:4 sparsity are CUDA-only; ignored on " + device_.str());
+  } else if (f.int8 || f.sparse24) {
+    if (f.int8 && f.sparse24) return InvalidArgument("choose int8 or 2:4 sparsity, not both");
+    for (auto& b : sam_->image_encoder->block_list) {
+      auto make = [&](const torch::nn::Linear& l) {
+        return f.int8 ? MakeInt8Linear(l) : MakeSparse24Linear(l);
+      };
+      b->attn->qkv_fast = make(b->attn->qkv);
+      b->attn->proj_fast = make(b->attn->proj);
+      b->mlp->lin1_fast = make(b->mlp->lin1);
+      b->mlp->lin2_fast = make(b->mlp->lin2);
+    }
+    optimisations_.push_back(f.int8 ? "int8-dynamic-quant" : "sparse-2:4");
+  }
+  gpu_pre_ = cuda && f.gpu_preprocess;
+  gpu_post_ = cuda && f.gpu_postprocess;
+  if (gpu_pre_) optimisations_.push_back("gpu-preprocess");
+  if (gpu_post_) optimisations_.push_back("gpu-postprocess-rle");
+  auto& sizes = options_.encoder_batch_sizes;
+  if (sizes.empty()) sizes = {1};
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  if (sizes.front() < 1) return InvalidArgument("encoder batch sizes must be >= 1");
+  if (cuda && f.cuda_graphs) {
+    MASKD_RETURN_IF_ERROR(CaptureEncoderGraphs());
+    optimisations_.push_back("cuda-graphs");
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::CaptureEncoderGraphs() {
+#ifdef MASKD_WITH_CUDA
+  sam_->image_encoder->Prepare();
+  const auto pool = at::cuda::graph_pool_handle();
+  for (int bs : options_.encoder_batch_sizes) {
+    CallStream cs(device_);
+    EncoderGraph g;
+    g.input = at::randn({bs, 3, config_.img_size, config_.img_size},
+                        at::TensorOptions().dtype(dtype_).device(device_));
+    // Warm up outside the capture: cuBLAS/cuDNN handles and workspaces, kernel selection.
+    for (int i = 0; i < 2; ++i) sam_->image_encoder->forward(g.input);
+    cs.Sync();
+    g.graph = std::make_unique<at::cuda::CUDAGraph>();
+    g.graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    g.output = sam_->image_encoder->forward(g.input);
+    g.graph->capture_end();
+    cs.Sync();
+    graphs_.emplace(bs, std::move(g));
+  }
+  return Status::Ok();
+#else
+  return InvalidArgument("CUDA graphs need a CUDA build");
+#endif
+}
+
+Status EngineImpl::Warmup() {
+  // One image through every stage, so that lazy initialisation stays out of the first request.
+  ImageRGB8 img;
+  img.width = 64, img.height = 48;
+  img.pixels.assign(static_cast<size_t>(img.width) * img.height * 3, 127);
+  auto prep = Prepare(img);
+  if (!prep.ok()) return prep.status();
+  auto emb = Encode({*prep});
+  if (!emb.ok()) return emb.status();
+  PromptSpec p;
+  p.points = {{10, 10, 1}};
+  auto dec = Decode({{(*emb)[0], p}});
+  if (!dec.ok()) return dec.status();
+  PostprocessItem item{(*dec)[0].logits, img.width, img.height, (*emb)[0]->input_width(),
+                       (*emb)[0]->input_height(), MaskEncoding::kRle};
+  auto post = Postprocess({item});
+  if (!post.ok()) return post.status();
+  Log(LogLevel::kInfo, "warm-up done on " + device_.str());
+  return Status::Ok();
+}
+
+at::Tensor EngineImpl::Normalize(const at::Tensor& hwc_u8, int h, int w) const {
+  // The original: (uint8 - mean) / std in float32, then zero padding at the right and bottom.
+  const int64_t S = config_.img_size;
+  at::Tensor x = hwc_u8.permute({2, 0, 1});
+  x = (x - pixel_mean_) / pixel_std_;
+  x = at::constant_pad_nd(x, {0, S - w, 0, S - h});
+  return x.to(dtype_).contiguous();
+}
+
+StatusOr<PreparedImage> EngineImpl::Prepare(const ImageRGB8& image) {
+  if (image.width <= 0 || image.height <= 0 ||
+      image.pixels.size() != static_cast<size_t>(image.width) * image.height * 3)
+    return InvalidArgument("image of " + std::to_string(image.width) + "x" +
+                           std::to_string(image.height) + " with " +
+                           std::to_string(image.pixels.size()) + " bytes (expected width*height*3)");
+  const auto [rw, rh] = ResizedSize(image.width, image.height, config_.img_size);
+  return Guarded("preparing the image", [&]() -> StatusOr<PreparedImage> {
+    torch::NoGradGuard no_grad;
+    auto impl = std::make_shared<PreparedImage::Impl>();
+    impl->original_width = image.width;
+    impl->original_height = image.height;
+    impl->input_width = rw;
+    impl->input_height = rh;
+    if (gpu_pre_) {
+      CallStream cs(device_);
+      const at::Tensor host = at::from_blob(const_cast<uint8_t*>(image.pixels.data()),
+                                            {image.height, image.width, 3}, at::kByte);
+      const at::Tensor dev = host.to(device_);
+      impl->input = kernels::ResizeNormalizePad(dev, rh, rw, config_.img_size, kPixelMean, kPixelStd, dtype_);
+      cs.Sync();
+    } else {
+      const ImageRGB8 resized = PilResizeBilinear(image, rw, rh);
+      CallStream cs(device_);
+      const at::Tensor host = at::from_blob(const_cast<uint8_t*>(resized.pixels.data()), {rh, rw, 3}, at::kByte);
+      impl->input = Normalize(host.to(device_), rh, rw);
+      cs.Sync();
+    }
+    return PreparedImage(impl);
+  });
+}
+
+StatusOr<PreparedImage> EngineImpl::PrepareResized(const ImageRGB8& resized, int ow, int oh) {
+  const auto [rw, rh] = ResizedSize(ow, oh, config_.img_size);
+  if (resized.width != rw || resized.height != rh)
+    return InvalidArgument("resized image is " + std::to_string(resized.width) + "x" +
+                           std::to_string(resized.height) + " but " + std::to_string(ow) + "x" +
+                           std::to_string(oh) + " resizes to " + std::to_string(rw) + "x" +
+                           std::to_string(rh));
+  if (resized.pixels.size() != static_cast<size_t>(rw) * rh * 3)
+    return InvalidArgument("resized image has the wrong number of bytes");
+  return Guarded("preparing the image", [&]() -> StatusOr<PreparedImage> {
+    torch::NoGradGuard no_grad;
+    CallStream cs(device_);
+    auto impl = std::make_shared<PreparedImage::Impl>();
+    impl->original_width = ow;
+    impl->original_height = oh;
+    impl->input_width = rw;
+    impl->input_height = rh;
+    const at::Tensor host = at::from_blob(const_cast<uint8_t*>(resized.pixels.data()), {rh, rw, 3}, at::kByte);
+    impl->input = Normalize(host.to(device_), rh, rw);
+    cs.Sync();
+    return PreparedImage(impl);
+  });
+}
+
+at::Tensor EngineImpl::RunEncoder(const at::Tensor& batch) {
+#ifdef MASKD_WITH_CUDA
+  {
+    std::lock_guard<std::mutex> lock(graph_mu_);
+    auto it = graphs_.find(static_cast<int>(batch.size(0)));
+    if (it != graphs_.end()) {
+      it->second.input.copy_(batch);
+      it->second.graph->replay();
+      return it->second.output.clone();
+    }
+  }
+#endif
+  return sam_->image_encoder->forward(batch);
+}
+
+StatusOr<std::vector<std::shared_ptr<const Embedding>>> EngineImpl::Encode(
+    const std::vector<PreparedImage>& images) {
+  if (images.empty()) return std::vector<std::shared_ptr<const Embedding>>{};
+  return Guarded("running the image encoder",
+                 [&]() -> StatusOr<std::vector<std::shared_ptr<const Embedding>>> {
+    torch::NoGradGuard no_grad;
+    CallStream cs(device_);
+    std::vector<std::shared_ptr<const Embedding>> out;
+    const auto& sizes = options_.encoder_batch_sizes;
+    size_t start = 0;
+    while (start < images.size()) {
+      const size_t left = images.size() - start;
+      // The smallest prepared size that holds what is left, else the largest (and loop).
+      int bs = sizes.back();
+      for (int s : sizes)
+        if (static_cast<size_t>(s) >= left) {
+          bs = s;
+          break;
+        }
+      const size_t n = std::min<size_t>(left, bs);
+      std::vector<at::Tensor> inputs;
+      for (size_t i = 0; i < n; ++i) inputs.push_back(images[start + i].impl()->input);
+      at::Tensor batch = at::stack(inputs);
+      if (static_cast<int>(n) < bs && device_.is_cuda()) {
+        // Pad to the static batch size (graph shapes); padded rows are discarded.
+        batch = at::cat({batch, at::zeros({bs - static_cast<int64_t>(n), batch.size(1), batch.size(2),
+                                           batch.size(3)}, batch.options())});
+      }
+      const at::Tensor emb = RunEncoder(batch);
+      for (size_t i = 0; i < n; ++i) {
+        const auto& src = *images[start + i].impl();
+        auto impl = std::make_shared<Embedding::Impl>();
+        impl->tensor = emb[static_cast<int64_t>(i)].clone();
+        impl->original_width = src.original_width;
+        impl->original_height = src.original_height;
+        impl->input_width = src.input_width;
+        impl->input_height = src.input_height;
+        out.push_back(std::make_shared<const Embedding>(impl));
+      }
+      start += n;
+    }
+    cs.Sync();
+    return out;
+  });
+}
+
+MaskDecoderImpl::Output EngineImpl::RunDecoder(const at::Tensor& src, const at::Tensor& sparse) {
+  return sam_->mask_decoder->forward(src, dense_pe_, sparse);
+}
+
+StatusOr<std::vector<DecodedPrompt>> EngineImpl::Decode(const std::vector<DecodeItem>& items) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].embedding) return InvalidArgument("decode item " + std::to_string(i) + " has no embedding");
+    const Embedding& e = *items[i].embedding;
+    MASKD_RETURN_IF_ERROR(ValidatePrompt(items[i].prompt, e.original_width(), e.original_height(),
+                                         "prompts[" + std::to_string(i) + "]"));
+    if (e.on_host()) return FailedPrecondition("decode item " + std::to_string(i) +
+                                               " has a host-tier embedding; move it with ToDevice first");
+  }
+  return Guarded("running the mask decoder", [&]() -> StatusOr<std::vector<DecodedPrompt>> {
+    torch::NoGradGuard no_grad;
+    CallStream cs(device_);
+    std::vector<DecodedPrompt> out(items.size());
+    // Bucket by sparse token count: the decoder attends over every token without a mask, so only
+    // prompts with equal counts can share a pass (the original's padding token is part of a
+    // point-only prompt's own count).
+    std::map<int64_t, std::vector<size_t>> buckets;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const auto& p = items[i].prompt;
+      const int64_t t = static_cast<int64_t>(p.points.size()) + (p.box ? 2 : 1);
+      buckets[t].push_back(i);
+    }
+    struct Pending {
+      at::Tensor scores;  // [G, 4] on device
+      at::Tensor masks;   // [G, 4, 256, 256]
+      std::vector<size_t> idx;
+    };
+    std::vector<Pending> pending;
+    for (auto& [T, idx] : buckets) {
+      const int64_t G = static_cast<int64_t>(idx.size());
+      // Flat prompt tensors in the model's input frame: the original transforms coordinates in
+      // float64 (numpy) and then uses them as float32.
+      std::vector<float> coords(static_cast<size_t>(G * T * 2), 0.f);
+      std::vector<int64_t> labels(static_cast<size_t>(G * T), -1);
+      std::vector<at::Tensor> embs;
+      std::vector<int64_t> mask_rows;
+      std::vector<at::Tensor> mask_inputs;
+      for (int64_t g = 0; g < G; ++g) {
+        const auto& item = items[idx[g]];
+        const Embedding& e = *item.embedding;
+        const double sx = static_cast<double>(e.input_width()) / e.original_width();
+        const double sy = static_cast<double>(e.input_height()) / e.original_height();
+        int64_t t = 0;
+        auto put = [&](double x, double y, int64_t label) {
+          const size_t k = static_cast<size_t>(g * T + t);
+          coords[2 * k] = static_cast<float>(x * sx);
+          coords[2 * k + 1] = static_cast<float>(y * sy);
+          labels[k] = label;
+          ++t;
+        };
+        for (const auto& pt : item.prompt.points) put(pt.x, pt.y, pt.label);
+        if (item.prompt.box) {
+          put(item.prompt.box->x0, item.prompt.box->y0, 2);
+          put(item.prompt.box->x1, item.prompt.box->y1, 3);
+        } else {
+          ++t;  // the "not a point" token: coordinates (0, 0), label -1
+        }
+        embs.push_back(e.impl()->tensor);
+        if (item.prompt.mask_input) {
+          mask_rows.push_back(g);
+          mask_inputs.push_back(item.prompt.mask_input->impl()->tensor[item.prompt.mask_input_index]);
+        }
+      }
+      const at::Tensor c = at::from_blob(coords.data(), {G, T, 2}, at::kFloat).to(device_);
+      const at::Tensor l = at::from_blob(labels.data(), {G, T}, at::kLong).to(device_);
+      const at::Tensor sparse = sam_->prompt_encoder->EmbedTokens(c, l).to(dtype_);
+      at::Tensor src = at::stack(embs);
+      if (mask_rows.empty()) {
+        src = src + no_mask_;
+      } else {
+        const at::Tensor m = at::stack(mask_inputs).unsqueeze(1).to(dtype_);
+        const at::Tensor dense_m = sam_->prompt_encoder->EmbedMasks(m);
+        at::Tensor dense = no_mask_.expand({G, -1, src.size(2), src.size(3)}).clone();
+        const at::Tensor rows = at::tensor(mask_rows, at::TensorOptions().dtype(at::kLong)).to(device_);
+        dense.index_copy_(0, rows, dense_m);
+        src = src + dense;
+      }
+      auto dec = RunDecoder(src, sparse);
+      pending.push_back({dec.iou_predictions, dec.masks, idx});
+    }
+    for (auto& p : pending) {
+      const at::Tensor scores = p.scores.to(at::kCPU, at::kFloat).contiguous();
+      const float* s = scores.data_ptr<float>();
+      const int64_t nt = scores.size(1);
+      for (size_t g = 0; g < p.idx.size(); ++g) {
+        const bool multi = items[p.idx[g]].prompt.multimask;
+        const int64_t first = multi ? 1 : 0, count = multi ? nt - 1 : 1;
+        DecodedPrompt d;
+        d.scores.assign(s + g * nt + first, s + g * nt + first + count);
+        auto impl = std::make_shared<MaskLogits::Impl>();
+        impl->tensor = p.masks[static_cast<int64_t>(g)].narrow(0, first, count);
+        d.logits = std::make_shared<const MaskLogits>(impl);
+        out[p.idx[g]] = std::move(d);
+      }
+    }
+    cs.Sync();
+    return out;
+  });
+}
+
+StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
+    const std::vector<PostprocessItem>& items) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& it = items[i];
+    if (!it.logits) return InvalidArgument("postprocess item " + std::to_string(i) + " has no logits");
+    if (it.original_width <= 0 || it.original_height <= 0 || it.input_width <= 0 ||
+        it.input_height <= 0 || it.input_width > config_.img_size || it.input_height > config_.img_size)
+      return InvalidArgument("postprocess item " + std::to_string(i) + " has an invalid geometry");
+  }
+  return Guarded("post-processing masks", [&]() -> StatusOr<std::vector<std::vector<MaskData>>> {
+    torch::NoGradGuard no_grad;
+    CallStream cs(device_);
+    std::vector<std::vector<MaskData>> out(items.size());
+    // One pass per encoding kind over all masks of all items.
+    for (MaskEncoding enc : {MaskEncoding::kNone, MaskEncoding::kRle, MaskEncoding::kBitmask}) {
+      std::vector<at::Tensor> logits;
+      std::vector<int32_t> geometry;
+      std::vector<std::pair<size_t, int>> owners;
+      for (size_t i = 0; i < items.size(); ++i) {
+        const auto& it = items[i];
+        if (it.encoding != enc) continue;
+        const at::Tensor& t = it.logits->impl()->tensor;
+        logits.push_back(t);
+        for (int64_t m = 0; m < t.size(0); ++m) {
+          geometry.insert(geometry.end(), {it.input_height, it.input_width, it.original_height, it.original_width});
+          owners.emplace_back(i, static_cast<int>(m));
+        }
+      }
+      if (logits.empty()) continue;
+      const int64_t M = static_cast<int64_t>(owners.size());
+      at::Tensor all = at::cat(logits, 0);
+      at::Tensor geom = at::from_blob(geometry.data(), {M, 4}, at::kInt).clone();
+      kernels::MaskPostprocessOutput r;
+      if (gpu_post_) {
+        r = kernels::MaskPostprocess(all.contiguous(), geom.to(device_), config_.img_size,
+                                     enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask);
+      } else {
+        // The CPU path is the original's float32 arithmetic.
+        r = kernels::MaskPostprocess(all.to(at::kCPU, at::kFloat).contiguous(), geom, config_.img_size,
+                                     enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask);
+      }
+      const at::Tensor area = r.area.to(at::kCPU).contiguous();
+      const at::Tensor bbox = r.bbox.to(at::kCPU).contiguous();
+      const at::Tensor stab = r.stability.to(at::kCPU, at::kFloat).contiguous();
+      for (int64_t m = 0; m < M; ++m) {
+        MaskData d;
+        d.area = static_cast<uint64_t>(area.data_ptr<int64_t>()[m]);
+        for (int k = 0; k < 4; ++k) d.bbox[k] = static_cast<uint32_t>(bbox.data_ptr<int32_t>()[m * 4 + k]);
+        d.stability_score = stab.data_ptr<float>()[m];
+        if (enc == MaskEncoding::kRle) {
+          const int64_t* off = r.rle_offsets.data_ptr<int64_t>();
+          const int32_t* cnt = r.rle_counts.data_ptr<int32_t>();
+          d.rle_counts.assign(cnt + off[m], cnt + off[m + 1]);
+        } else if (enc == MaskEncoding::kBitmask) {
+          const int64_t* off = r.bitmask_offsets.data_ptr<int64_t>();
+          const uint8_t* bm = r.bitmask.data_ptr<uint8_t>();
+          d.bitmask.assign(bm + off[m], bm + off[m + 1]);
+        }
+        out[owners[m].first].push_back(std::move(d));
+      }
+    }
+    cs.Sync();
+    return out;
+  });
+}
+
+StatusOr<std::shared_ptr<const Embedding>> EngineImpl::ToHost(const Embedding& e) {
+  return Guarded("moving an embedding to host memory", [&]() -> StatusOr<std::shared_ptr<const Embedding>> {
+    auto impl = std::make_shared<Embedding::Impl>(*e.impl());
+    if (!impl->tensor.is_cpu()) {
+      CallStream cs(device_);
+      at::Tensor host = at::empty(impl->tensor.sizes(),
+                                  impl->tensor.options().device(at::kCPU).pinned_memory(device_.is_cuda()));
+      host.copy_(impl->tensor);
+      cs.Sync();
+      impl->tensor = host;
+    }
+    return std::make_shared<const Embedding>(impl);
+  });
+}
+
+StatusOr<std::shared_ptr<const Embedding>> EngineImpl::ToDevice(const Embedding& e) {
+  return Guarded("moving an embedding to the device", [&]() -> StatusOr<std::shared_ptr<const Embedding>> {
+    auto impl = std::make_shared<Embedding::Impl>(*e.impl());
+    if (impl->tensor.device() != device_) {
+      CallStream cs(device_);
+      impl->tensor = impl->tensor.to(device_);
+      cs.Sync();
+    }
+    return std::make_shared<const Embedding>(impl);
+  });
+}
+
+StatusOr<std::shared_ptr<const MaskLogits>> EngineImpl::MakeMaskLogits(const float* v, int h, int w) {
+  const int want = config_.low_res_size();
+  if (h != want || w != want)
+    return InvalidArgument("mask input is " + std::to_string(w) + "x" + std::to_string(h) +
+                           ", expected " + std::to_string(want) + "x" + std::to_string(want) +
+                           " low-res logits");
+  return Guarded("uploading mask logits", [&]() -> StatusOr<std::shared_ptr<const MaskLogits>> {
+    CallStream cs(device_);
+    auto impl = std::make_shared<MaskLogits::Impl>();
+    impl->tensor = at::from_blob(const_cast<float*>(v), {1, h, w}, at::kFloat).to(device_, dtype_);
+    cs.Sync();
+    return std::make_shared<const MaskLogits>(impl);
+  });
+}
+
+DeviceMemoryStats EngineImpl::memory() const {
+  DeviceMemoryStats s;
+#ifdef MASKD_WITH_CUDA
+  if (device_.is_cuda()) {
+    const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    s.allocated = static_cast<uint64_t>(st.allocated_bytes[0].current);
+    s.peak_allocated = static_cast<uint64_t>(st.allocated_bytes[0].peak);
+    s.reserved = static_cast<uint64_t>(st.reserved_bytes[0].current);
+    size_t free_b = 0, total_b = 0;
+    c10::cuda::CUDAGuard g(device_.index());
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) s.total = total_b;
+  }
+#endif
+  return s;
+}
+
+void EngineImpl::ResetPeakMemory() {
+#ifdef MASKD_WITH_CUDA
+  if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+#endif
+}
+
+StatusOr<at::Device> ParseDevice(const std::string& name) {
+  if (name == "cpu" || name.rfind("cpu:", 0) == 0) return at::Device(at::kCPU);
+  if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
+    int index = 0;
+    if (name.size() > 5) {
+      try {
+        index = std::stoi(name.substr(5));
+      } catch (...) {
+        return InvalidArgument("device '" + name + "' is not cpu, cuda or cuda:N");
+      }
+    }
+    if (!torch::cuda::is_available())
+      return InvalidArgument("device '" + name + "' requested but no CUDA device is available");
+    if (index < 0 || index >= static_cast<int>(torch::cuda::device_count()))
+      return InvalidArgument("device '" + name + "': only " + std::to_string(torch::cuda::device_count()) +
+                             " CUDA device(s) visible");
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  return InvalidArgument("device '" + name + "' is not cpu, cuda or cuda:N");
+}
+
+std::string WeightsDigest(const StateDict& sd, const EngineOptions& o) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  for (const auto& [name, t] : sd) {
+    XXH3_128bits_update(st, name.data(), name.size());
+    const at::Tensor c = t.contiguous();
+    XXH3_128bits_update(st, c.data_ptr(), c.nbytes());
+  }
+  std::ostringstream os;
+  os << PrecisionName(o.precision) << "|int8=" << o.fast.int8 << "|sparse=" << o.fast.sparse24;
+  const std::string extra = os.str();
+  XXH3_128bits_update(st, extra.data(), extra.size());
+  const XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  return Hex(h.high64, h.low64).substr(0, 16);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options_in) {
+  EngineOptions options = options_in;
+  if (!options.log) options.log = DefaultLog;
+  auto device = ParseDevice(options.device);
+  if (!device.ok()) return device.status();
+  return Guarded("creating the engine", [&]() -> StatusOr<std::unique_ptr<Engine>> {
+    SamConfig config;
+    StateDict sd;
+    std::optional<Sam> model;
+    if (options.checkpoint.empty()) {
+      config = *SamPreset("tiny");
+      model.emplace(config);
+      RandomizeWeights(**model, options.demo_seed);
+      sd = ModelStateDict(**model);
+      options.log(LogLevel::kWarning,
+                  "NO CHECKPOINT GIVEN: serving the built-in demo model (small encoder, random weights, "
+                  "seed " + std::to_string(options.demo_seed) + "). ITS MASKS ARE MEANINGLESS. Download an "
+                  "official SAM checkpoint (vit_b: sam_vit_b_01ec64.pth, vit_l: sam_vit_l_0b3195.pth, "
+                  "vit_h: sam_vit_h_4b8939.pth from "
+                  "https://github.com/facebookresearch/segment-anything#model-checkpoints) and pass it with "
+                  "--checkpoint, $MASKD_CHECKPOINT, or put it in ./models/.");
+    } else {
+      auto read = ReadStateDict(options.checkpoint);
+      if (!read.ok()) return read.status();
+      sd = std::move(*read);
+      auto cfg = InferSamConfig(sd, options.checkpoint);
+      if (!cfg.ok()) return cfg.status();
+      config = *cfg;
+      model.emplace(config);
+      MASKD_RETURN_IF_ERROR(LoadStateDict(**model, sd, options.checkpoint));
+    }
+    uint64_t params = 0;
+    for (const auto& p : (*model)->parameters()) params += static_cast<uint64_t>(p.numel());
+    const std::string identity = WeightsDigest(sd, options);
+    sd.clear();
+    std::ostringstream os;
+    os << "SAM " << config.arch << " (embed " << config.embed_dim << ", depth " << config.depth << ", heads "
+       << config.num_heads << ", " << params << " parameters) from "
+       << (options.checkpoint.empty() ? std::string("builtin-demo") : options.checkpoint) << " on "
+       << device->str() << " in " << PrecisionName(options.precision);
+    options.log(LogLevel::kInfo, os.str());
+    auto engine = std::make_unique<EngineImpl>(options, config, *model, *device, identity, params);
+    MASKD_RETURN_IF_ERROR(engine->Init());
+    return std::unique_ptr<Engine>(std::move(engine));
+  });
+}
+
+Status MakeRandomCheckpoint(const CheckpointSpec& spec, const std::string& path) {
+  auto config = SamPreset(spec.arch);
+  if (!config.ok()) return config.status();
+  return Guarded("making a checkpoint", [&]() -> Status {
+    torch::NoGradGuard no_grad;
+    Sam model(*config);
+    RandomizeWeights(*model, spec.seed);
+    return WriteStateDict(ModelStateDict(*model), path);
+  });
+}
+
+}  // namespace maskd

@@ -1,1 +1,234 @@
-// placeholder
+#include "model/image_encoder.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/upsampling.h>
+
+#include <cmath>
+
+#include "kernels/kernels.h"
+
+namespace maskd {
+
+namespace F = torch::nn::functional;
+
+LayerNorm2dImpl::LayerNorm2dImpl(int64_t channels, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", torch::ones({channels}));
+  bias = register_parameter("bias", torch::zeros({channels}));
+}
+
+at::Tensor LayerNorm2dImpl::forward(const at::Tensor& x) {
+  // The original's arithmetic (mean, biased variance, rsqrt), not at::layer_norm, for exact parity;
+  // reduced-precision inputs are normalised in fp32.
+  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  const at::Tensor u = xf.mean(1, /*keepdim=*/true);
+  const at::Tensor d = xf - u;
+  const at::Tensor s = d.pow(2).mean(1, true);
+  at::Tensor y = d / at::sqrt(s + eps);
+  y = weight.to(at::kFloat).view({1, -1, 1, 1}) * y + bias.to(at::kFloat).view({1, -1, 1, 1});
+  return y.to(x.scalar_type());
+}
+
+PatchEmbedImpl::PatchEmbedImpl(int64_t patch, int64_t in_chans, int64_t embed_dim) {
+  proj = register_module(
+      "proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(in_chans, embed_dim, patch).stride(patch)));
+}
+
+at::Tensor PatchEmbedImpl::forward(const at::Tensor& x) { return proj->forward(x).permute({0, 2, 3, 1}); }
+
+MlpBlockImpl::MlpBlockImpl(int64_t dim, int64_t hidden) {
+  lin1 = register_module("lin1", torch::nn::Linear(dim, hidden));
+  lin2 = register_module("lin2", torch::nn::Linear(hidden, dim));
+}
+
+at::Tensor MlpBlockImpl::forward(const at::Tensor& x) {
+  at::Tensor h = LinearForward(lin1, lin1_fast, x);
+  h = at::gelu(h);
+  return LinearForward(lin2, lin2_fast, h);
+}
+
+at::Tensor GetRelPos(int64_t q_size, int64_t k_size, const at::Tensor& rel_pos) {
+  const int64_t max_rel_dist = 2 * std::max(q_size, k_size) - 1;
+  at::Tensor resized = rel_pos;
+  if (rel_pos.size(0) != max_rel_dist) {
+    at::Tensor r = rel_pos.reshape({1, rel_pos.size(0), -1}).permute({0, 2, 1});
+    r = F::interpolate(r, F::InterpolateFuncOptions()
+                              .size(std::vector<int64_t>{max_rel_dist})
+                              .mode(torch::kLinear));
+    resized = r.reshape({-1, max_rel_dist}).permute({1, 0});
+  }
+  const double qs = std::max(static_cast<double>(k_size) / q_size, 1.0);
+  const double ks = std::max(static_cast<double>(q_size) / k_size, 1.0);
+  const auto opts = at::TensorOptions().dtype(at::kDouble).device(rel_pos.device());
+  const at::Tensor q_coords = at::arange(q_size, opts).unsqueeze(1) * qs;
+  const at::Tensor k_coords = at::arange(k_size, opts).unsqueeze(0) * ks;
+  const at::Tensor rel = (q_coords - k_coords) + (k_size - 1) * ks;
+  return resized.index({rel.to(at::kLong)});
+}
+
+RelPosAttentionImpl::RelPosAttentionImpl(int64_t dim, int64_t heads, int64_t grid_)
+    : num_heads(heads), head_dim(dim / heads), grid(grid_) {
+  qkv = register_module("qkv", torch::nn::Linear(dim, dim * 3));
+  proj = register_module("proj", torch::nn::Linear(dim, dim));
+  rel_pos_h = register_parameter("rel_pos_h", torch::zeros({2 * grid - 1, head_dim}));
+  rel_pos_w = register_parameter("rel_pos_w", torch::zeros({2 * grid - 1, head_dim}));
+}
+
+void RelPosAttentionImpl::Prepare() {
+  // Gathered once per dtype/device so the forward pass builds no index tensors on the host.
+  Rh_ = GetRelPos(grid, grid, rel_pos_h.detach());
+  Rw_ = GetRelPos(grid, grid, rel_pos_w.detach());
+  const int64_t n = grid * grid;
+  const int64_t extra = 2 * grid;
+  const int64_t width = head_dim + extra;
+  folded_width_ = (width + 7) / 8 * 8;
+  // Key j = (row, col) gets indicator columns e_row (first grid) and e_col (next grid), so that
+  // q' . k' = scale * q . k + rel_h[row] + rel_w[col].
+  const auto opts = rel_pos_h.options();
+  at::Tensor onehot = at::zeros({n, folded_width_ - head_dim}, opts);
+  const at::Tensor j = at::arange(n, opts.dtype(at::kLong));
+  onehot.index_put_({j, j.div(grid, "floor")}, 1);
+  onehot.index_put_({j, grid + j.remainder(grid)}, 1);
+  key_onehot_ = onehot;
+}
+
+// rel_h[b, h, i, k] = sum_c q[b, h, i, c] R_h[row(i), k, c] (and rel_w by column), from the unscaled q.
+at::Tensor RelPosAttentionImpl::RelTables(const at::Tensor& q, at::Tensor* rel_h,
+                                          at::Tensor* rel_w) const {
+  const int64_t bh = q.size(0) * q.size(1);
+  const at::Tensor r_q = q.reshape({bh, grid, grid, head_dim});
+  *rel_h = at::einsum("bhwc,hkc->bhwk", {r_q, Rh_}).reshape({q.size(0), q.size(1), grid * grid, grid});
+  *rel_w = at::einsum("bhwc,wkc->bhwk", {r_q, Rw_}).reshape({q.size(0), q.size(1), grid * grid, grid});
+  return r_q;
+}
+
+at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
+  TORCH_CHECK(H == grid && W == grid, "attention built for a ", grid, "x", grid, " grid got ", H,
+              "x", W);
+  const int64_t N = H * W;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const at::Tensor qkv_out =
+      LinearForward(qkv, qkv_fast, x).reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
+  at::Tensor q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];  // [B, heads, N, hd] views
+  at::Tensor out;                                              // [B, N, heads, hd] or [B*heads, N, hd]
+  switch (impl) {
+    case AttentionImpl::kAuto:
+    case AttentionImpl::kMath: {
+      // The original: scores, + decomposed rel-pos, softmax, @ v.
+      q = q.reshape({B * num_heads, N, head_dim});
+      k = k.reshape({B * num_heads, N, head_dim});
+      v = v.reshape({B * num_heads, N, head_dim});
+      at::Tensor attn = at::matmul(q * scale, k.transpose(-2, -1));
+      const at::Tensor r_q = q.reshape({B * num_heads, H, W, head_dim});
+      const at::Tensor rel_h = at::einsum("bhwc,hkc->bhwk", {r_q, Rh_});
+      const at::Tensor rel_w = at::einsum("bhwc,wkc->bhwk", {r_q, Rw_});
+      attn = (attn.view({B * num_heads, H, W, H, W}) + rel_h.unsqueeze(4) + rel_w.unsqueeze(3))
+                 .view({B * num_heads, N, N});
+      attn = attn.softmax(-1);
+      out = at::matmul(attn, v).view({B, num_heads, H, W, head_dim}).permute({0, 2, 3, 1, 4});
+      break;
+    }
+    case AttentionImpl::kSdpa: {
+      at::Tensor rel_h, rel_w;
+      RelTables(q, &rel_h, &rel_w);
+      const at::Tensor bias = (rel_h.view({B, num_heads, H, W, H, 1}) +
+                               rel_w.view({B, num_heads, H, W, 1, W}))
+                                  .view({B, num_heads, N, N});
+      out = at::scaled_dot_product_attention(q, k, v, bias).permute({0, 2, 1, 3});
+      break;
+    }
+    case AttentionImpl::kSdpaFolded: {
+      at::Tensor rel_h, rel_w;
+      RelTables(q, &rel_h, &rel_w);
+      const int64_t pad = folded_width_ - head_dim - 2 * grid;
+      std::vector<at::Tensor> qs = {q * scale, rel_h.to(q.scalar_type()), rel_w.to(q.scalar_type())};
+      if (pad > 0) qs.push_back(at::zeros({B, num_heads, N, pad}, q.options()));
+      const at::Tensor qf = at::cat(qs, -1);
+      const at::Tensor kf =
+          at::cat({k, key_onehot_.to(k.scalar_type()).expand({B, num_heads, N, key_onehot_.size(1)})}, -1);
+      at::Tensor vf = v;
+      if (fold_pad_v)
+        vf = at::cat({v, at::zeros({B, num_heads, N, folded_width_ - head_dim}, v.options())}, -1);
+      at::Tensor o = at::scaled_dot_product_attention(qf, kf, vf, std::nullopt, 0.0, false, 1.0);
+      if (fold_pad_v) o = o.narrow(-1, 0, head_dim);
+      out = o.permute({0, 2, 1, 3});
+      break;
+    }
+    case AttentionImpl::kFused: {
+      at::Tensor rel_h, rel_w;
+      RelTables(q, &rel_h, &rel_w);
+      out = kernels::RelPosAttention(q, k, v, rel_h, rel_w, H, W, scale);
+      break;
+    }
+  }
+  return LinearForward(proj, proj_fast, out.reshape({B, H, W, C}));
+}
+
+EncoderBlockImpl::EncoderBlockImpl(const SamConfig& c, int64_t window) : window_size(window) {
+  norm1 = register_module(
+      "norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embed_dim}).eps(1e-6)));
+  attn = register_module(
+      "attn", RelPosAttention(c.embed_dim, c.num_heads, window > 0 ? window : c.grid_size()));
+  norm2 = register_module(
+      "norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embed_dim}).eps(1e-6)));
+  mlp = register_module("mlp", MlpBlock(c.embed_dim, c.mlp_dim));
+}
+
+at::Tensor EncoderBlockImpl::forward(const at::Tensor& x0) {
+  const at::Tensor shortcut = x0;
+  at::Tensor x = norm1->forward(x0);
+  const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
+  if (window_size > 0) {
+    // Window partition with zero padding to a multiple of the window (the padded tokens take part
+    // in attention, exactly as in the original).
+    const int64_t ws = window_size;
+    const int64_t pad_h = (ws - H % ws) % ws, pad_w = (ws - W % ws) % ws;
+    if (pad_h > 0 || pad_w > 0) x = at::constant_pad_nd(x, {0, 0, 0, pad_w, 0, pad_h});
+    const int64_t Hp = H + pad_h, Wp = W + pad_w;
+    x = x.view({B, Hp / ws, ws, Wp / ws, ws, C}).permute({0, 1, 3, 2, 4, 5}).reshape({-1, ws, ws, C});
+    x = attn->forward(x);
+    x = x.view({B, Hp / ws, Wp / ws, ws, ws, C}).permute({0, 1, 3, 2, 4, 5}).reshape({B, Hp, Wp, C});
+    if (pad_h > 0 || pad_w > 0) x = x.slice(1, 0, H).slice(2, 0, W);
+  } else {
+    x = attn->forward(x);
+  }
+  x = shortcut + x;
+  return x + mlp->forward(norm2->forward(x));
+}
+
+ImageEncoderViTImpl::ImageEncoderViTImpl(const SamConfig& c) {
+  patch_embed = register_module("patch_embed", PatchEmbed(c.patch_size, c.in_chans, c.embed_dim));
+  pos_embed = register_parameter("pos_embed", torch::zeros({1, c.grid_size(), c.grid_size(), c.embed_dim}));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int i = 0; i < c.depth; ++i) {
+    const bool global = std::find(c.global_attn_indexes.begin(), c.global_attn_indexes.end(), i) !=
+                        c.global_attn_indexes.end();
+    EncoderBlock b(c, global ? 0 : c.window_size);
+    blocks->push_back(b);
+    block_list.push_back(b);
+  }
+  neck = register_module(
+      "neck",
+      torch::nn::Sequential(
+          torch::nn::Conv2d(torch::nn::Conv2dOptions(c.embed_dim, c.out_chans, 1).bias(false)),
+          LayerNorm2d(c.out_chans),
+          torch::nn::Conv2d(torch::nn::Conv2dOptions(c.out_chans, c.out_chans, 3).padding(1).bias(false)),
+          LayerNorm2d(c.out_chans)));
+}
+
+void ImageEncoderViTImpl::SetAttention(AttentionImpl impl) {
+  for (auto& b : block_list) b->attn->impl = impl;
+}
+
+void ImageEncoderViTImpl::Prepare() {
+  for (auto& b : block_list) b->attn->Prepare();
+}
+
+at::Tensor ImageEncoderViTImpl::forward(const at::Tensor& input) {
+  at::Tensor x = patch_embed->forward(input);
+  x = x + pos_embed;
+  for (auto& b : block_list) x = b->forward(x);
+  return neck->forward(x.permute({0, 3, 1, 2}));
+}
+
+}  // namespace maskd

@@ -1,1 +1,177 @@
-// placeholder
+#include "model/mask_decoder.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/conv.h>
+
+#include <cmath>
+
+namespace maskd {
+
+DecoderAttentionImpl::DecoderAttentionImpl(int64_t dim, int64_t heads, int64_t downsample)
+    : num_heads(heads) {
+  const int64_t internal = dim / downsample;
+  TORCH_CHECK(internal % heads == 0, "num_heads must divide the internal attention width");
+  q_proj = register_module("q_proj", torch::nn::Linear(dim, internal));
+  k_proj = register_module("k_proj", torch::nn::Linear(dim, internal));
+  v_proj = register_module("v_proj", torch::nn::Linear(dim, internal));
+  out_proj = register_module("out_proj", torch::nn::Linear(internal, dim));
+}
+
+at::Tensor DecoderAttentionImpl::forward(const at::Tensor& q_in, const at::Tensor& k_in,
+                                         const at::Tensor& v_in) {
+  auto separate = [this](const at::Tensor& x) {
+    return x.reshape({x.size(0), x.size(1), num_heads, x.size(2) / num_heads}).transpose(1, 2);
+  };
+  const at::Tensor q = separate(q_proj->forward(q_in));
+  const at::Tensor k = separate(k_proj->forward(k_in));
+  const at::Tensor v = separate(v_proj->forward(v_in));
+  at::Tensor out;
+  if (use_sdpa) {
+    out = at::scaled_dot_product_attention(q, k, v);
+  } else {
+    const int64_t c_per_head = q.size(3);
+    at::Tensor attn = at::matmul(q, k.permute({0, 1, 3, 2}));
+    attn = attn / std::sqrt(static_cast<double>(c_per_head));
+    attn = at::softmax(attn, -1);
+    out = at::matmul(attn, v);
+  }
+  out = out.transpose(1, 2);
+  out = out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
+  return out_proj->forward(out);
+}
+
+DecoderMlpImpl::DecoderMlpImpl(int64_t in, int64_t hidden, int64_t out, int64_t num_layers) {
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < num_layers; ++i) {
+    torch::nn::Linear l(i == 0 ? in : hidden, i + 1 == num_layers ? out : hidden);
+    layers->push_back(l);
+    layer_list.push_back(l);
+  }
+}
+
+at::Tensor DecoderMlpImpl::forward(const at::Tensor& x0) {
+  at::Tensor x = x0;
+  for (size_t i = 0; i < layer_list.size(); ++i) {
+    x = layer_list[i]->forward(x);
+    if (i + 1 < layer_list.size()) x = at::relu(x);
+  }
+  return x;
+}
+
+TransformerMlpImpl::TransformerMlpImpl(int64_t dim, int64_t hidden) {
+  lin1 = register_module("lin1", torch::nn::Linear(dim, hidden));
+  lin2 = register_module("lin2", torch::nn::Linear(hidden, dim));
+}
+
+at::Tensor TransformerMlpImpl::forward(const at::Tensor& x) { return lin2->forward(at::relu(lin1->forward(x))); }
+
+TwoWayAttentionBlockImpl::TwoWayAttentionBlockImpl(int64_t dim, int64_t heads, int64_t mlp_dim,
+                                                   bool skip_pe)
+    : skip_first_layer_pe(skip_pe) {
+  self_attn = register_module("self_attn", DecoderAttention(dim, heads));
+  norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+  cross_attn_token_to_image = register_module("cross_attn_token_to_image", DecoderAttention(dim, heads, 2));
+  norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+  mlp = register_module("mlp", TransformerMlp(dim, mlp_dim));
+  norm3 = register_module("norm3", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+  norm4 = register_module("norm4", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+  cross_attn_image_to_token = register_module("cross_attn_image_to_token", DecoderAttention(dim, heads, 2));
+}
+
+void TwoWayAttentionBlockImpl::forward(at::Tensor& queries, at::Tensor& keys,
+                                       const at::Tensor& query_pe, const at::Tensor& key_pe) {
+  if (skip_first_layer_pe) {
+    queries = self_attn->forward(queries, queries, queries);
+  } else {
+    const at::Tensor q = queries + query_pe;
+    queries = queries + self_attn->forward(q, q, queries);
+  }
+  queries = norm1->forward(queries);
+  at::Tensor q = queries + query_pe;
+  at::Tensor k = keys + key_pe;
+  queries = norm2->forward(queries + cross_attn_token_to_image->forward(q, k, keys));
+  queries = norm3->forward(queries + mlp->forward(queries));
+  q = queries + query_pe;
+  k = keys + key_pe;
+  keys = norm4->forward(keys + cross_attn_image_to_token->forward(k, q, queries));
+}
+
+TwoWayTransformerImpl::TwoWayTransformerImpl(int64_t depth, int64_t dim, int64_t heads, int64_t mlp_dim) {
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < depth; ++i) {
+    TwoWayAttentionBlock b(dim, heads, mlp_dim, i == 0);
+    layers->push_back(b);
+    layer_list.push_back(b);
+  }
+  final_attn_token_to_image = register_module("final_attn_token_to_image", DecoderAttention(dim, heads, 2));
+  norm_final_attn = register_module("norm_final_attn", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+}
+
+void TwoWayTransformerImpl::SetSdpa(bool on) {
+  for (auto& l : layer_list) {
+    l->self_attn->use_sdpa = on;
+    l->cross_attn_token_to_image->use_sdpa = on;
+    l->cross_attn_image_to_token->use_sdpa = on;
+  }
+  final_attn_token_to_image->use_sdpa = on;
+}
+
+TwoWayTransformerImpl::Output TwoWayTransformerImpl::forward(const at::Tensor& image_embedding,
+                                                             const at::Tensor& image_pe,
+                                                             const at::Tensor& point_embedding) {
+  at::Tensor keys = image_embedding.flatten(2).permute({0, 2, 1});
+  const at::Tensor key_pe = image_pe.flatten(2).permute({0, 2, 1});
+  at::Tensor queries = point_embedding;
+  for (auto& l : layer_list) l->forward(queries, keys, point_embedding, key_pe);
+  const at::Tensor q = queries + point_embedding;
+  const at::Tensor k = keys + key_pe;
+  queries = norm_final_attn->forward(queries + final_attn_token_to_image->forward(q, k, keys));
+  return {queries, keys};
+}
+
+MaskDecoderImpl::MaskDecoderImpl(const SamConfig& c) : num_mask_tokens(c.num_multimask_outputs + 1) {
+  const int64_t d = c.prompt_embed_dim;
+  transformer = register_module(
+      "transformer", TwoWayTransformer(c.transformer_depth, d, c.transformer_heads, c.transformer_mlp_dim));
+  iou_token = register_module("iou_token", torch::nn::Embedding(1, d));
+  mask_tokens = register_module("mask_tokens", torch::nn::Embedding(num_mask_tokens, d));
+  output_upscaling = register_module(
+      "output_upscaling",
+      torch::nn::Sequential(
+          torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(d, d / 4, 2).stride(2)),
+          LayerNorm2d(d / 4), torch::nn::GELU(),
+          torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(d / 4, d / 8, 2).stride(2)),
+          torch::nn::GELU()));
+  output_hypernetworks_mlps = register_module("output_hypernetworks_mlps", torch::nn::ModuleList());
+  for (int64_t i = 0; i < num_mask_tokens; ++i) {
+    DecoderMlp m(d, d, d / 8, 3);
+    output_hypernetworks_mlps->push_back(m);
+    hypernetwork_list.push_back(m);
+  }
+  iou_prediction_head = register_module(
+      "iou_prediction_head", DecoderMlp(d, c.iou_head_hidden_dim, num_mask_tokens, c.iou_head_depth));
+}
+
+MaskDecoderImpl::Output MaskDecoderImpl::forward(const at::Tensor& src, const at::Tensor& pos_src,
+                                                 const at::Tensor& sparse) {
+  const int64_t B = sparse.size(0);
+  const at::Tensor output_tokens = at::cat({iou_token->weight, mask_tokens->weight}, 0);
+  const at::Tensor tokens =
+      at::cat({output_tokens.unsqueeze(0).expand({B, -1, -1}), sparse.to(output_tokens.scalar_type())}, 1);
+  const int64_t b = src.size(0), c = src.size(1), h = src.size(2), w = src.size(3);
+  auto out = transformer->forward(src, pos_src, tokens);
+  const at::Tensor iou_token_out = out.queries.select(1, 0);
+  const at::Tensor mask_tokens_out = out.queries.slice(1, 1, 1 + num_mask_tokens);
+  const at::Tensor keys = out.keys.transpose(1, 2).reshape({b, c, h, w});
+  const at::Tensor upscaled = output_upscaling->forward(keys);
+  std::vector<at::Tensor> hyper;
+  for (int64_t i = 0; i < num_mask_tokens; ++i)
+    hyper.push_back(hypernetwork_list[i]->forward(mask_tokens_out.select(1, i)));
+  const at::Tensor hyper_in = at::stack(hyper, 1);
+  const int64_t uc = upscaled.size(1), uh = upscaled.size(2), uw = upscaled.size(3);
+  const at::Tensor masks = at::matmul(hyper_in, upscaled.view({b, uc, uh * uw})).view({b, -1, uh, uw});
+  return {masks, iou_prediction_head->forward(iou_token_out)};
+}
+
+}  // namespace maskd

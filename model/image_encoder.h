@@ -1,0 +1,103 @@
+// SAM's image encoder: a ViT with windowed attention, global attention at configured blocks,
+// decomposed relative position bias, and a convolutional neck — in the C++ frontend idiom, with the
+// parameters registered under the official state_dict names (image_encoder.*).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <vector>
+
+#include "model/engine.h"
+#include "model/fast_linear.h"
+#include "model/sam_config.h"
+
+namespace maskd {
+
+// Channel-wise LayerNorm over NCHW (SAM's LayerNorm2d, eps 1e-6), computed as the original does.
+struct LayerNorm2dImpl : torch::nn::Module {
+  explicit LayerNorm2dImpl(int64_t channels, double eps = 1e-6);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight, bias;
+  double eps;
+};
+TORCH_MODULE(LayerNorm2d);
+
+struct PatchEmbedImpl : torch::nn::Module {
+  PatchEmbedImpl(int64_t patch, int64_t in_chans, int64_t embed_dim);
+  // [B, 3, H, W] -> [B, H/patch, W/patch, embed_dim]
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Conv2d proj{nullptr};
+};
+TORCH_MODULE(PatchEmbed);
+
+struct MlpBlockImpl : torch::nn::Module {
+  MlpBlockImpl(int64_t dim, int64_t hidden);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Linear lin1{nullptr}, lin2{nullptr};
+  std::shared_ptr<FastLinear> lin1_fast, lin2_fast;
+};
+TORCH_MODULE(MlpBlock);
+
+// Multi-head attention with SAM's decomposed relative position bias, over a (grid x grid) token
+// grid (a window, or the whole image for global blocks). Several numerically equivalent ways to
+// compute it (AttentionImpl); kMath is the original's arithmetic.
+struct RelPosAttentionImpl : torch::nn::Module {
+  RelPosAttentionImpl(int64_t dim, int64_t num_heads, int64_t grid);
+  // [B, grid, grid, dim] -> same
+  at::Tensor forward(const at::Tensor& x);
+  // Derives the tables the fast paths need (R_h/R_w lookups, one-hot key indicators) for the
+  // current dtype/device; call after loading weights and after every .to().
+  void Prepare();
+
+  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  at::Tensor rel_pos_h, rel_pos_w;
+  std::shared_ptr<FastLinear> qkv_fast, proj_fast;
+  AttentionImpl impl = AttentionImpl::kMath;
+  // kSdpaFolded: zero-pad v to the augmented q/k width so the flash backend (which wants equal
+  // widths) applies.
+  bool fold_pad_v = true;
+  int64_t num_heads, head_dim, grid;
+
+ private:
+  at::Tensor RelTables(const at::Tensor& q, at::Tensor* rel_h, at::Tensor* rel_w) const;
+  at::Tensor Rh_, Rw_;       // [grid, grid, head_dim] in the module dtype
+  at::Tensor key_onehot_;    // [grid*grid, padded extra] for kSdpaFolded
+  int64_t folded_width_ = 0;
+};
+TORCH_MODULE(RelPosAttention);
+
+struct EncoderBlockImpl : torch::nn::Module {
+  EncoderBlockImpl(const SamConfig& c, int64_t window_size);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  RelPosAttention attn{nullptr};
+  MlpBlock mlp{nullptr};
+  int64_t window_size;  // 0 = global attention
+};
+TORCH_MODULE(EncoderBlock);
+
+struct ImageEncoderViTImpl : torch::nn::Module {
+  explicit ImageEncoderViTImpl(const SamConfig& c);
+  // [B, 3, img, img] normalised and padded -> [B, out_chans, grid, grid]
+  at::Tensor forward(const at::Tensor& x);
+  void SetAttention(AttentionImpl impl);
+  void Prepare();
+
+  PatchEmbed patch_embed{nullptr};
+  at::Tensor pos_embed;
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::Sequential neck{nullptr};
+  std::vector<EncoderBlock> block_list;
+};
+TORCH_MODULE(ImageEncoderViT);
+
+// SAM's get_rel_pos: the relative position table resized (linear interpolation) to 2*max(q,k)-1 rows
+// if needed, then gathered to [q_size, k_size, C].
+at::Tensor GetRelPos(int64_t q_size, int64_t k_size, const at::Tensor& rel_pos);
+
+}  // namespace maskd

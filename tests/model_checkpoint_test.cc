@@ -1,0 +1,298 @@
+// The checkpoint reader and writer: round trips, the official format's variations, safetensors, and
+// every error a user can hit (with the message naming the file and the problem).
+#include <caffe2/serialize/inline_container.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "model/checkpoint.h"
+#include "model/engine.h"
+#include "model/sam.h"
+#include "model/sam_config.h"
+#include "tests/golden_dir.h"
+
+namespace maskd {
+namespace {
+
+using namespace std::string_literals;
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/maskd_ckpt_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string ReadAll(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void WriteAll(const std::string& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(s.data(), static_cast<std::streamsize>(s.size()));
+}
+
+TEST(Checkpoint, WriteThenReadRoundTripsEveryDtypeAndShape) {
+  StateDict sd = {{"a.weight", torch::randn({3, 4})},
+                  {"b", torch::arange(10, torch::kLong)},
+                  {"c", torch::randn({2, 3, 4}).to(torch::kBFloat16)},
+                  {"d", torch::randint(0, 255, {5}, torch::kByte)},
+                  {"e.scalar", torch::tensor(3.5f).reshape({})},
+                  {"f.empty", torch::zeros({0, 3})}};
+  const std::string path = TempPath("rt.pth");
+  ASSERT_TRUE(WriteStateDict(sd, path).ok());
+  auto back = ReadStateDict(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->size(), sd.size());
+  for (size_t i = 0; i < sd.size(); ++i) {
+    EXPECT_EQ((*back)[i].first, sd[i].first);
+    EXPECT_EQ((*back)[i].second.scalar_type(), sd[i].second.scalar_type()) << sd[i].first;
+    EXPECT_EQ((*back)[i].second.sizes(), sd[i].second.sizes()) << sd[i].first;
+    EXPECT_TRUE(torch::equal((*back)[i].second, sd[i].second)) << sd[i].first;
+  }
+  std::remove(path.c_str());
+}
+
+TEST(Checkpoint, ReadsTheGoldenOfficialFormatCheckpoint) {
+  MASKD_REQUIRE_GOLDEN(dir, "tiny");
+  // Written by torch 1.13 (top folder named after the file, OrderedDict with _metadata).
+  auto sd = ReadStateDict(dir + "/sam_tiny.pth");
+  ASSERT_TRUE(sd.ok()) << sd.status().ToString();
+  EXPECT_EQ(sd->front().first, "image_encoder.pos_embed");
+  EXPECT_EQ(sd->front().second.sizes(), (std::vector<int64_t>{1, 64, 64, 96}));
+  auto cfg = InferSamConfig(*sd, "sam_tiny.pth");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->arch, "tiny");
+  EXPECT_EQ(cfg->embed_dim, 96);
+  EXPECT_EQ(cfg->depth, 4);
+  EXPECT_EQ(cfg->num_heads, 2);
+  EXPECT_EQ(cfg->global_attn_indexes, (std::vector<int>{1, 3}));
+  EXPECT_EQ(cfg->window_size, 14);
+  Sam model(*cfg);
+  EXPECT_TRUE(LoadStateDict(*model, *sd, "sam_tiny.pth").ok());
+}
+
+TEST(Checkpoint, TopFolderNameIsNotAssumed) {
+  // The same records under a different top folder ("archive", as newer torch writes).
+  StateDict sd = {{"x", torch::randn({4})}};
+  const std::string a = TempPath("renamed.pth");
+  ASSERT_TRUE(WriteStateDict(sd, a).ok());
+  caffe2::serialize::PyTorchStreamReader r(a);
+  const std::string b = TempPath("archive.pth");
+  {
+    caffe2::serialize::PyTorchStreamWriter w(b);  // names its folder after this file: "archive"
+    for (const auto& rec : r.getAllRecords()) {
+      if (rec == "version" || rec == ".data/version") continue;
+      auto [data, size] = r.getRecord(rec);
+      w.writeRecord(rec, data.get(), size);
+    }
+    w.writeEndOfFile();
+  }
+  auto back = ReadStateDict(b);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(torch::equal((*back)[0].second, sd[0].second));
+}
+
+TEST(Checkpoint, TruncatedFileIsAClearError) {
+  MASKD_REQUIRE_GOLDEN(dir, "tiny");
+  const std::string full = ReadAll(dir + "/sam_tiny.pth");
+  const std::string path = TempPath("truncated.pth");
+  WriteAll(path, full.substr(0, full.size() / 2));
+  auto r = ReadStateDict(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("truncated"), std::string::npos) << r.status().message();
+}
+
+TEST(Checkpoint, NotACheckpointIsAClearError) {
+  const std::string path = TempPath("text.pth");
+  WriteAll(path, "this is not a checkpoint at all, just some text");
+  auto r = ReadStateDict(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not a checkpoint"), std::string::npos) << r.status().message();
+  auto missing = ReadStateDict(TempPath("does-not-exist.pth"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("cannot open"), std::string::npos);
+}
+
+TEST(Checkpoint, LegacyFormatIsNamed) {
+  const std::string path = TempPath("legacy.pth");
+  WriteAll(path, std::string("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15));
+  auto r = ReadStateDict(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("legacy"), std::string::npos) << r.status().message();
+}
+
+// A zip archive in torch.save's layout whose pickle is `payload`.
+std::string ArchiveWithPickle(const std::string& name, const std::string& payload) {
+  const std::string path = TempPath(name);
+  caffe2::serialize::PyTorchStreamWriter w(path);
+  w.writeRecord("data.pkl", payload.data(), payload.size());
+  w.writeEndOfFile();
+  return path;
+}
+
+TEST(Checkpoint, RefusesPickleGlobalsThatCouldRunCode) {
+  // The classic exploit: os.system("echo pwned") through GLOBAL + REDUCE.
+  const std::string payload = std::string("\x80\x02") + "cos\nsystem\n" + "X\x0a\x00\x00\x00"s +
+                              "echo pwned" + "\x85" + "R.";
+  auto r = ReadStateDict(ArchiveWithPickle("evil.pth", payload));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("os.system"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("refusing"), std::string::npos) << r.status().message();
+  const std::string builtins = std::string("\x80\x02") + "c__builtin__\neval\n" + ".";
+  auto r2 = ReadStateDict(ArchiveWithPickle("evil2.pth", builtins));
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status().message().find("__builtin__.eval"), std::string::npos);
+}
+
+TEST(Checkpoint, RejectsTensorsReachingPastTheirStorage) {
+  // _rebuild_tensor_v2(storage of 2 floats, offset 0, size (8,), stride (1,), ...)
+  const std::string path = TempPath("overrun.pth");
+  {
+    caffe2::serialize::PyTorchStreamWriter w(path);
+    float two[2] = {1, 2};
+    w.writeRecord("data/0", two, sizeof two);
+    std::string p = std::string("\x80\x02") + "ccollections\nOrderedDict\n)R(" + "X\x01\x00\x00\x00"s + "w" +
+                    "ctorch._utils\n_rebuild_tensor_v2\n(" + "(X\x07\x00\x00\x00storagectorch\nFloatStorage\n"s +
+                    "X\x01\x00\x00\x00"s + "0" + "X\x03\x00\x00\x00"s + "cpu" + "K\x02tQ" + "K\x00"s + "K\x08\x85" +
+                    "K\x01\x85" + "\x89" + "ccollections\nOrderedDict\n)R" + "tRu.";
+    w.writeRecord("data.pkl", p.data(), p.size());
+    w.writeEndOfFile();
+  }
+  auto r = ReadStateDict(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("past its storage"), std::string::npos) << r.status().message();
+}
+
+StateDict TinyStateDict() {
+  Sam model(*SamPreset("tiny"));
+  RandomizeWeights(*model, 7);
+  StateDict sd;
+  for (auto& [n, t] : ModelStateDict(*model)) sd.emplace_back(n, t.clone());
+  return sd;
+}
+
+TEST(Checkpoint, MissingUnexpectedAndMismatchedKeysAreListed) {
+  Sam model(*SamPreset("tiny"));
+  StateDict sd = TinyStateDict();
+  StateDict missing(sd.begin() + 1, sd.end());
+  Status s = LoadStateDict(*model, missing, "m.pth");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("missing keys: " + sd[0].first), std::string::npos) << s.message();
+
+  StateDict extra = sd;
+  extra.emplace_back("image_encoder.blocks.9.attn.qkv.weight", torch::zeros({1}));
+  s = LoadStateDict(*model, extra, "e.pth");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("unexpected keys: image_encoder.blocks.9.attn.qkv.weight"), std::string::npos)
+      << s.message();
+
+  StateDict bad = sd;
+  for (auto& [n, t] : bad)
+    if (n == "mask_decoder.iou_token.weight") t = torch::zeros({1, 128});
+  s = LoadStateDict(*model, bad, "s.pth");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("mask_decoder.iou_token.weight (expected [1, 256], got [1, 128])"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST(Checkpoint, EngineReportsCheckpointErrorsWithTheFileName) {
+  const std::string path = TempPath("broken_sam.pth");
+  StateDict sd = TinyStateDict();
+  sd.erase(sd.begin() + 5);  // a norm weight of block 0
+  ASSERT_TRUE(WriteStateDict(sd, path).ok());
+  EngineOptions o;
+  o.checkpoint = path;
+  o.warmup = false;
+  auto e = Engine::Create(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find(path), std::string::npos) << e.status().message();
+  EXPECT_NE(e.status().message().find("missing keys"), std::string::npos) << e.status().message();
+}
+
+void WriteSafetensors(const std::string& path, const StateDict& sd, bool truncate = false) {
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const auto& [n, t0] : sd) {
+    at::Tensor t = t0.contiguous();
+    header[n] = {{"dtype", t.scalar_type() == at::kFloat ? "F32" : "BF16"},
+                 {"shape", t.sizes().vec()},
+                 {"data_offsets", {data.size(), data.size() + t.nbytes()}}};
+    data.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  }
+  header["__metadata__"] = {{"format", "pt"}};
+  const std::string h = header.dump();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+  out += h + data;
+  if (truncate) out.resize(out.size() - 16);
+  WriteAll(path, out);
+}
+
+TEST(Checkpoint, ReadsSafetensorsAndLoadsAModelFromIt) {
+  StateDict sd = TinyStateDict();
+  const std::string path = TempPath("tiny.safetensors");
+  WriteSafetensors(path, sd);
+  auto back = ReadStateDict(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->size(), sd.size());
+  for (const auto& [n, t] : sd) {
+    bool found = false;
+    for (const auto& [m, u] : *back)
+      if (m == n) found = torch::equal(t, u);
+    EXPECT_TRUE(found) << n;
+  }
+  EngineOptions o;
+  o.checkpoint = path;
+  o.warmup = false;
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ((*e)->description().arch, "tiny");
+}
+
+TEST(Checkpoint, TruncatedSafetensorsIsAClearError) {
+  const std::string path = TempPath("cut.safetensors");
+  WriteSafetensors(path, {{"a", torch::randn({64})}}, /*truncate=*/true);
+  auto r = ReadStateDict(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("truncated"), std::string::npos) << r.status().message();
+}
+
+TEST(SamConfig, InfersEveryPresetFromItsTensorShapes) {
+  for (const char* arch : {"vit_b", "vit_l", "vit_h", "tiny"}) {
+    auto preset = SamPreset(arch);
+    ASSERT_TRUE(preset.ok());
+    Sam model(*preset);
+    StateDict sd;
+    for (auto& [n, t] : ModelStateDict(*model)) sd.emplace_back(n, t);
+    auto cfg = InferSamConfig(sd, arch);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    EXPECT_EQ(cfg->arch, arch);
+    EXPECT_EQ(cfg->embed_dim, preset->embed_dim);
+    EXPECT_EQ(cfg->depth, preset->depth);
+    EXPECT_EQ(cfg->num_heads, preset->num_heads);
+    EXPECT_EQ(cfg->global_attn_indexes, preset->global_attn_indexes);
+  }
+}
+
+TEST(SamConfig, InfersAnUnreleasedShape) {
+  SamConfig c = *SamPreset("tiny");
+  c.embed_dim = 64, c.depth = 3, c.num_heads = 4, c.mlp_dim = 128, c.window_size = 8;
+  c.global_attn_indexes = {2};
+  Sam model(c);
+  auto cfg = InferSamConfig(ModelStateDict(*model), "custom");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->arch, "custom");
+  EXPECT_EQ(cfg->num_heads, 4);
+  EXPECT_EQ(cfg->window_size, 8);
+  EXPECT_EQ(cfg->mlp_dim, 128);
+  EXPECT_EQ(cfg->global_attn_indexes, (std::vector<int>{2}));
+}
+
+}  // namespace
+}  // namespace maskd
