@@ -1,0 +1,129 @@
+// The CUDA side of maskd_kernels: raw pointers, plain sizes and an explicit stream, no ATen.
+//
+// The .cu files implement these; the .cc files (which see ATen) check tensors, allocate, and call
+// them. Each launcher starts exactly one kernel and returns cudaGetLastError() of that launch, so the
+// caller can name the kernel in its error. Pointers must be device pointers on the current device.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace maskd::kernels::detail {
+
+enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+// ---------------------------------------------------------------------------------------------------
+// Fused attention with decomposed relative-position bias (rel_pos_attention.cu).
+struct RelPosAttentionArgs {
+  // [B, H, N, D], last dimension contiguous; strides in elements for (b, h, n). Base pointers and
+  // strides must be 16-byte aligned (the loads are 16-byte cp.async).
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t q_stride[3] = {0, 0, 0};
+  int64_t k_stride[3] = {0, 0, 0};
+  int64_t v_stride[3] = {0, 0, 0};
+  // [B, H, N, grid_h] and [B, H, N, grid_w], last dimension contiguous; float32 or q's dtype.
+  const void* rel_h = nullptr;
+  const void* rel_w = nullptr;
+  int64_t rel_h_stride[3] = {0, 0, 0};
+  int64_t rel_w_stride[3] = {0, 0, 0};
+  bool rel_is_float32 = true;
+  // [B, N, H, D] contiguous, q's dtype.
+  void* out = nullptr;
+  int batch = 0, heads = 0, seq = 0, head_dim = 0, grid_h = 0, grid_w = 0;
+  float scale = 1.0f;
+};
+// Kernel name of the configuration RelPosAttention would launch (for error messages and benches).
+const char* RelPosAttentionKernelName(const RelPosAttentionArgs& args, DType dtype);
+// Whether the kernel supports this head dim / grid (D in {64, 80}, bias rows fit in shared memory).
+bool RelPosAttentionSupported(int head_dim, int grid_h, int grid_w, int seq);
+cudaError_t LaunchRelPosAttention(const RelPosAttentionArgs& args, DType dtype,
+                                  cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------------
+// Pillow-exact resize + normalise + pad (preprocess.cu).
+// Horizontal pass: in [in_h, in_w, 3] -> out [in_h, out_w, 3], uint8, Pillow's fixed point.
+cudaError_t LaunchPilHorizontal(const uint8_t* in, int in_h, int in_w, uint8_t* out, int out_w,
+                                const int32_t* bounds, const int32_t* weights, int ksize,
+                                cudaStream_t stream);
+// Vertical pass (when `vertical`; else `in` is already out_h rows) + (x - mean) / std + zero pad:
+// in [src_h, out_w, 3] uint8 -> out [3, pad, pad] of out_dtype.
+struct NormalizePadArgs {
+  const uint8_t* in = nullptr;
+  int src_h = 0;
+  bool vertical = false;
+  const int32_t* bounds = nullptr;   // vertical coefficients (2 * out_h)
+  const int32_t* weights = nullptr;  // out_h * ksize
+  int ksize = 0;
+  int out_h = 0, out_w = 0, pad = 0;
+  float mean[3] = {0, 0, 0};
+  float std[3] = {1, 1, 1};
+  void* out = nullptr;
+};
+cudaError_t LaunchPilVerticalNormalizePad(const NormalizePadArgs& args, DType out_dtype,
+                                          cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------------
+// Mask post-processing (postprocess.cu).
+//
+// Per-mask table, int64 [M, kMaskTableCols] on the device.
+enum MaskTableCol : int {
+  kColInputH = 0,
+  kColInputW,
+  kColOrigH,
+  kColOrigW,
+  kColWordOffset,     // into the bit words: the mask's orig_w * words_per_column words
+  kColBitmaskOffset,  // into the uint8 bitmask (only read when a bitmask is written)
+  kMaskTableCols
+};
+// Masks are processed in groups of this many output columns per block.
+inline constexpr int kMaskColumnsPerBlock = 32;
+
+struct MaskEvalArgs {
+  const void* logits = nullptr;  // [M, low_h, low_w] contiguous
+  int num_masks = 0, low_h = 0, low_w = 0, pad = 0;
+  const int64_t* table = nullptr;
+  int max_groups = 0;  // max over masks of ceil(orig_w / kMaskColumnsPerBlock)
+  // Column-major bit words: bit b of word (x, k) = pixel (y = 32 k + b, x) > 0; bits past orig_h 0.
+  uint32_t* words = nullptr;
+  // [M, 3]: count(v > 0), count(v > 1), count(v > -1).
+  unsigned long long* counts = nullptr;
+  // [M, 4]: x_min, y_min, x_max, y_max (initialised to INT_MAX, INT_MAX, -1, -1).
+  int32_t* extent = nullptr;
+  uint8_t* bitmask = nullptr;  // nullptr: no bitmask
+};
+cudaError_t LaunchMaskEval(const MaskEvalArgs& args, DType logits_dtype, cudaStream_t stream);
+
+// RLE from the bit words: first counts the run boundaries of each (mask, column group) into
+// block_counts [M * max_groups], then (after the caller's scan) writes their pixel positions
+// (column-major index) at block_base [M * max_groups] into positions.
+struct MaskRleArgs {
+  const uint32_t* words = nullptr;
+  const int64_t* table = nullptr;
+  int num_masks = 0, max_groups = 0;
+  int32_t* block_counts = nullptr;      // count pass
+  const int64_t* block_base = nullptr;  // write pass
+  int32_t* positions = nullptr;         // write pass
+};
+cudaError_t LaunchMaskRleCount(const MaskRleArgs& args, cudaStream_t stream);
+cudaError_t LaunchMaskRleWrite(const MaskRleArgs& args, cudaStream_t stream);
+// counts[i] = run lengths from boundary positions: region m is [offsets[m], offsets[m+1]), its last
+// slot standing for the end of the mask (orig_h * orig_w).
+cudaError_t LaunchMaskRleDiff(const int32_t* positions, const int64_t* offsets,
+                              const int64_t* table, int num_masks, int32_t* counts,
+                              cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------------
+// int8 (int8.cu).
+// x [rows, cols] (row stride in elements) -> q [rows, cols] int8 contiguous, scales [rows] float32.
+cudaError_t LaunchQuantizePerToken(const void* x, DType dtype, int64_t rows, int64_t cols,
+                                   int64_t row_stride, int8_t* q, float* scales,
+                                   cudaStream_t stream);
+// out [rows, cols] = acc * x_scales[row] * w_scales[col] + bias[col] (bias may be nullptr).
+cudaError_t LaunchDequantizeBias(const int32_t* acc, int64_t rows, int64_t cols,
+                                 const float* x_scales, const float* w_scales, const float* bias,
+                                 void* out, DType out_dtype, cudaStream_t stream);
+
+}  // namespace maskd::kernels::detail

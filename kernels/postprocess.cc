@@ -1,0 +1,304 @@
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/internal.h"
+#include "kernels/kernels.h"
+
+namespace maskd::kernels {
+namespace {
+
+using internal::CheckDim;
+using internal::CheckSize;
+using internal::Describe;
+
+struct Geometry {
+  int64_t input_h, input_w, orig_h, orig_w;
+};
+
+// Checks the arguments and returns the per-mask geometry on the host.
+std::vector<Geometry> CheckPostprocessArgs(const at::Tensor& logits, const at::Tensor& geometry,
+                                           int64_t pad_size) {
+  CheckDim(logits, "logits", 3);
+  const auto st = logits.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kBFloat16 || st == at::kHalf,
+              "logits: expected float32, bfloat16 or float16, got ", Describe(logits));
+  TORCH_CHECK(logits.size(1) > 0 && logits.size(2) > 0, "logits: expected non-empty masks, got ",
+              Describe(logits));
+  CheckDim(geometry, "geometry", 2);
+  CheckSize(geometry, "geometry", 0, logits.size(0));
+  CheckSize(geometry, "geometry", 1, 4);
+  TORCH_CHECK(geometry.scalar_type() == at::kInt, "geometry: expected int32, got ",
+              Describe(geometry));
+  TORCH_CHECK(pad_size > 0, "pad_size: expected > 0, got ", pad_size);
+  const at::Tensor g = geometry.to(at::kCPU).contiguous();
+  const int32_t* p = g.data_ptr<int32_t>();
+  std::vector<Geometry> out(static_cast<size_t>(g.size(0)));
+  for (size_t m = 0; m < out.size(); ++m) {
+    Geometry& x = out[m];
+    x = {p[4 * m], p[4 * m + 1], p[4 * m + 2], p[4 * m + 3]};
+    TORCH_CHECK(x.input_h >= 1 && x.input_h <= pad_size && x.input_w >= 1 &&
+                    x.input_w <= pad_size,
+                "geometry[", m, "]: expected input size within 1..pad_size (", pad_size,
+                "), got ", x.input_h, " x ", x.input_w);
+    TORCH_CHECK(x.orig_h >= 1 && x.orig_w >= 1 && x.orig_h * x.orig_w < (int64_t{1} << 31),
+                "geometry[", m, "]: expected an original size of 1 .. 2^31 - 1 pixels, got ",
+                x.orig_h, " x ", x.orig_w);
+  }
+  return out;
+}
+
+// COCO RLE of a column-major 0/1 sequence: run lengths alternating zeros, ones, starting with zeros.
+void EncodeRle(const uint8_t* col_major, int64_t n, std::vector<int32_t>& counts) {
+  uint8_t current = 0;
+  int64_t run = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (col_major[i] != current) {
+      counts.push_back(static_cast<int32_t>(run));
+      current = col_major[i];
+      run = 0;
+    }
+    ++run;
+  }
+  counts.push_back(static_cast<int32_t>(run));
+}
+
+MaskPostprocessOutput EmptyOutput(bool want_rle, bool want_bitmask) {
+  MaskPostprocessOutput o;
+  o.area = at::empty({0}, at::kLong);
+  o.bbox = at::empty({0, 4}, at::kInt);
+  o.stability = at::empty({0}, at::kFloat);
+  if (want_rle) {
+    o.rle_counts = at::empty({0}, at::kInt);
+    o.rle_offsets = at::zeros({1}, at::kLong);
+  }
+  if (want_bitmask) {
+    o.bitmask = at::empty({0}, at::kByte);
+    o.bitmask_offsets = at::zeros({1}, at::kLong);
+  }
+  return o;
+}
+
+// x, y, width, height (width = x_max - x_min + 1, as pycocotools' toBbox) or zeros when empty.
+void FillBox(int32_t* box, int64_t area, int32_t xmin, int32_t ymin, int32_t xmax, int32_t ymax) {
+  if (area == 0) {
+    box[0] = box[1] = box[2] = box[3] = 0;
+    return;
+  }
+  box[0] = xmin;
+  box[1] = ymin;
+  box[2] = xmax - xmin + 1;
+  box[3] = ymax - ymin + 1;
+}
+
+float Stability(int64_t n_hi, int64_t n_lo) {
+  return n_lo == 0 ? 1.0f : static_cast<float>(n_hi) / static_cast<float>(n_lo);
+}
+
+#ifdef MASKD_WITH_CUDA
+MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at::Tensor& geometry,
+                                          int64_t pad_size, bool want_rle, bool want_bitmask,
+                                          Stream stream) {
+  internal::StreamScope scope(stream, logits_in.device());
+  const std::vector<Geometry> geo = CheckPostprocessArgs(logits_in, geometry, pad_size);
+  const int64_t M = static_cast<int64_t>(geo.size());
+  if (M == 0) return EmptyOutput(want_rle, want_bitmask);
+  TORCH_CHECK(M < (int64_t{1} << 31), "logits: expected fewer than 2^31 masks, got ", M);
+  const at::Tensor logits = logits_in.contiguous();
+  const auto dev = logits.options();
+  const auto pinned = [](at::ScalarType t) {
+    return at::TensorOptions().dtype(t).pinned_memory(true);
+  };
+
+  // Per-mask table (geometry + offsets) in one pinned upload.
+  at::Tensor table_host = at::empty({M, detail::kMaskTableCols}, pinned(at::kLong));
+  int64_t* tp = table_host.data_ptr<int64_t>();
+  int64_t words_total = 0, pixels_total = 0, max_groups = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const Geometry& g = geo[m];
+    int64_t* row = tp + m * detail::kMaskTableCols;
+    row[detail::kColInputH] = g.input_h;
+    row[detail::kColInputW] = g.input_w;
+    row[detail::kColOrigH] = g.orig_h;
+    row[detail::kColOrigW] = g.orig_w;
+    row[detail::kColWordOffset] = words_total;
+    row[detail::kColBitmaskOffset] = pixels_total;
+    words_total += g.orig_w * ((g.orig_h + 31) / 32);
+    pixels_total += g.orig_h * g.orig_w;
+    max_groups = std::max<int64_t>(
+        max_groups, (g.orig_w + detail::kMaskColumnsPerBlock - 1) / detail::kMaskColumnsPerBlock);
+  }
+  TORCH_CHECK(max_groups <= 65535, "geometry: expected original widths up to ",
+              65535 * detail::kMaskColumnsPerBlock, " pixels");
+  const at::Tensor table = table_host.to(logits.device(), /*non_blocking=*/true);
+
+  at::Tensor words = at::empty({words_total}, dev.dtype(at::kInt));
+  at::Tensor counts = at::zeros({M, 3}, dev.dtype(at::kLong));
+  at::Tensor extent = at::empty({M, 4}, dev.dtype(at::kInt));
+  extent.slice(1, 0, 2).fill_(INT_MAX);
+  extent.slice(1, 2, 4).fill_(-1);
+  at::Tensor bitmask_dev;
+  if (want_bitmask) bitmask_dev = at::empty({pixels_total}, dev.dtype(at::kByte));
+
+  detail::MaskEvalArgs ea;
+  ea.logits = logits.data_ptr();
+  ea.num_masks = static_cast<int>(M);
+  ea.low_h = static_cast<int>(logits.size(1));
+  ea.low_w = static_cast<int>(logits.size(2));
+  ea.pad = static_cast<int>(pad_size);
+  ea.table = table.data_ptr<int64_t>();
+  ea.max_groups = static_cast<int>(max_groups);
+  ea.words = reinterpret_cast<uint32_t*>(words.data_ptr<int32_t>());
+  ea.counts = reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>());
+  ea.extent = extent.data_ptr<int32_t>();
+  ea.bitmask = want_bitmask ? bitmask_dev.data_ptr<uint8_t>() : nullptr;
+  internal::CheckLaunch(
+      detail::LaunchMaskEval(ea, internal::ToDType(logits.scalar_type(), "logits"), scope.get()),
+      "MaskEvalKernel");
+
+  MaskPostprocessOutput out;
+  if (want_rle) {
+    detail::MaskRleArgs ra;
+    ra.words = ea.words;
+    ra.table = ea.table;
+    ra.num_masks = ea.num_masks;
+    ra.max_groups = ea.max_groups;
+    at::Tensor block_counts = at::empty({M, max_groups}, dev.dtype(at::kInt));
+    ra.block_counts = block_counts.data_ptr<int32_t>();
+    internal::CheckLaunch(detail::LaunchMaskRleCount(ra, scope.get()), "MaskRleKernel<count>");
+    // Mask m's region holds its boundaries then one slot for the end: base(m, g) = boundaries
+    // before (m, g) in mask-major, column-group order + m end slots.
+    const at::Tensor bc = block_counts.to(at::kLong);
+    const at::Tensor inclusive = bc.flatten().cumsum(0).view({M, max_groups});
+    const at::Tensor base =
+        (inclusive - bc + at::arange(M, dev.dtype(at::kLong)).unsqueeze(1)).contiguous();
+    at::Tensor offsets = at::empty({M + 1}, dev.dtype(at::kLong));
+    offsets.slice(0, 0, M).copy_(base.select(1, 0));
+    offsets.slice(0, M, M + 1).copy_(inclusive.view({-1}).slice(0, M * max_groups - 1) + M);
+    const at::Tensor offsets_host = offsets.to(at::kCPU);  // synchronises: sizes the output
+    const int64_t total = offsets_host.data_ptr<int64_t>()[M];
+    at::Tensor positions = at::empty({total}, dev.dtype(at::kInt));
+    at::Tensor rle_dev = at::empty({total}, dev.dtype(at::kInt));
+    ra.block_base = base.data_ptr<int64_t>();
+    ra.positions = positions.data_ptr<int32_t>();
+    internal::CheckLaunch(detail::LaunchMaskRleWrite(ra, scope.get()), "MaskRleKernel<write>");
+    internal::CheckLaunch(
+        detail::LaunchMaskRleDiff(ra.positions, offsets.data_ptr<int64_t>(), ea.table, ea.num_masks,
+                                  rle_dev.data_ptr<int32_t>(), scope.get()),
+        "MaskRleDiffKernel");
+    out.rle_counts = at::empty({total}, pinned(at::kInt));
+    out.rle_counts.copy_(rle_dev, /*non_blocking=*/true);
+    out.rle_offsets = offsets_host;
+  }
+  at::Tensor counts_host = at::empty({M, 3}, pinned(at::kLong));
+  counts_host.copy_(counts, /*non_blocking=*/true);
+  at::Tensor extent_host = at::empty({M, 4}, pinned(at::kInt));
+  extent_host.copy_(extent, /*non_blocking=*/true);
+  if (want_bitmask) {
+    out.bitmask = at::empty({pixels_total}, pinned(at::kByte));
+    out.bitmask.copy_(bitmask_dev, /*non_blocking=*/true);
+    out.bitmask_offsets = at::empty({M + 1}, at::kLong);
+    int64_t* bo = out.bitmask_offsets.data_ptr<int64_t>();
+    for (int64_t m = 0; m < M; ++m) bo[m] = tp[m * detail::kMaskTableCols + detail::kColBitmaskOffset];
+    bo[M] = pixels_total;
+  }
+  const cudaError_t sync = cudaStreamSynchronize(scope.get());
+  TORCH_CHECK(sync == cudaSuccess, "MaskPostprocess: cudaStreamSynchronize: ",
+              cudaGetErrorString(sync));
+
+  out.area = at::empty({M}, at::kLong);
+  out.bbox = at::empty({M, 4}, at::kInt);
+  out.stability = at::empty({M}, at::kFloat);
+  const int64_t* c = counts_host.data_ptr<int64_t>();
+  const int32_t* e = extent_host.data_ptr<int32_t>();
+  for (int64_t m = 0; m < M; ++m) {
+    out.area.data_ptr<int64_t>()[m] = c[3 * m];
+    FillBox(out.bbox.data_ptr<int32_t>() + 4 * m, c[3 * m], e[4 * m], e[4 * m + 1], e[4 * m + 2],
+            e[4 * m + 3]);
+    out.stability.data_ptr<float>()[m] = Stability(c[3 * m + 1], c[3 * m + 2]);
+  }
+  return out;
+}
+#endif
+
+}  // namespace
+
+MaskPostprocessOutput MaskPostprocessReference(const at::Tensor& logits, const at::Tensor& geometry,
+                                               int64_t pad_size, bool want_rle,
+                                               bool want_bitmask) {
+  const std::vector<Geometry> geo = CheckPostprocessArgs(logits, geometry, pad_size);
+  const int64_t M = static_cast<int64_t>(geo.size());
+  if (M == 0) return EmptyOutput(want_rle, want_bitmask);
+  MaskPostprocessOutput out;
+  out.area = at::empty({M}, at::kLong);
+  out.bbox = at::empty({M, 4}, at::kInt);
+  out.stability = at::empty({M}, at::kFloat);
+  std::vector<int32_t> rle;
+  std::vector<int64_t> rle_offsets{0};
+  std::vector<uint8_t> bitmask;
+  std::vector<int64_t> bitmask_offsets{0};
+  for (int64_t m = 0; m < M; ++m) {
+    const Geometry& g = geo[m];
+    // SAM's postprocess_masks: interpolate to the padded input size, crop, interpolate to the
+    // original size (bilinear, align_corners=False), then `> mask_threshold` (0).
+    const at::Tensor low = logits.select(0, m).unsqueeze(0).unsqueeze(0);
+    const at::Tensor up = at::upsample_bilinear2d(low, {pad_size, pad_size}, false);
+    const at::Tensor crop = up.slice(2, 0, g.input_h).slice(3, 0, g.input_w);
+    const at::Tensor full =
+        at::upsample_bilinear2d(crop, {g.orig_h, g.orig_w}, false).select(0, 0).select(0, 0);
+    const at::Tensor mask = full > 0;
+    const at::Tensor stats =
+        at::stack({mask.sum(), (full > 1).sum(), (full > -1).sum()}).to(at::kCPU);
+    const int64_t* s = stats.data_ptr<int64_t>();
+    out.area.data_ptr<int64_t>()[m] = s[0];
+    out.stability.data_ptr<float>()[m] = Stability(s[1], s[2]);
+
+    const at::Tensor mask_cpu = mask.to(at::kCPU).to(at::kByte).contiguous();  // [orig_h, orig_w]
+    const uint8_t* px = mask_cpu.data_ptr<uint8_t>();
+    int32_t xmin = INT_MAX, ymin = INT_MAX, xmax = -1, ymax = -1;
+    for (int64_t y = 0; y < g.orig_h; ++y) {
+      for (int64_t x = 0; x < g.orig_w; ++x) {
+        if (px[y * g.orig_w + x]) {
+          xmin = std::min<int32_t>(xmin, static_cast<int32_t>(x));
+          xmax = std::max<int32_t>(xmax, static_cast<int32_t>(x));
+          ymin = std::min<int32_t>(ymin, static_cast<int32_t>(y));
+          ymax = std::max<int32_t>(ymax, static_cast<int32_t>(y));
+        }
+      }
+    }
+    FillBox(out.bbox.data_ptr<int32_t>() + 4 * m, s[0], xmin, ymin, xmax, ymax);
+    if (want_rle) {
+      const at::Tensor col_major = mask_cpu.t().contiguous();
+      EncodeRle(col_major.data_ptr<uint8_t>(), col_major.numel(), rle);
+      rle_offsets.push_back(static_cast<int64_t>(rle.size()));
+    }
+    if (want_bitmask) {
+      bitmask.insert(bitmask.end(), px, px + mask_cpu.numel());
+      bitmask_offsets.push_back(static_cast<int64_t>(bitmask.size()));
+    }
+  }
+  if (want_rle) {
+    out.rle_counts = at::tensor(at::ArrayRef<int32_t>(rle), at::kInt);
+    out.rle_offsets = at::tensor(at::ArrayRef<int64_t>(rle_offsets), at::kLong);
+  }
+  if (want_bitmask) {
+    out.bitmask = at::tensor(at::ArrayRef<uint8_t>(bitmask), at::kByte);
+    out.bitmask_offsets = at::tensor(at::ArrayRef<int64_t>(bitmask_offsets), at::kLong);
+  }
+  return out;
+}
+
+MaskPostprocessOutput MaskPostprocess(const at::Tensor& logits, const at::Tensor& geometry,
+                                      int64_t pad_size, bool want_rle, bool want_bitmask,
+                                      Stream stream) {
+#ifdef MASKD_WITH_CUDA
+  if (logits.is_cuda()) {
+    return MaskPostprocessCuda(logits, geometry, pad_size, want_rle, want_bitmask, stream);
+  }
+#endif
+  (void)stream;
+  return MaskPostprocessReference(logits, geometry, pad_size, want_rle, want_bitmask);
+}
+
+}  // namespace maskd::kernels

@@ -1,0 +1,347 @@
+// SAM's postprocess_masks (bilinear 256 -> pad, crop, bilinear -> original size) fused with the
+// threshold, the mask statistics and COCO RLE, evaluated per output pixel without any full-size float
+// tensor.
+//
+// The interpolation reproduces at::upsample_bilinear2d (CUDA, align_corners=False): scale = in / out
+// in float, src = scale * (dst + 0.5) - 0.5 clamped at 0, i0 = (int)src, i1 = i0 + (i0 < in - 1),
+// lambda = src - i0, value = h0 * (w0 * a + w1 * b) + h1 * (w0 * c + w1 * d), written in the
+// same expression so that nvcc contracts it the same way; each stage's result is rounded to the
+// logits' dtype, as the reference stores it. Taps of the second stage whose weight is exactly 0 are
+// skipped (0 * finite adds nothing), which makes the usual identity second stage one evaluation.
+//
+// Layout: block = (mask, group of 32 output columns), 8 warps; a warp evaluates 32 consecutive rows
+// of one column, so a ballot is one column-major bit word. The bit words go to a scratch buffer
+// (1/32 of a float mask) from which the RLE kernels find the run boundaries.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "kernels/launchers.h"
+
+namespace maskd::kernels::detail {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kCols = kMaskColumnsPerBlock;
+static_assert(kCols == 4 * kWarps, "each warp owns 4 columns");
+
+template <typename T>
+__device__ __forceinline__ float RoundTo(float v) {
+  return static_cast<float>(static_cast<T>(v));
+}
+template <>
+__device__ __forceinline__ float RoundTo<float>(float v) {
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ float Load(const T* p) {
+  return static_cast<float>(*p);
+}
+
+struct Taps {
+  int i0, i1;
+  float l0, l1;
+};
+
+__device__ __forceinline__ Taps SourceTaps(float scale, int dst, int in_size) {
+  float src = scale * (dst + 0.5f) - 0.5f;  // area_pixel_compute_source_index
+  if (src < 0.0f) src = 0.0f;
+  Taps t;
+  t.i0 = static_cast<int>(src);
+  t.i1 = t.i0 + (t.i0 < in_size - 1 ? 1 : 0);
+  t.l1 = src - t.i0;
+  t.l0 = 1.0f - t.l1;
+  return t;
+}
+
+// First stage (low-res -> pad x pad) at one intermediate pixel, rounded to T.
+template <typename T>
+__device__ __forceinline__ float Stage1(const T* __restrict__ low, int low_w, const Taps& r,
+                                        const Taps& c) {
+  const T* row0 = low + static_cast<int64_t>(r.i0) * low_w;
+  const T* row1 = low + static_cast<int64_t>(r.i1) * low_w;
+  const float v = r.l0 * (c.l0 * Load(row0 + c.i0) + c.l1 * Load(row0 + c.i1)) +
+                  r.l1 * (c.l0 * Load(row1 + c.i0) + c.l1 * Load(row1 + c.i1));
+  return RoundTo<T>(v);
+}
+
+struct ColumnTaps {
+  Taps x;      // second stage: output column -> cropped intermediate columns
+  Taps first;  // first stage for intermediate column x.i0
+  Taps second; // first stage for intermediate column x.i1
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) MaskEvalKernel(const MaskEvalArgs a) {
+  const int m = blockIdx.x;
+  const int64_t* tb = a.table + static_cast<int64_t>(m) * kMaskTableCols;
+  const int in_h = static_cast<int>(tb[kColInputH]);
+  const int in_w = static_cast<int>(tb[kColInputW]);
+  const int oh = static_cast<int>(tb[kColOrigH]);
+  const int ow = static_cast<int>(tb[kColOrigW]);
+  const int x0 = blockIdx.y * kCols;
+  if (x0 >= ow) return;  // whole block: this mask is narrower than the widest
+  const int64_t word_off = tb[kColWordOffset];
+  const int nw = (oh + 31) / 32;
+
+  const T* low = static_cast<const T*>(a.logits) + static_cast<int64_t>(m) * a.low_h * a.low_w;
+  // Scales exactly as area_pixel_compute_scale: float(in) / out.
+  const float s1h = static_cast<float>(a.low_h) / static_cast<float>(a.pad);
+  const float s1w = static_cast<float>(a.low_w) / static_cast<float>(a.pad);
+  const float s2h = static_cast<float>(in_h) / static_cast<float>(oh);
+  const float s2w = static_cast<float>(in_w) / static_cast<float>(ow);
+
+  __shared__ ColumnTaps cols[kCols];
+  __shared__ uint32_t tile[kCols];
+  __shared__ unsigned long long red_counts[kWarps][3];
+  __shared__ int red_extent[kWarps][4];
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  if (tid < kCols && x0 + tid < ow) {
+    ColumnTaps ct;
+    ct.x = SourceTaps(s2w, x0 + tid, in_w);
+    ct.first = SourceTaps(s1w, ct.x.i0, a.low_w);
+    ct.second = SourceTaps(s1w, ct.x.i1, a.low_w);
+    cols[tid] = ct;
+  }
+  __syncthreads();
+
+  unsigned long long area = 0, n_hi = 0, n_lo = 0;
+  int xmin = INT_MAX, ymin = INT_MAX, xmax = -1, ymax = -1;
+
+  for (int k = 0; k < nw; ++k) {
+    const int y = 32 * k + lane;
+    const bool y_valid = y < oh;
+    const Taps ty = SourceTaps(s2h, y_valid ? y : oh - 1, in_h);
+    const Taps ra = SourceTaps(s1h, ty.i0, a.low_h);
+    const Taps rb = SourceTaps(s1h, ty.i1, a.low_h);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = warp * 4 + i;
+      const int x = x0 + c;
+      uint32_t bits = 0;
+      if (x < ow) {  // warp-uniform
+        const ColumnTaps& ct = cols[c];
+        const float aa = Stage1(low, a.low_w, ra, ct.first);
+        const float ab = ct.x.l1 != 0.0f ? Stage1(low, a.low_w, ra, ct.second) : 0.0f;
+        float ba = 0.0f, bb = 0.0f;
+        if (ty.l1 != 0.0f) {
+          ba = Stage1(low, a.low_w, rb, ct.first);
+          bb = ct.x.l1 != 0.0f ? Stage1(low, a.low_w, rb, ct.second) : 0.0f;
+        }
+        float v = ty.l0 * (ct.x.l0 * aa + ct.x.l1 * ab) + ty.l1 * (ct.x.l0 * ba + ct.x.l1 * bb);
+        v = RoundTo<T>(v);
+        const bool in = y_valid;
+        bits = __ballot_sync(0xffffffffu, in && v > 0.0f);
+        const uint32_t hi = __ballot_sync(0xffffffffu, in && v > 1.0f);
+        const uint32_t lo = __ballot_sync(0xffffffffu, in && v > -1.0f);
+        area += __popc(bits);
+        n_hi += __popc(hi);
+        n_lo += __popc(lo);
+        if (bits != 0) {
+          xmin = min(xmin, x);
+          xmax = max(xmax, x);
+          ymin = min(ymin, 32 * k + __ffs(bits) - 1);
+          ymax = max(ymax, 32 * k + 31 - __clz(bits));
+        }
+        if (lane == 0) a.words[word_off + static_cast<int64_t>(x) * nw + k] = bits;
+      }
+      if (lane == 0) tile[c] = bits;
+    }
+    if (a.bitmask != nullptr) {
+      __syncthreads();
+      // Transpose through shared memory: 32 rows x 32 columns, 4 bytes per thread, row-major.
+      const int r = tid / 8;
+      const int q = (tid % 8) * 4;
+      const int yy = 32 * k + r;
+      if (yy < oh) {
+        uint8_t* dst = a.bitmask + tb[kColBitmaskOffset] + static_cast<int64_t>(yy) * ow + x0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (x0 + q + j < ow) dst[q + j] = static_cast<uint8_t>((tile[q + j] >> r) & 1u);
+        }
+      }
+      __syncthreads();
+    }
+  }
+
+  if (lane == 0) {
+    red_counts[warp][0] = area;
+    red_counts[warp][1] = n_hi;
+    red_counts[warp][2] = n_lo;
+    red_extent[warp][0] = xmin;
+    red_extent[warp][1] = ymin;
+    red_extent[warp][2] = xmax;
+    red_extent[warp][3] = ymax;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    for (int w = 1; w < kWarps; ++w) {
+      area += red_counts[w][0];
+      n_hi += red_counts[w][1];
+      n_lo += red_counts[w][2];
+      xmin = min(xmin, red_extent[w][0]);
+      ymin = min(ymin, red_extent[w][1]);
+      xmax = max(xmax, red_extent[w][2]);
+      ymax = max(ymax, red_extent[w][3]);
+    }
+    unsigned long long* counts = a.counts + static_cast<int64_t>(m) * 3;
+    if (area) atomicAdd(counts + 0, area);
+    if (n_hi) atomicAdd(counts + 1, n_hi);
+    if (n_lo) atomicAdd(counts + 2, n_lo);
+    if (area) {
+      int32_t* e = a.extent + static_cast<int64_t>(m) * 4;
+      atomicMin(e + 0, xmin);
+      atomicMin(e + 1, ymin);
+      atomicMax(e + 2, xmax);
+      atomicMax(e + 3, ymax);
+    }
+  }
+}
+
+// Exclusive block-wide prefix sum of one int per thread (kThreads threads); also returns the total.
+__device__ __forceinline__ int BlockExclusiveScan(int v, int* total) {
+  __shared__ int warp_sums[kWarps];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  int incl = v;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int o = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += o;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  int before = 0, sum = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) before += warp_sums[w];
+    sum += warp_sums[w];
+  }
+  *total = sum;
+  return before + incl - v;
+}
+
+// Run boundaries of the block's words (32 columns of one mask, column-major, contiguous in the
+// scratch buffer). Word i of the block is column i / nw, row word i % nw; a boundary is a pixel whose
+// bit differs from the previous pixel in column-major order (the pixel before the first counts as 0,
+// so a mask starting with 1 gets a leading zero-length run).
+template <bool kWrite>
+__global__ void __launch_bounds__(kThreads) MaskRleKernel(const MaskRleArgs a) {
+  const int m = blockIdx.x;
+  const int grp = blockIdx.y;
+  const int64_t* tb = a.table + static_cast<int64_t>(m) * kMaskTableCols;
+  const int oh = static_cast<int>(tb[kColOrigH]);
+  const int ow = static_cast<int>(tb[kColOrigW]);
+  const int64_t slot = static_cast<int64_t>(m) * a.max_groups + grp;
+  const int x0 = grp * kCols;
+  if (x0 >= ow) {
+    if (!kWrite && threadIdx.x == 0) a.block_counts[slot] = 0;
+    return;
+  }
+  const int nw = (oh + 31) / 32;
+  const int ncols = min(kCols, ow - x0);
+  const int nwords = ncols * nw;
+  const uint32_t* w = a.words + tb[kColWordOffset] + static_cast<int64_t>(x0) * nw;
+  const int last_bit = (oh - 1) % 32;  // bit of a column's last pixel in its last word
+
+  const int per = (nwords + kThreads - 1) / kThreads;
+  const int begin = min(nwords, static_cast<int>(threadIdx.x) * per);
+  const int end = min(nwords, begin + per);
+
+  auto boundaries = [&](int i) -> uint32_t {
+    const int c = i / nw;
+    const int k = i - c * nw;
+    uint32_t prev = 0;
+    if (k > 0) {
+      prev = w[i - 1] >> 31;
+    } else if (x0 + c > 0) {
+      prev = (w[i - 1] >> last_bit) & 1u;  // i - 1 may be the previous group's last word
+    }
+    const int nbits = min(32, oh - 32 * k);
+    const uint32_t valid = nbits == 32 ? 0xffffffffu : ((1u << nbits) - 1u);
+    const uint32_t word = w[i];
+    return (word ^ ((word << 1) | prev)) & valid;
+  };
+
+  int count = 0;
+  for (int i = begin; i < end; ++i) count += __popc(boundaries(i));
+
+  int total = 0;
+  const int before = BlockExclusiveScan(count, &total);
+  if (!kWrite) {
+    if (threadIdx.x == 0) a.block_counts[slot] = total;
+    return;
+  }
+  int64_t pos = a.block_base[slot] + before;
+  for (int i = begin; i < end; ++i) {
+    uint32_t bnd = boundaries(i);
+    const int c = i / nw;
+    const int k = i - c * nw;
+    const int pixel0 = (x0 + c) * oh + 32 * k;
+    while (bnd != 0) {
+      const int b = __ffs(bnd) - 1;
+      a.positions[pos++] = pixel0 + b;
+      bnd &= bnd - 1;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    MaskRleDiffKernel(const int32_t* __restrict__ positions, const int64_t* __restrict__ offsets,
+                      const int64_t* __restrict__ table, int32_t* __restrict__ counts) {
+  const int m = blockIdx.x;
+  const int64_t* tb = table + static_cast<int64_t>(m) * kMaskTableCols;
+  const int32_t hw = static_cast<int32_t>(tb[kColOrigH] * tb[kColOrigW]);
+  const int64_t start = offsets[m];
+  const int64_t end = offsets[m + 1];
+  for (int64_t i = start + threadIdx.x; i < end; i += kThreads) {
+    const int32_t cur = i == end - 1 ? hw : positions[i];
+    const int32_t prev = i == start ? 0 : positions[i - 1];
+    counts[i] = cur - prev;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchMaskEval(const MaskEvalArgs& a, DType dtype, cudaStream_t stream) {
+  const dim3 grid(a.num_masks, a.max_groups);
+  switch (dtype) {
+    case DType::kFloat32:
+      MaskEvalKernel<float><<<grid, kThreads, 0, stream>>>(a);
+      break;
+    case DType::kBFloat16:
+      MaskEvalKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+      break;
+    case DType::kFloat16:
+      MaskEvalKernel<__half><<<grid, kThreads, 0, stream>>>(a);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMaskRleCount(const MaskRleArgs& a, cudaStream_t stream) {
+  MaskRleKernel<false><<<dim3(a.num_masks, a.max_groups), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMaskRleWrite(const MaskRleArgs& a, cudaStream_t stream) {
+  MaskRleKernel<true><<<dim3(a.num_masks, a.max_groups), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMaskRleDiff(const int32_t* positions, const int64_t* offsets,
+                              const int64_t* table, int num_masks, int32_t* counts,
+                              cudaStream_t stream) {
+  MaskRleDiffKernel<<<num_masks, kThreads, 0, stream>>>(positions, offsets, table, counts);
+  return cudaGetLastError();
+}
+
+}  // namespace maskd::kernels::detail

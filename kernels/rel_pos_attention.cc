@@ -1,0 +1,144 @@
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "kernels/internal.h"
+#include "kernels/kernels.h"
+
+namespace maskd::kernels {
+namespace {
+
+using internal::CheckDim;
+using internal::CheckSize;
+using internal::Describe;
+
+// Shapes shared by the kernel and the reference; returns {B, H, N, D}.
+std::array<int64_t, 4> CheckAttentionArgs(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const at::Tensor& rel_h,
+                                          const at::Tensor& rel_w, int64_t grid_h,
+                                          int64_t grid_w) {
+  CheckDim(q, "q", 4);
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
+  for (const auto& [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    CheckDim(*t, name, 4);
+    TORCH_CHECK(t->sizes() == q.sizes(), name, ": expected the shape of q ", q.sizes(), ", got ",
+                Describe(*t));
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), name, ": expected q's dtype ",
+                q.scalar_type(), ", got ", Describe(*t));
+    TORCH_CHECK(t->device() == q.device(), name, ": expected q's device ", q.device(), ", got ",
+                Describe(*t));
+  }
+  TORCH_CHECK(grid_h > 0 && grid_w > 0 && grid_h * grid_w == N, "grid_h x grid_w: expected ",
+              grid_h, " x ", grid_w, " = N = ", N, " (q is ", Describe(q), ")");
+  CheckDim(rel_h, "rel_h", 4);
+  CheckDim(rel_w, "rel_w", 4);
+  for (int64_t d = 0; d < 3; ++d) {
+    CheckSize(rel_h, "rel_h", d, q.size(d));
+    CheckSize(rel_w, "rel_w", d, q.size(d));
+  }
+  CheckSize(rel_h, "rel_h", 3, grid_h);
+  CheckSize(rel_w, "rel_w", 3, grid_w);
+  for (const auto& [t, name] : {std::pair{&rel_h, "rel_h"}, std::pair{&rel_w, "rel_w"}}) {
+    TORCH_CHECK(t->device() == q.device(), name, ": expected q's device ", q.device(), ", got ",
+                Describe(*t));
+    TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == q.scalar_type(), name,
+                ": expected float32 or q's dtype ", q.scalar_type(), ", got ", Describe(*t));
+  }
+  return {B, H, N, D};
+}
+
+#ifdef MASKD_WITH_CUDA
+// The kernel reads q/k/v rows with 16-byte copies: base and row/head/batch strides must be
+// multiples of 8 elements. Views of the qkv projection are; anything else is copied once.
+at::Tensor AlignedForKernel(const at::Tensor& t) {
+  bool ok = t.stride(3) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int64_t d = 0; d < 3 && ok; ++d) ok = t.size(d) == 1 || t.stride(d) % 8 == 0;
+  return ok ? t : t.contiguous();
+}
+
+at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
+                               const at::Tensor& v_in, const at::Tensor& rel_h_in,
+                               const at::Tensor& rel_w_in, int64_t grid_h, int64_t grid_w,
+                               double scale, Stream stream) {
+  const auto [B, H, N, D] = CheckAttentionArgs(q_in, k_in, v_in, rel_h_in, rel_w_in, grid_h,
+                                               grid_w);
+  TORCH_CHECK(q_in.scalar_type() == at::kBFloat16 || q_in.scalar_type() == at::kHalf,
+              "q: expected bfloat16 or float16 on CUDA, got ", Describe(q_in));
+  TORCH_CHECK(rel_h_in.scalar_type() == rel_w_in.scalar_type(),
+              "rel_w: expected the dtype of rel_h ", rel_h_in.scalar_type(), ", got ",
+              Describe(rel_w_in));
+  TORCH_CHECK(detail::RelPosAttentionSupported(static_cast<int>(D), static_cast<int>(grid_h),
+                                               static_cast<int>(grid_w), static_cast<int>(N)),
+              "RelPosAttention on CUDA: expected head dim 64 or 80 and grid_h + grid_w small "
+              "enough for the bias rows in shared memory, got D = ",
+              D, ", grid ", grid_h, " x ", grid_w);
+  TORCH_CHECK(H <= 65535 && B <= 65535, "RelPosAttention on CUDA: expected B and H <= 65535, got ",
+              Describe(q_in));
+  internal::StreamScope scope(stream, q_in.device());
+  const at::Tensor q = AlignedForKernel(q_in);
+  const at::Tensor k = AlignedForKernel(k_in);
+  const at::Tensor v = AlignedForKernel(v_in);
+  const at::Tensor rel_h = rel_h_in.stride(3) == 1 ? rel_h_in : rel_h_in.contiguous();
+  const at::Tensor rel_w = rel_w_in.stride(3) == 1 ? rel_w_in : rel_w_in.contiguous();
+  at::Tensor out = at::empty({B, N, H, D}, q.options());
+  if (out.numel() == 0) return out;
+
+  detail::RelPosAttentionArgs a;
+  a.q = q.data_ptr();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.rel_h = rel_h.data_ptr();
+  a.rel_w = rel_w.data_ptr();
+  for (int d = 0; d < 3; ++d) {
+    a.q_stride[d] = q.stride(d);
+    a.k_stride[d] = k.stride(d);
+    a.v_stride[d] = v.stride(d);
+    a.rel_h_stride[d] = rel_h.stride(d);
+    a.rel_w_stride[d] = rel_w.stride(d);
+  }
+  a.rel_is_float32 = rel_h.scalar_type() == at::kFloat;
+  a.out = out.data_ptr();
+  a.batch = static_cast<int>(B);
+  a.heads = static_cast<int>(H);
+  a.seq = static_cast<int>(N);
+  a.head_dim = static_cast<int>(D);
+  a.grid_h = static_cast<int>(grid_h);
+  a.grid_w = static_cast<int>(grid_w);
+  a.scale = static_cast<float>(scale);
+  const detail::DType dtype = internal::ToDType(q.scalar_type(), "q");
+  internal::CheckLaunch(detail::LaunchRelPosAttention(a, dtype, scope.get()),
+                        detail::RelPosAttentionKernelName(a, dtype));
+  return out;
+}
+#endif
+
+}  // namespace
+
+at::Tensor RelPosAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& rel_h, const at::Tensor& rel_w,
+                                    int64_t grid_h, int64_t grid_w, double scale) {
+  const auto [B, H, N, D] = CheckAttentionArgs(q, k, v, rel_h, rel_w, grid_h, grid_w);
+  const at::Tensor qf = q.to(at::kFloat);
+  const at::Tensor kf = k.to(at::kFloat);
+  const at::Tensor vf = v.to(at::kFloat);
+  // SAM's order: (q * scale) @ k^T, then add_decomposed_rel_pos's broadcast of rel_h over key
+  // columns and rel_w over key rows.
+  at::Tensor attn = at::matmul(qf * scale, kf.transpose(-2, -1));
+  const at::Tensor bias = rel_h.to(at::kFloat).reshape({B, H, N, grid_h, 1}) +
+                          rel_w.to(at::kFloat).reshape({B, H, N, 1, grid_w});
+  attn = attn + bias.reshape({B, H, N, N});
+  attn = at::softmax(attn, -1);
+  return at::matmul(attn, vf).permute({0, 2, 1, 3}).contiguous().to(q.scalar_type());
+}
+
+at::Tensor RelPosAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& rel_h, const at::Tensor& rel_w, int64_t grid_h,
+                           int64_t grid_w, double scale, Stream stream) {
+#ifdef MASKD_WITH_CUDA
+  if (q.is_cuda()) return RelPosAttentionCuda(q, k, v, rel_h, rel_w, grid_h, grid_w, scale, stream);
+#endif
+  (void)stream;
+  return RelPosAttentionReference(q, k, v, rel_h, rel_w, grid_h, grid_w, scale);
+}
+
+}  // namespace maskd::kernels

@@ -1,0 +1,487 @@
+// Flash attention (FA2 structure) with SAM's decomposed relative-position bias added in the kernel.
+//
+// One CTA per (query tile of kWarps * 16 rows, head, batch); each warp owns 16 query rows and walks
+// all keys in tiles of 64 (K and V double-buffered through cp.async). Per tile: S = Q K^T on the
+// tensor cores (mma.m16n8k16, fp32 accumulate), S * scale + bias in the log2 domain, online softmax in
+// registers, O += P V (P rounded to the input type), and at the end O / l to [B, N, H, D].
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16" and "ldmatrix"), with
+// g = lane / 4 and t = lane % 4:
+//   A (16x16, row-major) a0:(g, 2t..2t+1) a1:(g+8, 2t..) a2:(g, 2t+8..) a3:(g+8, 2t+8..)
+//   B (16x8, "col")      b0:(k=2t..2t+1, n=g) b1:(k=2t+8.., n=g)
+//   C (16x8, fp32)       c0,c1:(g, 2t..2t+1) c2,c3:(g+8, 2t..2t+1)
+//   ldmatrix.x4: lanes 8i..8i+7 give the row addresses of matrix i; each lane receives, for matrix
+//   i, register i = elements (row g, cols 2t..2t+1); with .trans, (rows 2t..2t+1, col g).
+// K stored [key][d] is B = K^T "col-major" directly (non-trans ldmatrix); V stored [key][d] needs
+// .trans to become B = V (k = key, n = d); the C fragment of S for keys 16c..16c+15 is exactly the A
+// fragment of P for that k-step, so P never leaves registers.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/launchers.h"
+
+namespace maskd::kernels::detail {
+namespace {
+
+constexpr int kKeysPerTile = 64;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+// ---- PTX wrappers ---------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte asynchronous global->shared copy; `valid == false` writes 16 zero bytes (src-size 0),
+// which is what keeps padded keys/queries finite (0 * garbage could be NaN).
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_size)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <typename T>
+struct Mma;
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void Run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  // Two floats into one .b32 of two bf16, `lo` in the low half (the lower column index).
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void Run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+__device__ __forceinline__ float LoadAsFloat(const void* base, int64_t index, bool is_float32) {
+  if (is_float32) return __ldg(static_cast<const float*>(base) + index);
+  const T v = static_cast<const T*>(base)[index];
+  return static_cast<float>(v);
+}
+
+// ---- configuration --------------------------------------------------------------------------------
+
+template <int D>
+struct HeadDim {
+  static_assert(D % 16 == 0, "head dim must be a multiple of 16");
+  static constexpr int kStride = D + 8;  // smem row pitch (elements): +16 B makes ldmatrix rows
+                                         // of one 8x8 matrix fall in distinct banks
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kKSteps = D / 16;
+  static constexpr int kOBlocks = D / 8;  // n8 blocks of the output
+};
+
+// Bias rows in shared memory: [rel_w (grid_w) | rel_h (grid_h)], pitch = 8 (mod 32) floats so the
+// float2 reads of the aligned path (4 rows x 8 floats per half-warp) are conflict-free; rel_w first
+// keeps those float2 reads 8-byte aligned whatever grid_h is.
+__host__ __device__ inline int BiasPitch(int grid_h, int grid_w) {
+  return ((grid_h + grid_w + 23) / 32) * 32 + 8;
+}
+
+template <int D>
+__host__ __device__ constexpr int KvSmemBytes() {
+  return 4 * kKeysPerTile * HeadDim<D>::kStride * 2;  // {K, V} x 2 stages, 16-bit elements
+}
+template <int D, int kWarps>
+inline int SmemBytes(int grid_h, int grid_w) {
+  return KvSmemBytes<D>() +
+         kWarps * 16 * BiasPitch(grid_h, grid_w) * static_cast<int>(sizeof(float));
+}
+
+// ---- the kernel -----------------------------------------------------------------------------------
+
+template <typename T, int D, int kWarps, bool kAligned>
+__global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
+    RelPosAttentionKernel(const RelPosAttentionArgs p) {
+  using Cfg = HeadDim<D>;
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kRows = kWarps * 16;  // query rows per CTA
+  constexpr int kStride = Cfg::kStride;
+  constexpr int kTileElems = kKeysPerTile * kStride;
+  static_assert(kRows <= 2 * kKeysPerTile, "Q is staged in the second K/V stage");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const smem_kv = reinterpret_cast<T*>(smem_raw);
+  // Stage s: K at smem_kv + 2 s tiles, V right after it.
+  float* const smem_bias = reinterpret_cast<float*>(smem_raw + KvSmemBytes<D>());
+  T* const smem_q = smem_kv + 2 * kTileElems;  // stage 1, free until the first prefetch into it
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  const int n = p.seq;
+  const int q0 = blockIdx.x * kRows;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int gh = p.grid_h;
+  const int gw = p.grid_w;
+  const int bias_pitch = BiasPitch(gh, gw);
+
+  const T* const qb = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
+  const T* const kb = static_cast<const T*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1];
+  const T* const vb = static_cast<const T*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1];
+
+  // ---- prologue: Q -> stage 1 (group 0), K/V tile 0 -> stage 0 (group 1), bias -> smem ----
+  for (int c = tid; c < kRows * Cfg::kChunks; c += kThreads) {
+    const int r = c / Cfg::kChunks;
+    const int ch = c % Cfg::kChunks;
+    const int row = q0 + r;
+    const bool valid = row < n;
+    CpAsync16(SmemAddr(smem_q + r * kStride + ch * 8),
+              qb + static_cast<int64_t>(valid ? row : 0) * p.q_stride[2] + ch * 8, valid);
+  }
+  CpAsyncCommit();
+
+  auto load_kv = [&](int tile, int stage) {
+    T* const sk = smem_kv + 2 * stage * kTileElems;
+    T* const sv = sk + kTileElems;
+    const int j0 = tile * kKeysPerTile;
+    for (int c = tid; c < kKeysPerTile * Cfg::kChunks; c += kThreads) {
+      const int r = c / Cfg::kChunks;
+      const int ch = c % Cfg::kChunks;
+      const int key = j0 + r;
+      const bool valid = key < n;
+      const int64_t src_row = valid ? key : 0;
+      CpAsync16(SmemAddr(sk + r * kStride + ch * 8), kb + src_row * p.k_stride[2] + ch * 8,
+                valid);
+      CpAsync16(SmemAddr(sv + r * kStride + ch * 8), vb + src_row * p.v_stride[2] + ch * 8,
+                valid);
+    }
+  };
+  load_kv(0, 0);
+  CpAsyncCommit();
+
+  {
+    const int64_t rh_base = b * p.rel_h_stride[0] + h * p.rel_h_stride[1];
+    const int64_t rw_base = b * p.rel_w_stride[0] + h * p.rel_w_stride[1];
+    for (int r = warp; r < kRows; r += kWarps) {
+      const int row = q0 + r;
+      float* const dst = smem_bias + r * bias_pitch;
+      for (int c = lane; c < gw + gh; c += 32) {
+        float val = 0.0f;
+        if (row < n) {
+          val = c < gw ? LoadAsFloat<T>(p.rel_w, rw_base + row * p.rel_w_stride[2] + c,
+                                        p.rel_is_float32)
+                       : LoadAsFloat<T>(p.rel_h, rh_base + row * p.rel_h_stride[2] + (c - gw),
+                                        p.rel_is_float32);
+        }
+        dst[c] = val * kLog2e;
+      }
+    }
+  }
+
+  CpAsyncWait<1>();  // Q has landed (K/V tile 0 may still be in flight)
+  __syncthreads();
+
+  const bool warp_active = q0 + warp * 16 < n;  // warp-uniform: all 16 rows past N -> idle
+  uint32_t qf[Cfg::kKSteps][4];
+  if (warp_active) {
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
+      const T* src = smem_q + (warp * 16 + (lane % 16)) * kStride + ks * 16 + (lane / 16) * 8;
+      LdMatrixX4(qf[ks], SmemAddr(src));
+    }
+  }
+  __syncthreads();  // stage 1 is overwritten by the first prefetch
+
+  float o[Cfg::kOBlocks][4];
+#pragma unroll
+  for (int i = 0; i < Cfg::kOBlocks; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m_run[2] = {kNegInf, kNegInf};  // running row max (log2 domain), rows g and g + 8
+  float l_run[2] = {0.0f, 0.0f};        // this thread's part of the row sums
+
+  const float scale_log2 = p.scale * kLog2e;
+  const float inv_gw = 1.0f / static_cast<float>(gw);
+  const float* const bias0 = smem_bias + (warp * 16 + g) * bias_pitch;
+  const float* const bias1 = bias0 + 8 * bias_pitch;
+
+  const int num_tiles = (n + kKeysPerTile - 1) / kKeysPerTile;
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = tile & 1;
+    if (tile + 1 < num_tiles) load_kv(tile + 1, stage ^ 1);
+    CpAsyncCommit();  // possibly empty: keeps "all but the newest group" = this tile
+    CpAsyncWait<1>();
+    __syncthreads();
+
+    if (warp_active) {
+      const T* const sk = smem_kv + 2 * stage * kTileElems;
+      const T* const sv = sk + kTileElems;
+      const int j0 = tile * kKeysPerTile;
+      const int valid_keys = min(kKeysPerTile, n - j0);
+
+      // S = Q K^T for the 64 keys (8 n8-blocks); 16-key chunks past N are skipped.
+      float s[8][4];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          if (c * 16 < valid_keys) {
+            uint32_t kf[4];
+            const T* src = sk + (c * 16 + (lane % 8) + (lane / 16) * 8) * kStride + ks * 16 +
+                           ((lane / 8) % 2) * 8;
+            LdMatrixX4(kf, SmemAddr(src));
+            Mma<T>::Run(s[2 * c], qf[ks], kf[0], kf[1]);
+            Mma<T>::Run(s[2 * c + 1], qf[ks], kf[2], kf[3]);
+          }
+        }
+      }
+
+      // Scale and bias (log2 domain), mask keys >= N.
+      if constexpr (kAligned) {  // grid_w % 64 == 0: the tile lies inside one grid row
+        const int hi = j0 / gw;
+        const int w0 = j0 - hi * gw;
+        const float bh0 = bias0[gw + hi];
+        const float bh1 = bias1[gw + hi];
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+          const int col = nb * 8 + 2 * t;
+          const float2 bw0 = *reinterpret_cast<const float2*>(bias0 + w0 + col);
+          const float2 bw1 = *reinterpret_cast<const float2*>(bias1 + w0 + col);
+          s[nb][0] = fmaf(s[nb][0], scale_log2, bh0 + bw0.x);
+          s[nb][1] = fmaf(s[nb][1], scale_log2, bh0 + bw0.y);
+          s[nb][2] = fmaf(s[nb][2], scale_log2, bh1 + bw1.x);
+          s[nb][3] = fmaf(s[nb][3], scale_log2, bh1 + bw1.y);
+        }
+      } else {
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            // Clamped so that padded keys still index inside the bias rows.
+            const int j = min(j0 + nb * 8 + 2 * t + e, n - 1);
+            // j / gw without an integer division: exact for N < 2^21 (checked on the host), the
+            // quotient being at least 0.5 / gw away from an integer.
+            const int hi = __float2int_rz((static_cast<float>(j) + 0.5f) * inv_gw);
+            const int wi = j - hi * gw;
+            s[nb][e] = fmaf(s[nb][e], scale_log2, bias0[gw + hi] + bias0[wi]);
+            s[nb][2 + e] = fmaf(s[nb][2 + e], scale_log2, bias1[gw + hi] + bias1[wi]);
+          }
+        }
+      }
+      if (valid_keys < kKeysPerTile) {
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (nb * 8 + 2 * t + e >= valid_keys) s[nb][e] = s[nb][2 + e] = kNegInf;
+          }
+        }
+      }
+
+      // Online softmax: new running max over the quad (the 4 lanes sharing rows g and g + 8).
+      float mx[2] = {m_run[0], m_run[1]};
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[nb][0], s[nb][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[nb][2], s[nb][3]));
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      }
+      float alpha[2];
+      float sub[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        // A row that has seen only -inf keeps sub = 0 so exp2 gives 0, never NaN.
+        sub[r] = mx[r] == kNegInf ? 0.0f : mx[r];
+        alpha[r] = Exp2(m_run[r] - sub[r]);
+        m_run[r] = mx[r];
+        l_run[r] *= alpha[r];
+      }
+#pragma unroll
+      for (int i = 0; i < Cfg::kOBlocks; ++i) {
+        o[i][0] *= alpha[0];
+        o[i][1] *= alpha[0];
+        o[i][2] *= alpha[1];
+        o[i][3] *= alpha[1];
+      }
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+        s[nb][0] = Exp2(s[nb][0] - sub[0]);
+        s[nb][1] = Exp2(s[nb][1] - sub[0]);
+        s[nb][2] = Exp2(s[nb][2] - sub[1]);
+        s[nb][3] = Exp2(s[nb][3] - sub[1]);
+        l_run[0] += s[nb][0] + s[nb][1];
+        l_run[1] += s[nb][2] + s[nb][3];
+      }
+
+      // O += P V, one 16-key k-step per chunk; P's A fragment is the C fragment of S.
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (c * 16 < valid_keys) {
+          uint32_t pa[4];
+          pa[0] = Mma<T>::Pack(s[2 * c][0], s[2 * c][1]);
+          pa[1] = Mma<T>::Pack(s[2 * c][2], s[2 * c][3]);
+          pa[2] = Mma<T>::Pack(s[2 * c + 1][0], s[2 * c + 1][1]);
+          pa[3] = Mma<T>::Pack(s[2 * c + 1][2], s[2 * c + 1][3]);
+#pragma unroll
+          for (int dp = 0; dp < Cfg::kOBlocks / 2; ++dp) {
+            uint32_t vf[4];
+            const T* src = sv + (c * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kStride +
+                           dp * 16 + (lane / 16) * 8;
+            LdMatrixX4Trans(vf, SmemAddr(src));
+            Mma<T>::Run(o[2 * dp], pa, vf[0], vf[1]);
+            Mma<T>::Run(o[2 * dp + 1], pa, vf[2], vf[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with this stage before it is refilled
+  }
+
+  if (!warp_active) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  const float inv_l[2] = {1.0f / l_run[0], 1.0f / l_run[1]};
+  T* const out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = q0 + warp * 16 + g + 8 * r;
+    if (row >= n) continue;
+    T* const dst = out + ((static_cast<int64_t>(b) * n + row) * p.heads + h) * D + 2 * t;
+#pragma unroll
+    for (int i = 0; i < Cfg::kOBlocks; ++i) {
+      *reinterpret_cast<uint32_t*>(dst + i * 8) =
+          Mma<T>::Pack(o[i][2 * r] * inv_l[r], o[i][2 * r + 1] * inv_l[r]);
+    }
+  }
+}
+
+// ---- host side ------------------------------------------------------------------------------------
+
+// Large sequences (global attention) get 8 warps (128 query rows: half the K/V smem traffic per
+// row); short ones (14x14 windows) 4 warps, which wastes fewer rows on the partial last tile.
+inline int WarpsFor(int seq) { return seq >= 1024 ? 8 : 4; }
+
+constexpr int kMaxSmemPerBlock = 227 * 1024;
+
+template <typename T, int D, int kWarps>
+cudaError_t Launch(const RelPosAttentionArgs& p, cudaStream_t stream) {
+  const int smem = SmemBytes<D, kWarps>(p.grid_h, p.grid_w);
+  auto kernel = p.grid_w % kKeysPerTile == 0 ? RelPosAttentionKernel<T, D, kWarps, true>
+                                             : RelPosAttentionKernel<T, D, kWarps, false>;
+  if (smem > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid((p.seq + kWarps * 16 - 1) / (kWarps * 16), p.heads, p.batch);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t LaunchForDim(const RelPosAttentionArgs& p, cudaStream_t stream) {
+  return WarpsFor(p.seq) == 8 ? Launch<T, D, 8>(p, stream) : Launch<T, D, 4>(p, stream);
+}
+
+template <typename T>
+cudaError_t LaunchForType(const RelPosAttentionArgs& p, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64:
+      return LaunchForDim<T, 64>(p, stream);
+    case 80:
+      return LaunchForDim<T, 80>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+bool RelPosAttentionSupported(int head_dim, int grid_h, int grid_w, int seq) {
+  if (head_dim != 64 && head_dim != 80) return false;
+  if (grid_h <= 0 || grid_w <= 0 || seq != grid_h * grid_w || seq >= (1 << 21)) return false;
+  const int warps = WarpsFor(seq);
+  const int smem = head_dim == 64 ? (warps == 8 ? SmemBytes<64, 8>(grid_h, grid_w)
+                                                : SmemBytes<64, 4>(grid_h, grid_w))
+                                  : (warps == 8 ? SmemBytes<80, 8>(grid_h, grid_w)
+                                                : SmemBytes<80, 4>(grid_h, grid_w));
+  return smem <= kMaxSmemPerBlock;
+}
+
+const char* RelPosAttentionKernelName(const RelPosAttentionArgs& p, DType dtype) {
+  const bool bf16 = dtype == DType::kBFloat16;
+  const bool wide = WarpsFor(p.seq) == 8;
+  if (p.head_dim == 64) {
+    if (bf16) return wide ? "RelPosAttentionKernel<bf16,64,8>" : "RelPosAttentionKernel<bf16,64,4>";
+    return wide ? "RelPosAttentionKernel<fp16,64,8>" : "RelPosAttentionKernel<fp16,64,4>";
+  }
+  if (bf16) return wide ? "RelPosAttentionKernel<bf16,80,8>" : "RelPosAttentionKernel<bf16,80,4>";
+  return wide ? "RelPosAttentionKernel<fp16,80,8>" : "RelPosAttentionKernel<fp16,80,4>";
+}
+
+cudaError_t LaunchRelPosAttention(const RelPosAttentionArgs& p, DType dtype,
+                                  cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return LaunchForType<__nv_bfloat16>(p, stream);
+    case DType::kFloat16:
+      return LaunchForType<__half>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace maskd::kernels::detail
