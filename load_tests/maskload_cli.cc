@@ -1,0 +1,203 @@
+#include "load_tests/maskload_cli.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "client/mask_codec.h"
+#include "client/prompt_parse.h"
+#include "load_tests/image_pool.h"
+#include "load_tests/report.h"
+
+#ifndef MASKD_PYTHON_DEFAULT
+#define MASKD_PYTHON_DEFAULT "python3"
+#endif
+#ifndef MASKD_PLOT_SCRIPT_DEFAULT
+#define MASKD_PLOT_SCRIPT_DEFAULT "load_tests/plot_maskload.py"
+#endif
+
+namespace maskd::load {
+
+void AddMaskloadFlags(CLI::App& app, MaskloadOptions& o) {
+  LoadConfig& c = o.load;
+  app.add_option("--server", c.target, "maskd address HOST:PORT")->envname("MASKD_SERVER")->capture_default_str();
+  app.add_option("--workload", o.workload,
+                 "batch: WORKLOAD.md images (JPEG + P~U{min..max} single-point prompts, one call per image); "
+                 "interactive: Embed once per image, then single-click Segment calls by image_id; "
+                 "mixed: both, --batch-fraction of the calls are batch images")
+      ->check(CLI::IsMember({"batch", "interactive", "mixed"}))
+      ->capture_default_str();
+  app.add_option("--concurrency,-c", c.concurrency, "closed loop: concurrent clients, each with one call in flight")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--rate", c.rate, "open loop: target calls/s with Poisson arrivals (0 = closed loop)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--max-inflight", c.max_inflight,
+                 "open loop: calls in flight beyond this are not sent (counted as CLIENT_BACKLOG errors)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--channels", c.channels, "gRPC channels (TCP connections) to spread the calls over")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--warmup", c.warmup_s, "warm-up seconds before measuring (not counted)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--window", c.window_s, "measurement window, seconds")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--stable-windows", c.stable_windows,
+                 "stop when this many consecutive windows agree (throughput and p50 latency)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app.add_option("--stability", c.stability, "how close those windows must be: fraction of their mean")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-duration", c.max_duration_s, "bound on the whole run, seconds (warm-up included)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-requests", c.max_requests, "bound on the calls sent (warm-up included)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--request-timeout", c.request_timeout_s, "deadline of each call, seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--connect-timeout", c.connect_timeout_s, "how long to wait for the server at the start, seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--min-prompts", c.min_prompts, "batch: fewest prompts per image")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--max-prompts", c.max_prompts, "batch: most prompts per image")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_flag("--multimask,!--no-multimask", c.multimask, "ask for SAM's three masks per prompt (default on)");
+  app.add_option("--format", o.format, "mask format: rle (COCO RLE), png, logits")
+      ->check(CLI::IsMember({"rle", "png", "logits"}))
+      ->capture_default_str();
+  app.add_flag("--unique-images,!--cached-images", c.unique_images,
+               "batch: a unique JPEG comment per call so every image runs the encoder (default on); "
+               "--cached-images lets repeats hit the server's embedding cache");
+  app.add_option("--clicks-per-image", c.clicks_per_image,
+                 "interactive: clicks a closed-loop client makes on one image before the next")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--batch-fraction", c.batch_fraction, "mixed: fraction of calls that are batch images")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--seed", c.seed, "seed of images, prompts, clicks and arrivals")->capture_default_str();
+  app.add_option("--images", o.images, "generated images in the pool (or most files read from --image-dir)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--size", o.size, "generated image size WIDTHxHEIGHT")->capture_default_str();
+  app.add_option("--jpeg-quality", o.jpeg_quality, "JPEG quality of generated (or re-encoded) images")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app.add_option("--image-dir", o.image_dir,
+                 "send the .jpg/.jpeg/.png/.webp files of DIR instead of generated images")
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--out", o.out,
+                 "write PREFIX.json (report), PREFIX.csv (windows + summary), PREFIX.timeline.csv "
+                 "(per second) and PREFIX.png (plot)");
+  app.add_flag("--plot,!--no-plot", o.plot, "draw PREFIX.png with plot_maskload.py (default on with --out)");
+  app.add_option("--python", o.python,
+                 "python with matplotlib for the plot (default: env MASKD_PYTHON, else " MASKD_PYTHON_DEFAULT ")")
+      ->envname("MASKD_PYTHON");
+  app.add_option("--plot-script", o.plot_script, "plot script (default " MASKD_PLOT_SCRIPT_DEFAULT ")");
+  app.add_flag("--quiet,-q", o.quiet, "no live progress line on stderr");
+  app.add_option("--max-errors", o.max_errors,
+                 "exit 3 when the run has more failed calls than this (default -1: any number)")
+      ->capture_default_str();
+}
+
+Status FinishMaskloadOptions(MaskloadOptions& o) {
+  StatusOr<Workload> w = ParseWorkload(o.workload);
+  if (!w.ok()) return w.status();
+  o.load.workload = *w;
+  StatusOr<v1::OutputFormat> f = client::ParseOutputFormat(o.format);
+  if (!f.ok()) return f.status();
+  o.load.format = *f;
+  int w_px = 0, h_px = 0;
+  char tail = 0;
+  if (std::sscanf(o.size.c_str(), "%dx%d%c", &w_px, &h_px, &tail) != 2 || w_px < 1 || h_px < 1 ||
+      w_px > 16384 || h_px > 16384) {
+    return InvalidArgument("--size '" + o.size + "': expected WIDTHxHEIGHT, each 1..16384 (e.g. 1024x768)");
+  }
+  o.width = w_px;
+  o.height = h_px;
+  if (o.load.max_prompts < o.load.min_prompts) {
+    return InvalidArgument("--max-prompts " + std::to_string(o.load.max_prompts) +
+                           " is below --min-prompts " + std::to_string(o.load.min_prompts));
+  }
+  if (o.python.empty()) o.python = MASKD_PYTHON_DEFAULT;
+  if (o.plot_script.empty()) o.plot_script = MASKD_PLOT_SCRIPT_DEFAULT;
+  return Status::Ok();
+}
+
+int RunMaskload(const MaskloadOptions& o) {
+  StatusOr<std::vector<ImageAsset>> pool =
+      o.image_dir.empty() ? GenerateImagePool(o.images, o.width, o.height, o.load.seed, o.jpeg_quality)
+                          : LoadImageFolder(o.image_dir, o.images, o.load.unique_images, o.jpeg_quality);
+  if (!pool.ok()) {
+    std::fprintf(stderr, "maskload: %s\n", pool.status().ToString().c_str());
+    return 1;
+  }
+  const bool tty = isatty(STDERR_FILENO);
+  ProgressFn progress;
+  if (!o.quiet) {
+    progress = [tty](const std::string& line, bool final_line) {
+      // On a terminal one line redrawn in place; in a log one line per second.
+      if (tty) {
+        std::fprintf(stderr, "\r%s\033[K%s", line.c_str(), final_line ? "\n" : "");
+      } else {
+        std::fprintf(stderr, "%s\n", line.c_str());
+      }
+      std::fflush(stderr);
+    };
+  }
+  LoadRunner runner(o.load, std::move(*pool), progress);
+  StatusOr<LoadResult> result = runner.Run();
+  if (!result.ok()) {
+    std::fprintf(stderr, "maskload: %s\n", result.status().ToString().c_str());
+    return 1;
+  }
+  std::fputs(HumanSummary(o.load, *result).c_str(), stdout);
+
+  int exit_code = 0;
+  if (!o.out.empty()) {
+    const std::string json_path = o.out + ".json", csv_path = o.out + ".csv",
+                      timeline_path = o.out + ".timeline.csv", png_path = o.out + ".png";
+    for (const auto& [path, text] :
+         {std::pair{json_path, ReportJson(o.load, *result).dump(2) + "\n"},
+          std::pair{csv_path, WindowsCsv(*result)}, std::pair{timeline_path, TimelineCsv(*result)}}) {
+      Status s = client::WriteFileBytes(path, text);
+      if (!s.ok()) {
+        std::fprintf(stderr, "maskload: %s\n", s.ToString().c_str());
+        return 1;
+      }
+      std::printf("wrote %s\n", path.c_str());
+    }
+    if (o.plot) {
+      const int rc = RunPlot(o.python, o.plot_script, timeline_path, json_path, png_path);
+      if (rc == 0) {
+        std::printf("wrote %s\n", png_path.c_str());
+      } else {
+        std::fprintf(stderr,
+                     "maskload: plot failed (exit %d): `%s %s %s %s %s`; is matplotlib installed for %s? "
+                     "(--python, env MASKD_PYTHON; --no-plot to skip)\n",
+                     rc, o.python.c_str(), o.plot_script.c_str(), timeline_path.c_str(),
+                     json_path.c_str(), png_path.c_str(), o.python.c_str());
+        exit_code = 4;
+      }
+    }
+  }
+  if (o.max_errors >= 0 && result->whole_run.errors > static_cast<uint64_t>(o.max_errors)) {
+    std::fprintf(stderr, "maskload: %llu failed calls, more than --max-errors %lld\n",
+                 static_cast<unsigned long long>(result->whole_run.errors),
+                 static_cast<long long>(o.max_errors));
+    return 3;
+  }
+  return exit_code;
+}
+
+}  // namespace maskd::load

@@ -1,0 +1,40 @@
+// maskload's command line: every flag fills one field of MaskloadOptions (flags, then the
+// environment for --server and --python), in this one place.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "load_tests/load_runner.h"
+
+namespace maskd::load {
+
+struct MaskloadOptions {
+  LoadConfig load;
+  std::string workload = "batch";
+  std::string format = "rle";
+  // Image pool.
+  int images = 16;
+  std::string size = "1024x768";
+  int width = 1024, height = 768;
+  int jpeg_quality = 90;
+  std::string image_dir;
+  // Outputs.
+  std::string out;  // prefix: PREFIX.json, PREFIX.csv, PREFIX.timeline.csv, PREFIX.png
+  bool plot = true;
+  std::string python;
+  std::string plot_script;
+  bool quiet = false;
+  int64_t max_errors = -1;
+};
+
+// Adds the flags to `app`; call Finish after app.parse() to validate and convert the text fields.
+void AddMaskloadFlags(CLI::App& app, MaskloadOptions& options);
+Status FinishMaskloadOptions(MaskloadOptions& options);
+
+// Runs maskload as configured (image pool, run, outputs, plot); returns the process exit status:
+// 0 ok, 1 could not run, 3 more errors than --max-errors, 4 the plot was asked for and failed.
+int RunMaskload(const MaskloadOptions& options);
+
+}  // namespace maskd::load
