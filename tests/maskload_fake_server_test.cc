@@ -1,0 +1,143 @@
+// maskload's runner against the in-process fake server, which answers at once: the whole cost of a
+// call is then the client's (plus the fake's own, in the same process), so these tests also bound
+// maskload's CPU per call and show it can issue thousands of calls per second.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "fake_maskd.h"
+#include "load_tests/image_pool.h"
+#include "load_tests/load_runner.h"
+#include "load_tests/report.h"
+
+namespace maskd::load {
+namespace {
+
+LoadConfig ShortRun(const std::string& target) {
+  LoadConfig c;
+  c.target = target;
+  c.warmup_s = 0.5;
+  c.window_s = 0.5;
+  c.stable_windows = 3;
+  c.stability = 0.25;  // a shared 2-core CI machine is noisy; the rule itself is unit-tested
+  c.max_duration_s = 6;
+  c.channels = 2;
+  return c;
+}
+
+TEST(MaskloadFake, InteractiveClosedLoopIsCheapPerCall) {
+  testing::FakeMaskd server;
+  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(4, 128, 96, 1);
+  ASSERT_TRUE(pool.ok());
+  LoadConfig c = ShortRun(server.target());
+  c.workload = Workload::kInteractive;
+  c.concurrency = 32;
+  LoadRunner runner(c, *pool);
+  StatusOr<LoadResult> r = runner.Run();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->whole_run.errors, 0u) << nlohmann::json(r->whole_run.errors_by_code).dump();
+  EXPECT_GT(r->summary.ok, 0u);
+  EXPECT_EQ(r->summary.images, 0u);  // clicks are not images
+  EXPECT_EQ(r->summary.prompts, r->summary.ok);
+  EXPECT_EQ(r->summary.masks, 3 * r->summary.ok);  // multimask by default
+  EXPECT_GT(r->summary.rle_bytes, 0u);
+  EXPECT_EQ(server.service.embeds.load(), 4u);  // one Embed per image, then ids only
+  EXPECT_GE(r->windows.size(), 1u);
+  const double calls_per_s = r->summary.requests_per_s();
+  std::printf("fake server, 32 clients: %.0f calls/s, p50 %.3f ms, p99 %.3f ms, client+fake CPU %.1f us/call\n",
+              calls_per_s, r->summary.latency.p50_us / 1e3, r->summary.latency.p99_us / 1e3,
+              r->client_cpu_us_per_call);
+  // Thousands of calls/s even on a shared 2-core machine with the fake in the same process; the
+  // CPU per call (client and fake together) stays well under a millisecond.
+  EXPECT_GT(calls_per_s, 1000);
+  EXPECT_GT(r->client_cpu_us_per_call, 0);
+  EXPECT_LT(r->client_cpu_us_per_call, 1000);
+}
+
+TEST(MaskloadFake, BatchSendsUniqueImagesWithJaggedPrompts) {
+  testing::FakeMaskd server;
+  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(2, 160, 120, 3);
+  ASSERT_TRUE(pool.ok());
+  LoadConfig c = ShortRun(server.target());
+  c.workload = Workload::kBatch;
+  c.concurrency = 4;
+  c.max_requests = 300;
+  c.max_duration_s = 20;
+  LoadRunner runner(c, *pool);
+  StatusOr<LoadResult> r = runner.Run();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->whole_run.errors, 0u);
+  EXPECT_EQ(r->whole_run.ok, r->whole_run.images);  // each batch call is one image
+  // Every call got all its masks: 3 per prompt, prompts averaging ~7.5.
+  EXPECT_EQ(r->whole_run.masks, 3 * r->whole_run.prompts);
+  const double per_image = static_cast<double>(r->whole_run.prompts) / r->whole_run.images;
+  EXPECT_GT(per_image, 5.5);
+  EXPECT_LT(per_image, 9.5);
+  EXPECT_LE(r->sent, 300u);
+  // The last request's JPEG carries maskload's comment segment right after SOI.
+  const std::string& sent = server.service.last_request.image().encoded();
+  ASSERT_GT(sent.size(), 4u);
+  EXPECT_EQ(static_cast<uint8_t>(sent[2]), 0xFF);
+  EXPECT_EQ(static_cast<uint8_t>(sent[3]), 0xFE);
+
+  // The outputs: JSON has the summary, CSV one row per window + summary + whole run.
+  nlohmann::json j = ReportJson(c, *r);
+  EXPECT_EQ(j["config"]["workload"], "batch");
+  EXPECT_EQ(j["summary"]["errors"], 0);
+  EXPECT_TRUE(j["summary"].contains("images_per_s"));
+  EXPECT_TRUE(j["summary"]["latency"].contains("p99_ms"));
+  EXPECT_EQ(j["server_after"]["model"]["arch"], "fake");
+  const std::string csv = WindowsCsv(*r);
+  EXPECT_EQ(static_cast<size_t>(std::count(csv.begin(), csv.end(), '\n')), r->windows.size() + 3);
+  const std::string timeline = TimelineCsv(*r);
+  EXPECT_EQ(static_cast<size_t>(std::count(timeline.begin(), timeline.end(), '\n')), r->timeline.size() + 1);
+}
+
+TEST(MaskloadFake, OpenLoopHoldsTheTargetRate) {
+  testing::FakeMaskd server;
+  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(2, 64, 48, 1);
+  ASSERT_TRUE(pool.ok());
+  LoadConfig c = ShortRun(server.target());
+  c.workload = Workload::kInteractive;
+  c.rate = 800;
+  c.window_s = 1;
+  c.max_duration_s = 8;
+  LoadRunner runner(c, *pool);
+  StatusOr<LoadResult> r = runner.Run();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->whole_run.errors, 0u);
+  // Poisson(800) over >= 3 s: sd of the rate ~ 2 %; allow for a busy machine.
+  EXPECT_NEAR(r->summary.requests_per_s(), 800, 800 * 0.15);
+}
+
+TEST(MaskloadFake, MixedCountsBothKinds) {
+  testing::FakeMaskd server;
+  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(2, 64, 48, 1);
+  ASSERT_TRUE(pool.ok());
+  LoadConfig c = ShortRun(server.target());
+  c.workload = Workload::kMixed;
+  c.batch_fraction = 0.3;
+  c.concurrency = 8;
+  LoadRunner runner(c, *pool);
+  StatusOr<LoadResult> r = runner.Run();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->whole_run.errors, 0u);
+  ASSERT_EQ(r->whole_run.latency_by_kind.size(), 2u);
+  const double batch_share = static_cast<double>(r->whole_run.images) / r->whole_run.ok;
+  EXPECT_NEAR(batch_share, 0.3, 0.06);
+}
+
+TEST(MaskloadFake, UnreachableServerFailsFast) {
+  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(1, 32, 32, 1);
+  LoadConfig c;
+  c.target = "127.0.0.1:1";
+  c.connect_timeout_s = 0.5;
+  LoadRunner runner(c, *pool);
+  StatusOr<LoadResult> r = runner.Run();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace maskd::load
