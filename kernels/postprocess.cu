@@ -19,6 +19,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "kernels/bilinear.h"
 #include "kernels/launchers.h"
 
 namespace maskd::kernels::detail {
@@ -43,21 +44,8 @@ __device__ __forceinline__ float Load(const T* p) {
   return static_cast<float>(*p);
 }
 
-struct Taps {
-  int i0, i1;
-  float l0, l1;
-};
-
-__device__ __forceinline__ Taps SourceTaps(float scale, int dst, int in_size) {
-  float src = scale * (dst + 0.5f) - 0.5f;  // area_pixel_compute_source_index
-  if (src < 0.0f) src = 0.0f;
-  Taps t;
-  t.i0 = static_cast<int>(src);
-  t.i1 = t.i0 + (t.i0 < in_size - 1 ? 1 : 0);
-  t.l1 = src - t.i0;
-  t.l0 = 1.0f - t.l1;
-  return t;
-}
+using bilinear::SourceTaps;
+using bilinear::Taps;
 
 // First stage (low-res -> pad x pad) at one intermediate pixel, rounded to T.
 template <typename T>
@@ -65,9 +53,8 @@ __device__ __forceinline__ float Stage1(const T* __restrict__ low, int low_w, co
                                         const Taps& c) {
   const T* row0 = low + static_cast<int64_t>(r.i0) * low_w;
   const T* row1 = low + static_cast<int64_t>(r.i1) * low_w;
-  const float v = r.l0 * (c.l0 * Load(row0 + c.i0) + c.l1 * Load(row0 + c.i1)) +
-                  r.l1 * (c.l0 * Load(row1 + c.i0) + c.l1 * Load(row1 + c.i1));
-  return RoundTo<T>(v);
+  return RoundTo<T>(bilinear::Combine(r, c, Load(row0 + c.i0), Load(row0 + c.i1),
+                                      Load(row1 + c.i0), Load(row1 + c.i1)));
 }
 
 struct ColumnTaps {
@@ -91,10 +78,10 @@ __global__ void __launch_bounds__(kThreads) MaskEvalKernel(const MaskEvalArgs a)
 
   const T* low = static_cast<const T*>(a.logits) + static_cast<int64_t>(m) * a.low_h * a.low_w;
   // Scales exactly as area_pixel_compute_scale: float(in) / out.
-  const float s1h = static_cast<float>(a.low_h) / static_cast<float>(a.pad);
-  const float s1w = static_cast<float>(a.low_w) / static_cast<float>(a.pad);
-  const float s2h = static_cast<float>(in_h) / static_cast<float>(oh);
-  const float s2w = static_cast<float>(in_w) / static_cast<float>(ow);
+  const float s1h = bilinear::Scale(a.low_h, a.pad);
+  const float s1w = bilinear::Scale(a.low_w, a.pad);
+  const float s2h = bilinear::Scale(in_h, oh);
+  const float s2w = bilinear::Scale(in_w, ow);
 
   __shared__ ColumnTaps cols[kCols];
   __shared__ uint32_t tile[kCols];
@@ -136,8 +123,7 @@ __global__ void __launch_bounds__(kThreads) MaskEvalKernel(const MaskEvalArgs a)
           ba = Stage1(low, a.low_w, rb, ct.first);
           bb = ct.x.l1 != 0.0f ? Stage1(low, a.low_w, rb, ct.second) : 0.0f;
         }
-        float v = ty.l0 * (ct.x.l0 * aa + ct.x.l1 * ab) + ty.l1 * (ct.x.l0 * ba + ct.x.l1 * bb);
-        v = RoundTo<T>(v);
+        const float v = RoundTo<T>(bilinear::Combine(ty, ct.x, aa, ab, ba, bb));
         const bool in = y_valid;
         bits = __ballot_sync(0xffffffffu, in && v > 0.0f);
         const uint32_t hi = __ballot_sync(0xffffffffu, in && v > 1.0f);

@@ -1,0 +1,384 @@
+// Each CUDA kernel against its LibTorch reference on fresh random inputs (never zeros), several
+// shapes, per-dtype tolerances stated next to the checks. Skips without a CUDA device or in a build
+// without the kernels.
+//
+// Outputs are allocated inside the kernels' host functions, so they cannot be pre-filled; instead
+// each call is preceded by Poison(): it fills and frees a large NaN block, which LibTorch's caching
+// allocator hands out again for the outputs, so an element the kernel never writes stays NaN and
+// fails the comparison (every check also requires all outputs finite).
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+
+namespace mk = maskd::kernels;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                   \
+  do {                                                                       \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";      \
+    if (!mk::BuiltWithCuda()) GTEST_SKIP() << "built without MASKD_WITH_CUDA"; \
+  } while (0)
+
+const at::Device kCuda(at::kCUDA, 0);
+
+at::Generator Gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+// Random on the CPU (reproducible), moved to the device.
+at::Tensor Randn(at::IntArrayRef sizes, uint64_t seed, double std = 1.0) {
+  return (at::randn(sizes, Gen(seed), at::kFloat) * std).to(kCuda);
+}
+
+void Poison(int64_t bytes) {
+  at::Tensor p = at::full({bytes / 4 + 1}, std::nanf(""), at::TensorOptions().device(kCuda));
+  (void)p;
+}
+
+struct Errors {
+  double rel_l2 = 0, max_abs = 0;
+  bool finite = true;
+};
+Errors Compare(const at::Tensor& out, const at::Tensor& ref) {
+  const at::Tensor o = out.to(at::kDouble), r = ref.to(at::kDouble);
+  Errors e;
+  e.finite = o.isfinite().all().item<bool>();
+  e.max_abs = (o - r).abs().max().item<double>();
+  e.rel_l2 = (o - r).norm().item<double>() / r.norm().item<double>();
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// RelPosAttention
+
+struct AttnCase {
+  std::string name;
+  int64_t batch, heads, grid_h, grid_w, head_dim;
+  bool rel_float32;
+};
+
+std::string CaseName(const AttnCase& c, at::ScalarType t) {
+  return c.name + (t == at::kBFloat16 ? "/bf16" : "/fp16") + (c.rel_float32 ? "/rel-fp32" : "/rel-16");
+}
+
+// Tolerances (|out - ref| on outputs of magnitude <= ~1, ref in fp32 from the same 16-bit inputs):
+// bf16 has 8 mantissa bits (P and the output are rounded to it): rel L2 <= 1.5e-2, max abs <= 4e-2;
+// fp16 has 11: rel L2 <= 3e-3, max abs <= 6e-3.
+constexpr double kBf16RelL2 = 1.5e-2, kBf16MaxAbs = 4e-2;
+constexpr double kFp16RelL2 = 3e-3, kFp16MaxAbs = 6e-3;
+
+void RunAttentionCase(const AttnCase& c, at::ScalarType dtype, uint64_t seed) {
+  SCOPED_TRACE(CaseName(c, dtype));
+  const int64_t B = c.batch, H = c.heads, N = c.grid_h * c.grid_w, D = c.head_dim;
+  // q/k/v: views of one qkv projection [B, N, 3, H, D] (non-contiguous, head stride D).
+  const at::Tensor qkv = Randn({B, N, 3, H, D}, seed).to(dtype);
+  const at::Tensor p = qkv.permute({2, 0, 3, 1, 4});
+  const at::Tensor q = p[0], k = p[1], v = p[2];
+  ASSERT_FALSE(q.is_contiguous());
+  // rel_h/rel_w as SAM computes them (q . R): [B, H, N, grid], here random of similar scale; a
+  // view with a padded last-but-one stride to exercise strides.
+  const at::ScalarType rel_t = c.rel_float32 ? at::kFloat : dtype;
+  const at::Tensor rel_h = Randn({B, H, N, c.grid_h + 3}, seed + 1, 1.5).to(rel_t).narrow(3, 0, c.grid_h);
+  const at::Tensor rel_w = Randn({B, H, N, c.grid_w}, seed + 2, 1.5).to(rel_t);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+
+  Poison(B * N * H * D * 2);
+  const at::Tensor out = mk::RelPosAttention(q, k, v, rel_h, rel_w, c.grid_h, c.grid_w, scale);
+  ASSERT_EQ(out.sizes(), (at::IntArrayRef{B, N, H, D}));
+  ASSERT_EQ(out.scalar_type(), dtype);
+  ASSERT_TRUE(out.is_contiguous());
+  const at::Tensor ref =
+      mk::RelPosAttentionReference(q, k, v, rel_h, rel_w, c.grid_h, c.grid_w, scale);
+  const Errors e = Compare(out, ref.to(at::kFloat));
+  EXPECT_TRUE(e.finite);
+  const bool bf16 = dtype == at::kBFloat16;
+  EXPECT_LE(e.rel_l2, bf16 ? kBf16RelL2 : kFp16RelL2);
+  EXPECT_LE(e.max_abs, bf16 ? kBf16MaxAbs : kFp16MaxAbs);
+  std::printf("  %-36s rel_l2 %.2e  max_abs %.2e\n", CaseName(c, dtype).c_str(), e.rel_l2,
+              e.max_abs);
+}
+
+const std::vector<AttnCase>& AttnCases() {
+  static const std::vector<AttnCase> cases = {
+      // SAM's shapes: 14 x 14 windows (25 per 1024 image, N = 196, not a multiple of 64) and the
+      // 64 x 64 global attention; vit_b/vit_l heads of 64, vit_h heads of 80.
+      {"vit_b-window-b1", 25, 12, 14, 14, 64, true},
+      {"vit_b-window-b2", 50, 12, 14, 14, 64, false},
+      {"vit_h-window-b1", 25, 16, 14, 14, 80, true},
+      {"vit_b-global-b1", 1, 12, 64, 64, 64, true},
+      {"vit_b-global-b2", 2, 12, 64, 64, 64, false},
+      {"vit_h-global-b2", 2, 16, 64, 64, 80, true},
+      // Other sequence lengths: shorter than one tile, odd grid_h with the aligned (grid_w = 64)
+      // path, a grid whose rows straddle tiles, a query tile past N in the 8-warp variant.
+      {"grid-7x9", 3, 2, 7, 9, 64, true},
+      {"grid-3x64", 2, 3, 3, 64, 80, true},
+      {"grid-20x20", 2, 4, 20, 20, 64, false},
+      {"grid-33x37", 1, 2, 33, 37, 80, true},
+  };
+  return cases;
+}
+
+TEST(KernelsGpu, RelPosAttentionMatchesReferenceBf16) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 100;
+  for (const AttnCase& c : AttnCases()) RunAttentionCase(c, at::kBFloat16, seed += 10);
+}
+
+TEST(KernelsGpu, RelPosAttentionMatchesReferenceFp16) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 200;
+  for (const AttnCase& c : AttnCases()) RunAttentionCase(c, at::kHalf, seed += 10);
+}
+
+TEST(KernelsGpu, RelPosAttentionIsDeterministicAndUsesTheGivenStream) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 4096;
+  const at::Tensor qkv = Randn({1, N, 3, 12, 64}, 7).to(at::kBFloat16);
+  const at::Tensor p = qkv.permute({2, 0, 3, 1, 4});
+  const at::Tensor rel_h = Randn({1, 12, N, 64}, 8), rel_w = Randn({1, 12, N, 64}, 9);
+  const at::Tensor a = mk::RelPosAttention(p[0], p[1], p[2], rel_h, rel_w, 64, 64, 0.125);
+  auto side = c10::cuda::getStreamFromPool();
+  side.synchronize();
+  at::cuda::getCurrentCUDAStream().synchronize();
+  const at::Tensor b = mk::RelPosAttention(p[0], p[1], p[2], rel_h, rel_w, 64, 64, 0.125,
+                                           static_cast<mk::Stream>(side.stream()));
+  side.synchronize();
+  EXPECT_TRUE(at::equal(a, b));  // same inputs, same schedule: bit-identical (no atomics)
+}
+
+TEST(KernelsGpu, RelPosAttentionRejectsUnsupportedHeadDim) {
+  SKIP_WITHOUT_GPU();
+  const at::Tensor q = Randn({1, 2, 16, 32}, 1).to(at::kBFloat16);
+  const at::Tensor r = Randn({1, 2, 16, 4}, 2);
+  EXPECT_THROW(mk::RelPosAttention(q, q, q, r, r, 4, 4, 1.0), c10::Error);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// ResizeNormalizePad
+
+at::Tensor RandomImage(int64_t h, int64_t w, uint64_t seed) {
+  // Smooth gradients plus noise: both the flat and the busy parts of real photos.
+  const at::Tensor noise =
+      at::randint(0, 256, {h, w, 3}, Gen(seed), at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor ramp = at::linspace(0, 255, w).view({1, w, 1}).expand({h, w, 3});
+  return ((noise + ramp) * 0.5).clamp(0, 255).to(at::kByte).contiguous().to(kCuda);
+}
+
+TEST(KernelsGpu, ResizeNormalizePadIsBitExact) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t h, w, out_h, out_w;
+  };
+  // The workload's 1024 x 768 (no resize), a phone photo down, a small image up, width-only and
+  // height-only resizes, an odd-sized one.
+  const std::vector<Case> cases = {{768, 1024, 768, 1024}, {3024, 4032, 768, 1024},
+                                   {480, 640, 768, 1024},  {768, 2000, 768, 1024},
+                                   {2000, 1024, 1024, 1024}, {517, 333, 1024, 659}};
+  const std::vector<float> sam_mean = {123.675f, 116.28f, 103.53f};
+  const std::vector<float> sam_std = {58.395f, 57.12f, 57.375f};
+  uint64_t seed = 1;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.h) + "x" + std::to_string(c.w) + " -> " +
+                 std::to_string(c.out_h) + "x" + std::to_string(c.out_w));
+    const at::Tensor rgb = RandomImage(c.h, c.w, ++seed);
+    // mean 0, std 1, float32: the output is the uint8 intermediate itself -> must be identical.
+    Poison(3 * 1024 * 1024 * 4);
+    const at::Tensor raw = mk::ResizeNormalizePad(rgb, c.out_h, c.out_w, 1024, {0, 0, 0}, {1, 1, 1}, at::kFloat);
+    const at::Tensor raw_ref =
+        mk::ResizeNormalizePadReference(rgb, c.out_h, c.out_w, 1024, {0, 0, 0}, {1, 1, 1}, at::kFloat);
+    EXPECT_TRUE(at::equal(raw, raw_ref)) << "uint8 intermediate differs at "
+                                         << (raw != raw_ref).sum().item<int64_t>() << " values";
+    // SAM's mean/std: the same two IEEE operations on both sides; float32 must match exactly,
+    // 16-bit outputs are the same value rounded to nearest-even.
+    for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      Poison(3 * 1024 * 1024 * 4);
+      const at::Tensor out = mk::ResizeNormalizePad(rgb, c.out_h, c.out_w, 1024, sam_mean, sam_std, t);
+      const at::Tensor ref =
+          mk::ResizeNormalizePadReference(rgb, c.out_h, c.out_w, 1024, sam_mean, sam_std, t);
+      ASSERT_EQ(out.scalar_type(), t);
+      EXPECT_TRUE(out.isfinite().all().item<bool>());
+      EXPECT_TRUE(at::equal(out, ref)) << c10::toString(t) << ": max abs diff "
+                                       << (out.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<float>();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// MaskPostprocess
+
+at::Tensor SmoothLogits(int64_t M, uint64_t seed, at::ScalarType dtype) {
+  const at::Tensor coarse = at::randn({M, 1, 12, 12}, Gen(seed), at::kFloat) * 6.0;
+  const at::Tensor fine = at::randn({M, 1, 256, 256}, Gen(seed + 1), at::kFloat) * 0.2;
+  return (at::upsample_bicubic2d(coarse, {256, 256}, false) + fine)
+      .select(1, 0)
+      .contiguous()
+      .to(dtype)
+      .to(kCuda);
+}
+
+std::vector<uint8_t> DecodeRle(const int32_t* counts, int64_t n, int64_t h, int64_t w) {
+  std::vector<uint8_t> row_major(static_cast<size_t>(h * w), 2);
+  int64_t i = 0;
+  uint8_t v = 0;
+  for (int64_t r = 0; r < n; ++r, v ^= 1) {
+    for (int32_t j = 0; j < counts[r] && i < h * w; ++j, ++i) row_major[(i % h) * w + i / h] = v;
+  }
+  EXPECT_EQ(i, h * w);
+  return row_major;
+}
+
+// Pixels whose logit is within float rounding of 0 may differ from the reference (|logit| ~ 1e-6):
+// allowed per mask. Smooth logits of magnitude ~5 put well under one such pixel in a mask, so in
+// practice the count is 0 and the RLE must then be identical.
+constexpr int64_t kMaxDifferingPixelsPerMask = 4;
+
+void RunPostprocess(at::ScalarType dtype, uint64_t seed) {
+  SCOPED_TRACE(c10::toString(dtype));
+  // (input_h, input_w, orig_h, orig_w): the workload (1024 x 768: identity second stage), portrait
+  // downscaled (1500 x 1000 -> 1024 x 683), a large photo upscaled, a tiny image, a 1-pixel-wide one.
+  const std::vector<std::array<int, 4>> geo = {{768, 1024, 768, 1024}, {1024, 683, 1500, 1000},
+                                               {768, 1024, 3024, 4032}, {1024, 1024, 37, 29},
+                                               {1024, 16, 640, 1},      {768, 1024, 768, 1024}};
+  const int64_t M = static_cast<int64_t>(geo.size());
+  at::Tensor logits = SmoothLogits(M, seed, dtype);
+  logits[5].fill_(-3.0);  // empty mask
+  std::vector<int32_t> flat;
+  for (const auto& g : geo) flat.insert(flat.end(), g.begin(), g.end());
+  const at::Tensor geometry = at::tensor(at::ArrayRef<int32_t>(flat), at::kInt).view({M, 4}).to(kCuda);
+
+  Poison(int64_t{1} << 28);
+  const mk::MaskPostprocessOutput out = mk::MaskPostprocess(logits, geometry, 1024, true, true);
+  const mk::MaskPostprocessOutput ref = mk::MaskPostprocessReference(logits, geometry, 1024, true, true);
+  ASSERT_TRUE(out.rle_counts.device().is_cpu());
+  ASSERT_TRUE(out.bitmask.device().is_cpu());
+  ASSERT_TRUE(at::equal(out.bitmask_offsets, ref.bitmask_offsets));
+  for (int64_t m = 0; m < M; ++m) {
+    SCOPED_TRACE("mask " + std::to_string(m));
+    const int64_t oh = geo[m][2], ow = geo[m][3];
+    const int64_t b0 = ref.bitmask_offsets[m].item<int64_t>();
+    const at::Tensor bm = out.bitmask.slice(0, b0, b0 + oh * ow);
+    const at::Tensor bm_ref = ref.bitmask.slice(0, b0, b0 + oh * ow);
+    ASSERT_LE(bm.max().item<uint8_t>(), 1);  // also catches unwritten bytes
+    const int64_t differing = (bm != bm_ref).sum().item<int64_t>();
+    EXPECT_LE(differing, kMaxDifferingPixelsPerMask);
+    EXPECT_LE(std::abs(out.area[m].item<int64_t>() - ref.area[m].item<int64_t>()), differing);
+    EXPECT_EQ(out.area[m].item<int64_t>(), bm.sum().item<int64_t>());  // self-consistent
+    EXPECT_NEAR(out.stability[m].item<float>(), ref.stability[m].item<float>(),
+                differing == 0 ? 1e-6 : 1e-3);
+    const int64_t r0 = out.rle_offsets[m].item<int64_t>(), r1 = out.rle_offsets[m + 1].item<int64_t>();
+    const std::vector<uint8_t> decoded = DecodeRle(out.rle_counts.data_ptr<int32_t>() + r0, r1 - r0, oh, ow);
+    EXPECT_TRUE(std::equal(decoded.begin(), decoded.end(), bm.data_ptr<uint8_t>()))
+        << "GPU RLE does not decode to the GPU bitmask";
+    if (differing == 0) {
+      EXPECT_TRUE(at::equal(out.bbox[m], ref.bbox[m]));
+      const int64_t q0 = ref.rle_offsets[m].item<int64_t>(), q1 = ref.rle_offsets[m + 1].item<int64_t>();
+      ASSERT_EQ(r1 - r0, q1 - q0);
+      EXPECT_TRUE(at::equal(out.rle_counts.slice(0, r0, r1), ref.rle_counts.slice(0, q0, q1)));
+    }
+  }
+}
+
+TEST(KernelsGpu, MaskPostprocessMatchesReferenceFloat32) {
+  SKIP_WITHOUT_GPU();
+  RunPostprocess(at::kFloat, 31);
+}
+TEST(KernelsGpu, MaskPostprocessMatchesReferenceBf16) {
+  SKIP_WITHOUT_GPU();
+  RunPostprocess(at::kBFloat16, 41);
+}
+TEST(KernelsGpu, MaskPostprocessMatchesReferenceFp16) {
+  SKIP_WITHOUT_GPU();
+  RunPostprocess(at::kHalf, 51);
+}
+
+TEST(KernelsGpu, MaskPostprocessManyRunsAndStatsOnly) {
+  SKIP_WITHOUT_GPU();
+  // High-frequency logits: thousands of runs per mask, boundaries across words and column groups.
+  const at::Tensor logits = Randn({3, 256, 256}, 61);
+  const at::Tensor geometry =
+      at::tensor({256, 256, 300, 257, 256, 200, 100, 33, 200, 256, 1000, 1280}, at::kInt).view({3, 4});
+  const mk::MaskPostprocessOutput out = mk::MaskPostprocess(logits, geometry, 256, true, false);
+  const mk::MaskPostprocessOutput ref = mk::MaskPostprocessReference(logits, geometry, 256, true, false);
+  EXPECT_FALSE(out.bitmask.defined());
+  EXPECT_TRUE(at::equal(out.area, ref.area));
+  EXPECT_TRUE(at::equal(out.bbox, ref.bbox));
+  EXPECT_TRUE(at::equal(out.rle_offsets, ref.rle_offsets));
+  EXPECT_TRUE(at::equal(out.rle_counts, ref.rle_counts));
+  const mk::MaskPostprocessOutput stats = mk::MaskPostprocess(logits, geometry, 256, false, false);
+  EXPECT_FALSE(stats.rle_counts.defined());
+  EXPECT_TRUE(at::equal(stats.area, ref.area));
+  EXPECT_TRUE(at::allclose(stats.stability, ref.stability));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// int8
+
+TEST(KernelsGpu, QuantizePerTokenIsBitExact) {
+  SKIP_WITHOUT_GPU();
+  // Encoder shapes (M = 4096 tokens, K = vit_b / vit_h widths and MLP), an odd K (scalar path), a
+  // strided row view; one zero row.
+  struct Case {
+    int64_t m, k;
+  };
+  uint64_t seed = 70;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (const Case& c : {Case{4096, 768}, Case{4096, 5120}, Case{100, 1280}, Case{37, 100}}) {
+      SCOPED_TRACE(std::string(c10::toString(t)) + " " + std::to_string(c.m) + "x" + std::to_string(c.k));
+      at::Tensor x = Randn({c.m, c.k}, ++seed, 2.0).to(t);
+      x[3].zero_();
+      Poison(c.m * c.k * 4);
+      const mk::QuantizedActivations q = mk::QuantizePerToken(x);
+      const mk::QuantizedActivations r = mk::QuantizePerTokenReference(x);
+      EXPECT_TRUE(at::equal(q.scales, r.scales));
+      EXPECT_TRUE(at::equal(q.values, r.values))
+          << (q.values != r.values).sum().item<int64_t>() << " values differ";
+    }
+    const at::Tensor wide = Randn({64, 1024}, ++seed).to(t);
+    const at::Tensor view = wide.narrow(1, 8, 768);  // row stride 1024
+    EXPECT_TRUE(at::equal(mk::QuantizePerToken(view).values, mk::QuantizePerTokenReference(view).values));
+  }
+}
+
+TEST(KernelsGpu, Int8LinearMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t m, k, n;
+  };
+  // vit_b qkv / proj / mlp and vit_h qkv at 4096 tokens, plus a small odd M.
+  uint64_t seed = 90;
+  for (const Case& c : {Case{4096, 768, 2304}, Case{4096, 768, 768}, Case{4096, 3072, 768},
+                        Case{4096, 1280, 3840}, Case{40, 64, 24}}) {
+    SCOPED_TRACE(std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n));
+    const at::Tensor x = Randn({c.m, c.k}, ++seed).to(at::kBFloat16);
+    const at::Tensor w = Randn({c.n, c.k}, ++seed, 0.05).to(at::kBFloat16);
+    const at::Tensor bias = Randn({c.n}, ++seed).to(at::kBFloat16);
+    const mk::QuantizedActivations xq = mk::QuantizePerToken(x);
+    const mk::QuantizedWeight wq = mk::QuantizeWeightPerChannel(w);
+    for (at::ScalarType t : {at::kBFloat16, at::kFloat}) {
+      Poison(c.m * c.n * 4);
+      const at::Tensor y = mk::Int8Linear(xq, wq, bias, t);
+      const at::Tensor r = mk::Int8LinearReference(xq, wq, bias, t);
+      ASSERT_EQ(y.scalar_type(), t);
+      // int32 accumulation is exact on both sides and the epilogue uses the reference's order of
+      // roundings: identical.
+      EXPECT_TRUE(at::equal(y, r)) << "max abs diff "
+                                   << (y.to(at::kFloat) - r.to(at::kFloat)).abs().max().item<float>();
+    }
+    // Against the bf16 linear it replaces: the quantisation error only (~1% of |y|).
+    const at::Tensor y = mk::Int8Linear(xq, wq, bias, at::kFloat);
+    const at::Tensor lin = at::linear(x.to(at::kFloat), w.to(at::kFloat), bias.to(at::kFloat));
+    EXPECT_LT((y - lin).norm().item<double>() / lin.norm().item<double>(), 2e-2);
+    const at::Tensor no_bias = mk::Int8Linear(xq, wq, at::Tensor(), at::kFloat);
+    EXPECT_TRUE(at::equal(no_bias, mk::Int8LinearReference(xq, wq, at::Tensor(), at::kFloat)));
+  }
+}
+
+}  // namespace
