@@ -6,3 +6,25 @@ maskd_add_test(client_fake_server_test SOURCES client_fake_server_test.cc
                LIBS maskctl_commands nlohmann_json::nlohmann_json)
 maskd_add_test(maskload_stats_test SOURCES maskload_stats_test.cc LIBS maskd_load)
 maskd_add_test(maskload_fake_server_test SOURCES maskload_fake_server_test.cc LIBS maskd_load)
+
+# The Python client (client/python): pytest against a real maskd started by the test itself.
+if(TARGET maskd)
+  set(_maskd_bin_arg --maskd $<TARGET_FILE:maskd>)
+else()
+  set(_maskd_bin_arg)
+endif()
+add_test(NAME client_python_test
+         COMMAND ${MASKD_PYTHON} -m pytest -v -p no:cacheprovider tests ${_maskd_bin_arg}
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/client/python)
+set_tests_properties(client_python_test PROPERTIES LABELS cpu TIMEOUT 900
+                     ENVIRONMENT "MASKD_GOLDEN_DIR=${MASKD_GOLDEN_DIR}")
+
+# maskload's CI run (issue 6): bounded runs against a CPU maskd with the tiny model; zero errors and
+# JSON/CSV/PNG written. Exit 77 = skipped (no golden data outside CI).
+if(TARGET maskd)
+  add_test(NAME maskload_ci_test
+           COMMAND ${PROJECT_SOURCE_DIR}/load_tests/ci_maskload.sh $<TARGET_FILE:maskd>
+                   $<TARGET_FILE:maskload> $<TARGET_FILE:maskctl> ${PROJECT_BINARY_DIR}/maskload_ci)
+  set_tests_properties(maskload_ci_test PROPERTIES LABELS cpu TIMEOUT 600 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "MASKD_GOLDEN_DIR=${MASKD_GOLDEN_DIR};MASKD_PYTHON=${MASKD_PYTHON}")
+endif()

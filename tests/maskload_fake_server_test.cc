@@ -5,10 +5,12 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "fake_maskd.h"
 #include "load_tests/image_pool.h"
 #include "load_tests/load_runner.h"
+#include "load_tests/maskload_cli.h"
 #include "load_tests/report.h"
 
 namespace maskd::load {
@@ -126,6 +128,48 @@ TEST(MaskloadFake, MixedCountsBothKinds) {
   ASSERT_EQ(r->whole_run.latency_by_kind.size(), 2u);
   const double batch_share = static_cast<double>(r->whole_run.images) / r->whole_run.ok;
   EXPECT_NEAR(batch_share, 0.3, 0.06);
+}
+
+// The maskload command line end to end: flags, outputs, plot (via plot_maskload.py and MASKD_PYTHON).
+TEST(MaskloadFake, CommandLineWritesJsonCsvAndPlot) {
+  testing::FakeMaskd server;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("maskload_cli_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string prefix = (dir / "run").string();
+  CLI::App app;
+  MaskloadOptions o;
+  AddMaskloadFlags(app, o);
+  std::vector<std::string> args = {"maskload", "--server", server.target(), "--workload", "mixed",
+                                   "-c", "4", "--images", "2", "--size", "96x64", "--warmup", "0.3",
+                                   "--window", "0.5", "--max-duration", "3", "--out", prefix, "-q",
+                                   "--max-errors", "0"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  ASSERT_TRUE(FinishMaskloadOptions(o).ok());
+  EXPECT_EQ(o.width, 96);
+  EXPECT_EQ(o.height, 64);
+  EXPECT_EQ(o.load.workload, Workload::kMixed);
+  EXPECT_EQ(o.load.concurrency, 4);
+  ASSERT_EQ(RunMaskload(o), 0);
+  for (const char* ext : {".json", ".csv", ".timeline.csv", ".png"}) {
+    const std::filesystem::path f = prefix + ext;
+    ASSERT_TRUE(std::filesystem::exists(f)) << f;
+    EXPECT_GT(std::filesystem::file_size(f), 100u) << f;
+  }
+  std::ifstream png(prefix + ".png", std::ios::binary);
+  char magic[4] = {};
+  png.read(magic, 4);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  std::filesystem::remove_all(dir);
+
+  // Bad values are refused, naming the flag.
+  MaskloadOptions bad;
+  bad.size = "1024by768";
+  Status s = FinishMaskloadOptions(bad);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--size"), std::string::npos);
 }
 
 TEST(MaskloadFake, UnreachableServerFailsFast) {

@@ -1,0 +1,246 @@
+"""A friendly wrapper over maskd's generated v1 stub.
+
+Coordinates are original image pixels. Points are (x, y) or (x, y, label) with label 1 = foreground
+(default), 0 = background, as in SAM. Masks come back as `Mask` objects holding the server's data in
+the requested format; `Mask.decode()` turns COCO RLE (via pycocotools) or PNG (via Pillow) into a
+numpy uint8 array of shape (height, width).
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import grpc
+import numpy as np
+
+from .v1 import maskd_pb2, maskd_pb2_grpc
+
+OUTPUT_FORMATS = {
+    "rle": maskd_pb2.OUTPUT_FORMAT_COCO_RLE,
+    "png": maskd_pb2.OUTPUT_FORMAT_PNG,
+    "logits": maskd_pb2.OUTPUT_FORMAT_LOW_RES_LOGITS,
+}
+
+PointLike = Union[Tuple[float, float], Tuple[float, float, int]]
+BoxLike = Tuple[float, float, float, float]
+
+
+@dataclass
+class Mask:
+    """One mask of a prompt result."""
+    score: float
+    stability_score: float
+    bbox: Tuple[int, int, int, int]  # x, y, width, height (COCO)
+    area: int
+    height: int
+    width: int
+    rle: Optional[dict] = None        # {"size": [h, w], "counts": bytes}: pycocotools' form
+    png: Optional[bytes] = None
+    low_res_logits: Optional[np.ndarray] = None  # 256 x 256 float32
+
+    def decode(self) -> np.ndarray:
+        """The mask at the original image size, uint8 0/1, shape (height, width)."""
+        if self.rle is not None:
+            from pycocotools import mask as mask_utils
+            return np.ascontiguousarray(mask_utils.decode(self.rle))
+        if self.png is not None:
+            from PIL import Image
+            return (np.asarray(Image.open(io.BytesIO(self.png)).convert("L")) > 0).astype(np.uint8)
+        raise ValueError("this result holds only 256x256 low-res logits; ask for format='rle' or 'png'")
+
+
+@dataclass
+class PromptResult:
+    result_id: str
+    best_index: int
+    masks: List[Mask] = field(default_factory=list)
+
+    @property
+    def best(self) -> Mask:
+        return self.masks[self.best_index]
+
+
+@dataclass
+class SegmentResult:
+    image_id: str
+    width: int
+    height: int
+    cached: bool
+    prompts: List[PromptResult]
+    request_tag: str
+    response: maskd_pb2.SegmentResponse  # the raw message (timing etc.)
+
+
+def _mask_from_proto(m: maskd_pb2.MaskResult, width: int, height: int) -> Mask:
+    out = Mask(score=m.score, stability_score=m.stability_score,
+               bbox=(m.bbox.x, m.bbox.y, m.bbox.width, m.bbox.height), area=m.area,
+               height=height, width=width)
+    which = m.WhichOneof("data")
+    if which == "rle":
+        out.rle = {"size": [int(m.rle.size[0]), int(m.rle.size[1])], "counts": m.rle.counts.encode("ascii")}
+    elif which == "png":
+        out.png = bytes(m.png)
+    elif which == "low_res_logits":
+        lr = m.low_res_logits
+        out.low_res_logits = np.asarray(lr.values, dtype=np.float32).reshape(lr.height, lr.width)
+    return out
+
+
+def _result_from_proto(r: maskd_pb2.SegmentResponse) -> SegmentResult:
+    prompts = [PromptResult(result_id=p.result_id, best_index=p.best_index,
+                            masks=[_mask_from_proto(m, r.width, r.height) for m in p.masks])
+               for p in r.results]
+    return SegmentResult(image_id=r.image_id, width=r.width, height=r.height, cached=r.cached,
+                         prompts=prompts, request_tag=r.request_tag, response=r)
+
+
+def build_prompt(points: Sequence[PointLike] = (), box: Optional[BoxLike] = None,
+                 mask_from: Optional[str] = None, mask_index: Optional[int] = None,
+                 multimask: bool = False) -> maskd_pb2.Prompt:
+    """One Prompt message. Points: (x, y) or (x, y, label) with label 1 (foreground) / 0 (background)."""
+    p = maskd_pb2.Prompt(multimask=multimask)
+    for pt in points:
+        if len(pt) not in (2, 3):
+            raise ValueError(f"point {pt!r}: expected (x, y) or (x, y, label)")
+        label = int(pt[2]) if len(pt) == 3 else 1
+        if label not in (0, 1):
+            raise ValueError(f"point {pt!r}: label must be 1 (foreground) or 0 (background)")
+        p.points.add(x=float(pt[0]), y=float(pt[1]),
+                     label=maskd_pb2.POINT_LABEL_FOREGROUND if label == 1 else maskd_pb2.POINT_LABEL_BACKGROUND)
+    if box is not None:
+        if len(box) != 4:
+            raise ValueError(f"box {box!r}: expected (x0, y0, x1, y1)")
+        p.box.x0, p.box.y0, p.box.x1, p.box.y1 = (float(v) for v in box)
+    if mask_from:
+        p.mask_input.result_id = mask_from
+        if mask_index is not None:
+            p.mask_input.mask_index = mask_index
+    return p
+
+
+def build_segment_request(image: Union[bytes, str, None], prompts: Sequence[maskd_pb2.Prompt],
+                          format: str = "rle", request_tag: str = "") -> maskd_pb2.SegmentRequest:
+    """`image`: encoded bytes (JPEG/PNG/WebP), an image_id string, or None (SegmentStream: keep the
+    stream's current image)."""
+    if format not in OUTPUT_FORMATS:
+        raise ValueError(f"format {format!r}: expected one of {sorted(OUTPUT_FORMATS)}")
+    req = maskd_pb2.SegmentRequest(output_format=OUTPUT_FORMATS[format], request_tag=request_tag)
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        req.image.encoded = bytes(image)
+    elif isinstance(image, str):
+        req.image_id = image
+    elif image is not None:
+        raise TypeError(f"image: expected bytes or an image_id str, got {type(image).__name__}")
+    req.prompts.extend(prompts)
+    return req
+
+
+class MaskdClient:
+    """A connection to one maskd server. Thread-safe (gRPC channels are)."""
+
+    def __init__(self, target: str = "localhost:50051", timeout: float = 30.0,
+                 max_message_bytes: int = 512 << 20):
+        self.target = target
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ])
+        self.stub = maskd_pb2_grpc.MaskServiceStub(self._channel)
+
+    def __enter__(self) -> "MaskdClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Blocks until connected; grpc.FutureTimeoutError after `timeout` seconds."""
+        grpc.channel_ready_future(self._channel).result(timeout=timeout)
+
+    def embed(self, image: bytes) -> maskd_pb2.EmbedResponse:
+        return self.stub.Embed(maskd_pb2.EmbedRequest(image=maskd_pb2.Image(encoded=image)),
+                               timeout=self.timeout)
+
+    def segment(self, image: Union[bytes, str], points: Sequence[PointLike] = (),
+                box: Optional[BoxLike] = None, mask_from: Optional[str] = None,
+                mask_index: Optional[int] = None, multimask: bool = False, format: str = "rle",
+                request_tag: str = "") -> SegmentResult:
+        """One prompt on one image (encoded bytes, or the image_id of an earlier call)."""
+        prompt = build_prompt(points, box, mask_from, mask_index, multimask)
+        return self.segment_prompts(image, [prompt], format=format, request_tag=request_tag)
+
+    def segment_prompts(self, image: Union[bytes, str], prompts: Sequence[maskd_pb2.Prompt],
+                        format: str = "rle", request_tag: str = "") -> SegmentResult:
+        """Several prompts (see build_prompt) on one image in one call."""
+        req = build_segment_request(image, prompts, format, request_tag)
+        return _result_from_proto(self.stub.Segment(req, timeout=self.timeout))
+
+    def info(self) -> maskd_pb2.GetInfoResponse:
+        return self.stub.GetInfo(maskd_pb2.GetInfoRequest(), timeout=self.timeout)
+
+    def health(self, service: str = "maskd.v1.MaskService") -> str:
+        """'SERVING', 'NOT_SERVING', ... from grpc.health.v1 (grpcio-health-checking)."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        r = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+
+    def session(self) -> "SegmentSession":
+        """An interactive SegmentStream: send() one request, get its one response."""
+        return SegmentSession(self.stub)
+
+
+class SegmentSession:
+    """SegmentStream as request/response pairs. A response carrying `error` raises StreamError."""
+
+    class StreamError(Exception):
+        def __init__(self, code: grpc.StatusCode, message: str):
+            super().__init__(f"{code.name}: {message}")
+            self.code = code
+            self.message = message
+
+    def __init__(self, stub: maskd_pb2_grpc.MaskServiceStub):
+        import queue
+        self._queue: "queue.Queue[Optional[maskd_pb2.SegmentRequest]]" = queue.Queue()
+        self._responses: Iterator[maskd_pb2.SegmentResponse] = stub.SegmentStream(self._requests())
+
+    def _requests(self) -> Iterable[maskd_pb2.SegmentRequest]:
+        while True:
+            req = self._queue.get()
+            if req is None:
+                return
+            yield req
+
+    def send(self, image: Union[bytes, str, None], points: Sequence[PointLike] = (),
+             box: Optional[BoxLike] = None, mask_from: Optional[str] = None,
+             mask_index: Optional[int] = None, multimask: bool = False,
+             format: str = "rle") -> SegmentResult:
+        prompt = build_prompt(points, box, mask_from, mask_index, multimask)
+        self._queue.put(build_segment_request(image, [prompt], format))
+        r = next(self._responses)
+        if r.HasField("error"):
+            raise SegmentSession.StreamError(grpc.StatusCode(_code_tuple(r.error.code)), r.error.message)
+        return _result_from_proto(r)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        for _ in self._responses:
+            pass
+
+    def __enter__(self) -> "SegmentSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _code_tuple(code: int):
+    for c in grpc.StatusCode:
+        if c.value[0] == code:
+            return c.value
+    return grpc.StatusCode.UNKNOWN.value
