@@ -135,11 +135,17 @@ at::Tensor Int8Linear(const QuantizedActivations& x, const QuantizedWeight& w,
     TORCH_CHECK(M > 16 && K % 8 == 0 && N % 8 == 0,
                 "Int8Linear on CUDA: the int8 GEMM needs M > 16 and K, N multiples of 8, got M = ",
                 M, ", K = ", K, ", N = ", N);
-    const at::Tensor acc = at::_int_mm(x.values, w.values_t).contiguous();
+    // The epilogue reads acc, w_scales and bias as 16-byte vectors: contiguous and 16-byte aligned
+    // (a contiguous view with a storage offset may not be; it is copied once).
+    const auto aligned16 = [](const at::Tensor& t) {
+      const at::Tensor c = t.contiguous();
+      return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+    };
+    const at::Tensor acc = aligned16(at::_int_mm(x.values, w.values_t));
     const at::Tensor xs = x.scales.contiguous();
-    const at::Tensor ws = w.scales.contiguous();
+    const at::Tensor ws = aligned16(w.scales);
     at::Tensor bf;
-    if (bias.defined()) bf = bias.to(at::kFloat).contiguous();
+    if (bias.defined()) bf = aligned16(bias.to(at::kFloat));
     at::Tensor out = at::empty({M, N}, x.values.options().dtype(out_dtype));
     internal::CheckLaunch(
         detail::LaunchDequantizeBias(acc.data_ptr<int32_t>(), M, N, xs.data_ptr<float>(),

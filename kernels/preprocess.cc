@@ -23,6 +23,10 @@ void CheckPreprocessArgs(const at::Tensor& rgb, int64_t out_h, int64_t out_w, in
   TORCH_CHECK(out_h > 0 && out_w > 0 && out_h <= pad_size && out_w <= pad_size,
               "out_h x out_w: expected 1..pad_size (", pad_size, ") each, got ", out_h, " x ",
               out_w);
+  // One CUDA grid row per image row (grid.y <= 65535).
+  TORCH_CHECK(rgb.size(0) <= 65535 && pad_size <= 65535,
+              "rgb/pad_size: expected at most 65535 rows, got ", Describe(rgb), ", pad_size ",
+              pad_size);
   TORCH_CHECK(mean.size() == 3, "mean: expected 3 values (R, G, B), got ", mean.size());
   TORCH_CHECK(std.size() == 3, "std: expected 3 values (R, G, B), got ", std.size());
   for (float s : std) TORCH_CHECK(s != 0.0f, "std: expected non-zero values, got ", s);

@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/launchers.h"
@@ -415,20 +416,36 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
 inline int WarpsFor(int seq) { return seq >= 1024 ? 8 : 4; }
 
 constexpr int kMaxSmemPerBlock = 227 * 1024;
+constexpr int kMaxDevices = 64;
 
-template <typename T, int D, int kWarps>
-cudaError_t Launch(const RelPosAttentionArgs& p, cudaStream_t stream) {
-  const int smem = SmemBytes<D, kWarps>(p.grid_h, p.grid_w);
-  auto kernel = p.grid_w % kKeysPerTile == 0 ? RelPosAttentionKernel<T, D, kWarps, true>
-                                             : RelPosAttentionKernel<T, D, kWarps, false>;
+template <typename T, int D, int kWarps, bool kAligned>
+cudaError_t LaunchKernel(const RelPosAttentionArgs& p, int smem, cudaStream_t stream) {
+  auto kernel = RelPosAttentionKernel<T, D, kWarps, kAligned>;
   if (smem > 48 * 1024) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    // The opt-in limit is raised once per (kernel, device), to the most a block may have: it is
+    // only a ceiling (occupancy follows each launch's own size), so racing callers agree, and
+    // CUDA-graph capture sees only the launches.
+    static std::atomic<bool> raised[kMaxDevices];
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
+    if (device >= kMaxDevices || !raised[device].load(std::memory_order_acquire)) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kMaxSmemPerBlock);
+      if (e != cudaSuccess) return e;
+      if (device < kMaxDevices) raised[device].store(true, std::memory_order_release);
+    }
   }
   const dim3 grid((p.seq + kWarps * 16 - 1) / (kWarps * 16), p.heads, p.batch);
   kernel<<<grid, kWarps * 32, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <typename T, int D, int kWarps>
+cudaError_t Launch(const RelPosAttentionArgs& p, cudaStream_t stream) {
+  const int smem = SmemBytes<D, kWarps>(p.grid_h, p.grid_w);
+  return p.grid_w % kKeysPerTile == 0 ? LaunchKernel<T, D, kWarps, true>(p, smem, stream)
+                                      : LaunchKernel<T, D, kWarps, false>(p, smem, stream);
 }
 
 template <typename T, int D>
