@@ -83,7 +83,7 @@ double MaxAbs(const at::Tensor& a, const at::Tensor& b) {
 // ---------------------------------------------------------------------------------------------------
 // RelPosAttention
 
-TEST(KernelsCpu, RelPosAttentionReferenceMatchesNaiveFormula) {
+TEST(kernels_cpu, RelPosAttentionReferenceMatchesNaiveFormula) {
   // Grids that are not square and not a multiple of anything, plus a 1 x W edge case.
   for (auto [gh, gw] : {std::pair<int64_t, int64_t>{3, 5}, {4, 4}, {1, 7}}) {
     const int64_t B = 2, H = 3, D = 8, N = gh * gw;
@@ -100,7 +100,7 @@ TEST(KernelsCpu, RelPosAttentionReferenceMatchesNaiveFormula) {
   }
 }
 
-TEST(KernelsCpu, RelPosAttentionReferenceKeepsDtypeAndAcceptsLowPrecisionBias) {
+TEST(kernels_cpu, RelPosAttentionReferenceKeepsDtypeAndAcceptsLowPrecisionBias) {
   const int64_t B = 1, H = 2, gh = 4, gw = 6, N = gh * gw, D = 16;
   const Qkv x = MakeQkv(B, H, N, D, at::kBFloat16, 5);
   const at::Tensor rel_h = Randn({B, H, N, gh}, 6).to(at::kBFloat16);
@@ -112,7 +112,7 @@ TEST(KernelsCpu, RelPosAttentionReferenceKeepsDtypeAndAcceptsLowPrecisionBias) {
   EXPECT_LT(MaxAbs(ref, naive), 1e-2);
 }
 
-TEST(KernelsCpu, RelPosAttentionOnCpuIsTheReference) {
+TEST(kernels_cpu, RelPosAttentionOnCpuIsTheReference) {
   const int64_t B = 2, H = 2, gh = 5, gw = 3, N = gh * gw, D = 8;
   const Qkv x = MakeQkv(B, H, N, D, at::kFloat, 9);
   const at::Tensor rel_h = Randn({B, H, N, gh}, 10);
@@ -122,7 +122,7 @@ TEST(KernelsCpu, RelPosAttentionOnCpuIsTheReference) {
   EXPECT_TRUE(at::equal(a, b));
 }
 
-TEST(KernelsCpu, RelPosAttentionRejectsBadShapes) {
+TEST(kernels_cpu, RelPosAttentionRejectsBadShapes) {
   const Qkv x = MakeQkv(1, 2, 12, 8, at::kFloat, 1);
   const at::Tensor rel_h = Randn({1, 2, 12, 3}, 2);
   const at::Tensor rel_w = Randn({1, 2, 12, 4}, 3);
@@ -146,7 +146,7 @@ at::Tensor RandomImage(int64_t h, int64_t w, uint64_t seed) {
 }
 }  // namespace
 
-TEST(KernelsCpu, ResizeNormalizePadReferenceMatchesPilResizeAndFormula) {
+TEST(kernels_cpu, ResizeNormalizePadReferenceMatchesPilResizeAndFormula) {
   const std::vector<float> mean = {123.675f, 116.28f, 103.53f};
   const std::vector<float> std = {58.395f, 57.12f, 57.375f};
   struct Case {
@@ -181,7 +181,7 @@ TEST(KernelsCpu, ResizeNormalizePadReferenceMatchesPilResizeAndFormula) {
   }
 }
 
-TEST(KernelsCpu, ResizeNormalizePadIdentityKeepsPixelsAndCastsDtype) {
+TEST(kernels_cpu, ResizeNormalizePadIdentityKeepsPixelsAndCastsDtype) {
   const at::Tensor rgb = RandomImage(24, 40, 77);
   const at::Tensor out = mk::ResizeNormalizePad(rgb, 24, 40, 48, {0, 0, 0}, {1, 1, 1}, at::kFloat);
   EXPECT_TRUE(at::equal(out.slice(1, 0, 24).slice(2, 0, 40), rgb.permute({2, 0, 1}).to(at::kFloat)));
@@ -192,7 +192,7 @@ TEST(KernelsCpu, ResizeNormalizePadIdentityKeepsPixelsAndCastsDtype) {
   EXPECT_TRUE(at::equal(bf, out.to(at::kBFloat16)));
 }
 
-TEST(KernelsCpu, ResizeNormalizePadRejectsBadArguments) {
+TEST(kernels_cpu, ResizeNormalizePadRejectsBadArguments) {
   const at::Tensor rgb = RandomImage(8, 8, 1);
   EXPECT_THROW(mk::ResizeNormalizePad(rgb, 9, 8, 8, {0, 0, 0}, {1, 1, 1}, at::kFloat), c10::Error);
   EXPECT_THROW(mk::ResizeNormalizePad(rgb, 8, 8, 8, {0, 0}, {1, 1, 1}, at::kFloat), c10::Error);
@@ -230,7 +230,7 @@ std::vector<uint8_t> DecodeRle(const int32_t* counts, int64_t n, int64_t h, int6
 
 }  // namespace
 
-TEST(KernelsCpu, MaskPostprocessReferenceMatchesDirectInterpolation) {
+TEST(kernels_cpu, MaskPostprocessReferenceMatchesDirectInterpolation) {
   const int64_t M = 4, low = 64, pad = 256;
   const at::Tensor logits = SmoothLogits(M, low, 3);
   // (input_h, input_w, orig_h, orig_w): identity second stage, downscale, upscale, tiny.
@@ -284,7 +284,7 @@ TEST(KernelsCpu, MaskPostprocessReferenceMatchesDirectInterpolation) {
   }
 }
 
-TEST(KernelsCpu, MaskPostprocessEdgeMasks) {
+TEST(kernels_cpu, MaskPostprocessEdgeMasks) {
   const int64_t low = 16;
   at::Tensor logits = at::full({3, low, low}, -5.0f);
   logits[1].fill_(5.0f);
@@ -320,7 +320,7 @@ TEST(KernelsCpu, MaskPostprocessEdgeMasks) {
 // (fused or not): one ulp of src near index 171 is 1.5e-5, so values agree to ~1e-4 (the CUDA
 // kernel, compiled by nvcc like ATen's, is compared with ATen's CUDA upsample in the GPU test);
 // what must agree exactly is the choice of taps and the edge handling, i.e. no sign flips here.
-TEST(KernelsCpu, BilinearTapsMatchUpsampleBilinear2d) {
+TEST(kernels_cpu, BilinearTapsMatchUpsampleBilinear2d) {
   namespace bl = mk::bilinear;
   for (auto [in_h, in_w, out_h, out_w] :
        {std::array<int, 4>{64, 64, 256, 256}, {256, 256, 1024, 1024}, {768, 1024, 600, 800},
@@ -353,7 +353,7 @@ TEST(KernelsCpu, BilinearTapsMatchUpsampleBilinear2d) {
 // ---------------------------------------------------------------------------------------------------
 // int8
 
-TEST(KernelsCpu, QuantizePerTokenReferenceBoundsAndRounding) {
+TEST(kernels_cpu, QuantizePerTokenReferenceBoundsAndRounding) {
   at::Tensor x = Randn({33, 96}, 4, 3.0);
   x[5].zero_();
   const mk::QuantizedActivations q = mk::QuantizePerTokenReference(x.to(at::kBFloat16));
@@ -381,7 +381,7 @@ TEST(KernelsCpu, QuantizePerTokenReferenceBoundsAndRounding) {
   EXPECT_TRUE(at::equal(hv, at::tensor(at::ArrayRef<int8_t>(expect), at::kChar).view({1, 6})));
 }
 
-TEST(KernelsCpu, QuantizeWeightPerChannelLayout) {
+TEST(kernels_cpu, QuantizeWeightPerChannelLayout) {
   const at::Tensor w = Randn({48, 32}, 8, 0.05);  // [N, K]
   const mk::QuantizedWeight q = mk::QuantizeWeightPerChannel(w);
   ASSERT_EQ(q.values_t.sizes(), (at::IntArrayRef{32, 48}));
@@ -391,7 +391,7 @@ TEST(KernelsCpu, QuantizeWeightPerChannelLayout) {
   EXPECT_LE((deq - w).abs().max().item<float>(), 0.5f * q.scales.max().item<float>() * 1.0001f);
 }
 
-TEST(KernelsCpu, Int8LinearReferenceMatchesFloatComputation) {
+TEST(kernels_cpu, Int8LinearReferenceMatchesFloatComputation) {
   const int64_t M = 40, K = 64, N = 24;
   const at::Tensor x = Randn({M, K}, 14);
   const at::Tensor w = Randn({N, K}, 15, 0.1);
@@ -410,7 +410,7 @@ TEST(KernelsCpu, Int8LinearReferenceMatchesFloatComputation) {
   EXPECT_EQ(mk::Int8Linear(xq, wq, at::Tensor(), at::kBFloat16).scalar_type(), at::kBFloat16);
 }
 
-TEST(KernelsCpu, BuiltWithCudaIsConsistentWithTheBuild) {
+TEST(kernels_cpu, BuiltWithCudaIsConsistentWithTheBuild) {
 #ifdef MASKD_KERNELS_TEST_EXPECT_CUDA
   EXPECT_TRUE(mk::BuiltWithCuda());
 #else
