@@ -39,8 +39,11 @@ at::Tensor Randn(at::IntArrayRef sizes, uint64_t seed, double std = 1.0) {
   return (at::randn(sizes, Gen(seed), at::kFloat) * std).to(kCuda);
 }
 
+// 0x7fc07fc0 is NaN read as float32 and, in each half, as bf16 and fp16 (a float NaN fill would
+// leave every other 16-bit element 0); read as bytes it is 0x7f/0xc0, never a valid 0/1 mask byte.
 void Poison(int64_t bytes) {
-  at::Tensor p = at::full({bytes / 4 + 1}, std::nanf(""), at::TensorOptions().device(kCuda));
+  at::Tensor p = at::full({bytes / 4 + 1}, 0x7fc07fc0,
+                          at::TensorOptions().device(kCuda).dtype(at::kInt));
   (void)p;
 }
 
