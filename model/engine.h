@@ -283,6 +283,10 @@ class Engine {
 Status ValidatePrompt(const PromptSpec& prompt, int image_width, int image_height,
                       std::string_view field_prefix = "prompt");
 
+// CUDA devices this process can use (0 without a CUDA build, driver or device). The server expands
+// --device cuda (and auto) to cuda:0 .. cuda:N-1 with it.
+int CudaDeviceCount();
+
 // The shape SAM's longest-side resize gives: (width, height) scaled so max(width, height) == target,
 // rounded as the original.
 std::pair<int, int> ResizedSize(int width, int height, int target);

@@ -1,0 +1,196 @@
+// The dynamic batcher both stages use, after Triton's dynamic_batch_scheduler: one thread, one mutex
+// and condition variable, items stamped on arrival; a batch leaves when it reaches its maximum
+// weight or when its oldest item has waited max_queue_delay. A full queue refuses an item at once
+// (RESOURCE_EXHAUSTED). Items whose call is dead (deadline passed, cancelled) are dropped when the
+// batch is formed, before any engine work.
+//
+// Item requirements:
+//   size_t weight() const;                  // images (encoder) or prompts (decoder), >= 1
+//   Status Alive() const;                   // OK, or why the item is not worth running
+//   void Fail(const Status&);               // called once for a dropped/refused-after-queueing item
+//   Clock::time_point arrival;              // stamped by Submit
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "model/status.h"
+#include "server/call_control.h"
+
+namespace maskd::server {
+
+struct BatchQueueOptions {
+  size_t max_batch_weight = 1;
+  std::chrono::microseconds max_queue_delay{0};
+  size_t capacity_weight = 64;
+};
+
+struct QueueCounters {
+  uint64_t depth = 0, capacity = 0, batches = 0, items = 0, rejected = 0, dropped = 0;
+  double mean_batch_size = 0;
+};
+
+template <typename Item>
+class BatchQueue {
+ public:
+  // Runs on the queue's thread with the live items of one batch; `formed` is when the batch left
+  // the queue (queue time of an item = formed - arrival).
+  using RunFn = std::function<void(std::vector<Item>& batch, Clock::time_point formed)>;
+
+  BatchQueue(std::string name, BatchQueueOptions options, RunFn run)
+      : name_(std::move(name)), options_(options), run_(std::move(run)) {
+    if (options_.max_batch_weight < 1) options_.max_batch_weight = 1;
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~BatchQueue() { Stop(); }
+  BatchQueue(const BatchQueue&) = delete;
+  BatchQueue& operator=(const BatchQueue&) = delete;
+
+  // OK: queued (the item's own callbacks will report). RESOURCE_EXHAUSTED when the queue is full,
+  // UNAVAILABLE when stopping; the item is then untouched and its callbacks are not called.
+  Status Submit(Item&& item) {
+    const size_t w = std::max<size_t>(1, item.weight());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return Unavailable(name_ + " queue is shutting down: retry on another server");
+      if (queued_weight_ + w > options_.capacity_weight) {
+        ++rejected_;
+        return ResourceExhausted(name_ + " queue is full (" + std::to_string(queued_weight_) + " of " +
+                                 std::to_string(options_.capacity_weight) +
+                                 " queued, this request needs " + std::to_string(w) +
+                                 "): retry with backoff");
+      }
+      item.arrival = Clock::now();
+      queued_weight_ += w;
+      queue_.push_back(std::move(item));
+    }
+    cv_.notify_one();
+    return Status::Ok();
+  }
+
+  // True when an item of weight w would be accepted now (a hint to skip work that would be refused).
+  bool HasRoom(size_t w) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !stopping_ && queued_weight_ + std::max<size_t>(1, w) <= options_.capacity_weight;
+  }
+
+  // Fails what is still queued with UNAVAILABLE, lets a running batch finish, joins the thread.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_ && !thread_.joinable()) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  QueueCounters counters() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    QueueCounters c;
+    c.depth = queued_weight_;
+    c.capacity = options_.capacity_weight;
+    c.batches = batches_;
+    c.items = items_;
+    c.rejected = rejected_;
+    c.dropped = dropped_;
+    c.mean_batch_size = batches_ ? static_cast<double>(items_) / static_cast<double>(batches_) : 0;
+    return c;
+  }
+
+  const BatchQueueOptions& options() const { return options_; }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (stopping_) break;
+      // Wait for a full batch or for the oldest item's max_queue_delay, whichever comes first.
+      const Clock::time_point leave = queue_.front().arrival + options_.max_queue_delay;
+      cv_.wait_until(lock, leave, [this] {
+        return stopping_ || queued_weight_ >= options_.max_batch_weight;
+      });
+      if (stopping_) break;
+      std::vector<Item> batch;
+      size_t weight = 0;
+      while (!queue_.empty()) {
+        const size_t w = std::max<size_t>(1, queue_.front().weight());
+        if (!batch.empty() && weight + w > options_.max_batch_weight) break;
+        weight += w;
+        queued_weight_ -= w;
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      const Clock::time_point formed = Clock::now();
+      lock.unlock();
+      RunBatch(batch, formed);
+      lock.lock();
+    }
+    // Stopping: everything still queued is refused; the clients may retry elsewhere.
+    std::deque<Item> left = std::move(queue_);
+    queue_.clear();
+    queued_weight_ = 0;
+    lock.unlock();
+    for (auto& item : left) {
+      item.Fail(Unavailable("the server is shutting down: " + name_ + " work was not started"));
+    }
+  }
+
+  void RunBatch(std::vector<Item>& batch, Clock::time_point formed) {
+    std::vector<Item> live;
+    live.reserve(batch.size());
+    uint64_t dropped = 0, items = 0;
+    for (auto& item : batch) {
+      Status alive = item.Alive();
+      if (alive.ok()) {
+        items += std::max<size_t>(1, item.weight());
+        live.push_back(std::move(item));
+      } else {
+        ++dropped;
+        item.Fail(alive);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dropped_ += dropped;
+      if (!live.empty()) {
+        ++batches_;
+        items_ += items;
+      }
+    }
+    if (live.empty()) return;
+    // The run function reports per item; this guard only keeps the thread alive on a bug.
+    try {
+      run_(live, formed);
+    } catch (const std::exception& e) {
+      spdlog::error("{} batch threw: {}", name_, e.what());
+    } catch (...) {
+      spdlog::error("{} batch threw a non-standard exception", name_);
+    }
+  }
+
+  const std::string name_;
+  BatchQueueOptions options_;
+  const RunFn run_;
+  // Guards queue_, queued_weight_, stopping_ and the counters. Never held while a batch runs.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  size_t queued_weight_ = 0;
+  bool stopping_ = false;
+  uint64_t batches_ = 0, items_ = 0, rejected_ = 0, dropped_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace maskd::server

@@ -1,0 +1,626 @@
+#include "server/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+namespace maskd::server {
+namespace {
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+std::optional<bool> ParseBool(const std::string& text) {
+  const std::string s = Lower(text);
+  if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
+  if (s == "0" || s == "false" || s == "off" || s == "no") return false;
+  return std::nullopt;
+}
+
+std::string EnvName(const std::string& flag) {
+  std::string e = "MASKD_";
+  for (char c : flag) e.push_back(c == '-' ? '_' : static_cast<char>(std::toupper(c)));
+  return e;
+}
+
+std::string HumanBytes(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  uint64_t v = b;
+  while (u < 4 && v >= 1024 && v % 1024 == 0) {
+    v /= 1024;
+    ++u;
+  }
+  return std::to_string(v) + units[u];
+}
+
+// The option table: every setting, its flag, environment variable and JSON key.
+void AddOptions(CLI::App& app, ServerConfig& c) {
+  auto env = [](CLI::Option* o, const std::string& name) { return o->envname(EnvName(name)); };
+  auto bytes = [&](const std::string& name, uint64_t* target, const std::string& help) {
+    env(app.add_option_function<std::string>(
+                "--" + name,
+                [target, name](const std::string& v) {
+                  StatusOr<uint64_t> b = ParseBytes(v);
+                  if (!b.ok()) throw CLI::ValidationError("--" + name, b.status().message());
+                  *target = *b;
+                },
+                help)
+            ->default_str(HumanBytes(*target))
+            ->type_name("BYTES"),
+        name);
+  };
+  auto tristate = [&](const std::string& name, std::optional<bool>* target, const std::string& help) {
+    env(app.add_option_function<std::string>(
+                "--" + name,
+                [target, name](const std::string& v) {
+                  std::optional<bool> b = ParseBool(v);
+                  if (!b) throw CLI::ValidationError("--" + name, "\"" + v + "\" is not true or false");
+                  *target = *b;
+                },
+                help)
+            ->type_name("BOOL")
+            ->default_str("as --fast says"),
+        name);
+  };
+
+  app.add_option("--config", c.config_file,
+                 "JSON file of settings; keys are these flags' names, e.g. "
+                 "{\"device\": \"cuda\", \"cache-device-bytes\": \"4GiB\"}. Flags and MASKD_* "
+                 "environment variables override it")
+      ->envname("MASKD_CONFIG")
+      ->type_name("PATH");
+
+  auto* g_model = "Model";
+  env(app.add_option("--checkpoint", c.checkpoint,
+                     "SAM checkpoint (.pth or .safetensors; vit_b/l/h). Unset: $MASKD_CHECKPOINT, "
+                     "else the only checkpoint in --models-dir, else a built-in demo model with "
+                     "random weights")
+          ->type_name("PATH")
+          ->group(g_model),
+      "checkpoint");
+  env(app.add_option("--models-dir", c.models_dir,
+                     "Folder searched for a single *.pth/*.safetensors when --checkpoint is unset")
+          ->type_name("DIR")
+          ->capture_default_str()
+          ->group(g_model),
+      "models-dir");
+  env(app.add_option("--demo-seed", c.demo_seed, "Seed of the demo model's random weights")
+          ->capture_default_str()
+          ->group(g_model),
+      "demo-seed");
+
+  auto* g_dev = "Devices and numerics";
+  env(app.add_option("--device", c.device,
+                     "Devices, comma separated: auto (every visible GPU, else cpu), cpu, cuda (every "
+                     "visible GPU), cuda:N, or cpu:N for several CPU engines. One engine, batcher "
+                     "pair and cache per device")
+          ->type_name("LIST")
+          ->capture_default_str()
+          ->group(g_dev),
+      "device");
+  env(app.add_option("--precision", c.precision,
+                     "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16 or fp16")
+          ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}))
+          ->capture_default_str()
+          ->group(g_dev),
+      "precision");
+  env(app.add_option("--fast", c.fast,
+                     "Encoder/decoder fast path preset: auto (all CUDA optimisations except int8 "
+                     "and 2:4 sparsity on CUDA, none on CPU), on, off. The switches below override "
+                     "single parts")
+          ->check(CLI::IsMember({"auto", "on", "off"}))
+          ->capture_default_str()
+          ->group(g_dev),
+      "fast");
+  env(app.add_option("--attention", c.attention,
+                     "Encoder attention: auto, math, sdpa, sdpa-folded or fused (default: as --fast "
+                     "says)")
+          ->check(CLI::IsMember({"auto", "math", "sdpa", "sdpa-folded", "fused"}))
+          ->type_name("NAME")
+          ->group(g_dev),
+      "attention");
+  tristate("cuda-graphs", &c.cuda_graphs, "Replay the encoder from CUDA graphs (captured at each batch size)");
+  tristate("int8", &c.int8, "int8 dynamic quantisation of the encoder's linear layers");
+  tristate("sparse24", &c.sparse24, "2:4 sparsity of the encoder's MLP weights");
+  tristate("gpu-preprocess", &c.gpu_preprocess, "Resize/normalise/pad on the GPU");
+  tristate("gpu-postprocess", &c.gpu_postprocess, "Upscale/threshold/RLE masks on the GPU");
+  for (const char* n : {"cuda-graphs", "int8", "sparse24", "gpu-preprocess", "gpu-postprocess"}) {
+    app.get_option(std::string("--") + n)->group(g_dev);
+  }
+  env(app.add_option("--warmup", c.warmup,
+                     "Warm every prepared shape up before serving (health stays NOT_SERVING until "
+                     "then)")
+          ->type_name("BOOL")
+          ->capture_default_str()
+          ->group(g_dev),
+      "warmup");
+
+  auto* g_net = "Network";
+  env(app.add_option("--listen", c.listen,
+                     "HOST:PORT to serve on; port 0 picks a free port (logged as 'listening on "
+                     "HOST:PORT')")
+          ->type_name("HOST:PORT")
+          ->capture_default_str()
+          ->group(g_net),
+      "listen");
+
+  auto* g_batch = "Batching (per device)";
+  env(app.add_option("--encoder-max-batch", c.encoder_max_batch, "Images per encoder batch")
+          ->check(CLI::Range(1, 1024))
+          ->capture_default_str()
+          ->group(g_batch),
+      "encoder-max-batch");
+  env(app.add_option("--encoder-queue-delay-us", c.encoder_queue_delay_us,
+                     "Longest an image waits for its encoder batch to fill, microseconds")
+          ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))
+          ->capture_default_str()
+          ->group(g_batch),
+      "encoder-queue-delay-us");
+  env(app.add_option("--encoder-queue-capacity", c.encoder_queue_capacity,
+                     "Images queued for the encoder before RESOURCE_EXHAUSTED")
+          ->check(CLI::Range(1, 1'000'000))
+          ->capture_default_str()
+          ->group(g_batch),
+      "encoder-queue-capacity");
+  env(app.add_option("--decoder-max-prompts", c.decoder_max_prompts,
+                     "Prompts per mask-decoder batch (from any requests and images)")
+          ->check(CLI::Range(1, 65536))
+          ->capture_default_str()
+          ->group(g_batch),
+      "decoder-max-prompts");
+  env(app.add_option("--decoder-queue-delay-us", c.decoder_queue_delay_us,
+                     "Longest a prompt waits for its decoder batch to fill, microseconds")
+          ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))
+          ->capture_default_str()
+          ->group(g_batch),
+      "decoder-queue-delay-us");
+  env(app.add_option("--decoder-queue-capacity", c.decoder_queue_capacity,
+                     "Prompts queued for the decoder before RESOURCE_EXHAUSTED")
+          ->check(CLI::Range(1, 100'000'000))
+          ->capture_default_str()
+          ->group(g_batch),
+      "decoder-queue-capacity");
+
+  auto* g_mem = "Memory (per device)";
+  bytes("cache-device-bytes", &c.cache_device_bytes,
+        "Embedding cache in device memory (on CPU engines: RAM, the only tier)");
+  bytes("cache-host-bytes", &c.cache_host_bytes,
+        "Embedding cache tier in host memory behind the device tier (GPU engines only)");
+  bytes("result-store-bytes", &c.result_store_bytes,
+        "Stored low-res logits of recent results, for MaskInput.result_id");
+  for (const char* n : {"cache-device-bytes", "cache-host-bytes", "result-store-bytes"}) {
+    app.get_option(std::string("--") + n)->group(g_mem);
+  }
+
+  auto* g_thr = "Threads";
+  env(app.add_option("--decode-threads", c.decode_threads,
+                     "Threads hashing, decoding and resizing images (0: half the cores, at least 2)")
+          ->check(CLI::Range(0, 1024))
+          ->capture_default_str()
+          ->group(g_thr),
+      "decode-threads");
+  env(app.add_option("--decode-queue-capacity", c.decode_queue_capacity,
+                     "Requests waiting for a decode thread before RESOURCE_EXHAUSTED")
+          ->check(CLI::Range(1, 1'000'000))
+          ->capture_default_str()
+          ->group(g_thr),
+      "decode-queue-capacity");
+  env(app.add_option("--postprocess-threads", c.postprocess_threads,
+                     "Threads post-processing masks and building responses (0: half the cores, at "
+                     "least 2)")
+          ->check(CLI::Range(0, 1024))
+          ->capture_default_str()
+          ->group(g_thr),
+      "postprocess-threads");
+
+  auto* g_lim = "Request limits";
+  bytes("max-image-bytes", &c.max_image_bytes, "Largest encoded image accepted");
+  app.get_option("--max-image-bytes")->group(g_lim);
+  env(app.add_option("--max-image-pixels", c.max_image_pixels, "Largest decoded width * height")
+          ->check(CLI::Range(uint64_t{1}, uint64_t{268'435'456}))
+          ->capture_default_str()
+          ->group(g_lim),
+      "max-image-pixels");
+  env(app.add_option("--max-prompts-per-request", c.max_prompts_per_request,
+                     "Prompts in one Segment request or stream message")
+          ->check(CLI::Range(1u, 65536u))
+          ->capture_default_str()
+          ->group(g_lim),
+      "max-prompts-per-request");
+  env(app.add_option("--max-points-per-prompt", c.max_points_per_prompt, "Points in one prompt")
+          ->check(CLI::Range(1u, 4096u))
+          ->capture_default_str()
+          ->group(g_lim),
+      "max-points-per-prompt");
+
+  auto* g_log = "Logging and lifecycle";
+  env(app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error, critical or off")
+          ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
+          ->capture_default_str()
+          ->group(g_log),
+      "log-level");
+  env(app.add_option("--access-log", c.access_log, "One log line per call")
+          ->type_name("BOOL")
+          ->capture_default_str()
+          ->group(g_log),
+      "access-log");
+  env(app.add_option("--shutdown-grace-s", c.shutdown_grace_s,
+                     "On SIGINT/SIGTERM: seconds in-flight calls may take to finish before they are "
+                     "cancelled")
+          ->check(CLI::Range(0.0, 3600.0))
+          ->capture_default_str()
+          ->group(g_log),
+      "shutdown-grace-s");
+}
+
+void Describe(CLI::App& app) {
+  app.description(
+      "maskd: Segment Anything (SAM) masks over gRPC (maskd.v1.MaskService, grpc.health.v1, "
+      "server reflection).");
+  app.footer(
+      "Every flag can also be set by the environment variable shown (Env:) or by the JSON file "
+      "of --config; precedence: flag > environment > file > default.\n"
+      "Checkpoints: https://github.com/facebookresearch/segment-anything#model-checkpoints");
+  app.set_version_flag("--version", std::string("maskd ") + MASKD_VERSION + " (" +
+                                        MASKD_GIT_REVISION + ")");
+}
+
+// JSON object -> argv-style tokens for the same option table.
+StatusOr<std::vector<std::string>> JsonToArgs(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return InvalidArgument("--config = \"" + path + "\" cannot be opened");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    return InvalidArgument("--config = \"" + path + "\" is not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) {
+    return InvalidArgument("--config = \"" + path + "\" holds " + j.type_name() +
+                           " (expected a JSON object of flag names to values)");
+  }
+  std::vector<std::string> args;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    std::string key = it.key();
+    std::replace(key.begin(), key.end(), '_', '-');
+    if (key == "config") {
+      return InvalidArgument("--config = \"" + path + "\": key \"config\" (expected no nested config)");
+    }
+    const nlohmann::json& v = it.value();
+    std::string value;
+    if (v.is_string()) {
+      value = v.get<std::string>();
+    } else if (v.is_boolean()) {
+      value = v.get<bool>() ? "true" : "false";
+    } else if (v.is_number_integer() || v.is_number_unsigned()) {
+      value = v.dump();
+    } else if (v.is_number_float()) {
+      std::ostringstream s;
+      s << v.get<double>();
+      value = s.str();
+    } else {
+      return InvalidArgument("--config = \"" + path + "\": key \"" + it.key() + "\" holds " +
+                             v.type_name() + " (expected a string, number or boolean)");
+    }
+    args.push_back("--" + key + "=" + value);
+  }
+  return args;
+}
+
+}  // namespace
+
+ConfigParseResult ParseConfig(int argc, const char* const* argv) {
+  ConfigParseResult out;
+  // Pass 1: flags and environment alone, to find --config (and to answer --help/--version or a bad
+  // flag before anything is read).
+  ServerConfig scratch;
+  {
+    CLI::App app{"maskd", "maskd"};
+    Describe(app);
+    AddOptions(app, scratch);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      std::ostringstream o, err;
+      out.exit = true;
+      out.exit_code = app.exit(e, o, err);
+      out.output = o.str() + err.str();
+      return out;
+    }
+  }
+  ServerConfig config;
+  // Pass 2: the file onto the defaults.
+  if (!scratch.config_file.empty()) {
+    StatusOr<std::vector<std::string>> args = JsonToArgs(scratch.config_file);
+    if (!args.ok()) {
+      out.exit = true;
+      out.exit_code = 2;
+      out.output = args.status().message() + "\n";
+      return out;
+    }
+    CLI::App app{"maskd", "maskd"};
+    AddOptions(app, config);
+    std::vector<std::string> reversed(args->rbegin(), args->rend());
+    try {
+      app.parse(reversed);
+    } catch (const CLI::ParseError& e) {
+      out.exit = true;
+      out.exit_code = 2;
+      out.output = "--config = \"" + scratch.config_file + "\": " + e.what() + "\n";
+      return out;
+    }
+  }
+  // Pass 3: environment and flags over the file.
+  {
+    CLI::App app{"maskd", "maskd"};
+    Describe(app);
+    AddOptions(app, config);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      std::ostringstream o, err;
+      out.exit = true;
+      out.exit_code = app.exit(e, o, err);
+      out.output = o.str() + err.str();
+      return out;
+    }
+  }
+  config.config_file = scratch.config_file;
+  if (!config.checkpoint.empty()) {
+    bool flag = false;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--checkpoint" || a.rfind("--checkpoint=", 0) == 0) flag = true;
+    }
+    const char* env = std::getenv("MASKD_CHECKPOINT");
+    config.checkpoint_origin = flag                      ? "--checkpoint"
+                               : (env != nullptr && *env) ? "$MASKD_CHECKPOINT"
+                                                          : "\"checkpoint\" of --config " + config.config_file;
+  }
+  out.config = std::move(config);
+  return out;
+}
+
+StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size()) {
+    return InvalidArgument("--listen = \"" + listen + "\" (expected HOST:PORT, e.g. 0.0.0.0:50051)");
+  }
+  std::string host = listen.substr(0, colon);
+  const std::string port_text = listen.substr(colon + 1);
+  if (!std::all_of(port_text.begin(), port_text.end(), [](unsigned char c) { return std::isdigit(c); }) ||
+      port_text.size() > 5) {
+    return InvalidArgument("--listen = \"" + listen + "\": port \"" + port_text +
+                           "\" (expected 0 .. 65535)");
+  }
+  const int port = std::stoi(port_text);
+  if (port > 65535) {
+    return InvalidArgument("--listen = \"" + listen + "\": port " + port_text +
+                           " (expected 0 .. 65535)");
+  }
+  return std::make_pair(host, port);
+}
+
+StatusOr<uint64_t> ParseBytes(const std::string& text) {
+  std::string s;
+  for (char c : text) {
+    if (!std::isspace(static_cast<unsigned char>(c))) s.push_back(c);
+  }
+  size_t end = 0;
+  while (end < s.size() && (std::isdigit(static_cast<unsigned char>(s[end])) || s[end] == '.')) ++end;
+  if (end == 0) {
+    return InvalidArgument("\"" + text + "\" is not a size (expected e.g. 1073741824, 512MiB, 2GiB)");
+  }
+  double number = 0;
+  try {
+    number = std::stod(s.substr(0, end));
+  } catch (...) {
+    return InvalidArgument("\"" + text + "\" is not a size (expected e.g. 1073741824, 512MiB, 2GiB)");
+  }
+  const std::string unit = Lower(s.substr(end));
+  double scale = 1;
+  if (unit.empty() || unit == "b") {
+    scale = 1;
+  } else if (unit == "k" || unit == "ki" || unit == "kib") {
+    scale = 1024.0;
+  } else if (unit == "m" || unit == "mi" || unit == "mib") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "g" || unit == "gi" || unit == "gib") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (unit == "t" || unit == "ti" || unit == "tib") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  } else if (unit == "kb") {
+    scale = 1e3;
+  } else if (unit == "mb") {
+    scale = 1e6;
+  } else if (unit == "gb") {
+    scale = 1e9;
+  } else if (unit == "tb") {
+    scale = 1e12;
+  } else {
+    return InvalidArgument("\"" + text + "\" has unit \"" + s.substr(end) +
+                           "\" (expected B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB or TB)");
+  }
+  const double bytes = number * scale;
+  if (!std::isfinite(bytes) || bytes > 1.8e19) {
+    return InvalidArgument("\"" + text + "\" is too large (expected at most 16 EiB)");
+  }
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
+StatusOr<std::vector<DeviceSpec>> ParseDevices(const std::string& device, int cuda_device_count) {
+  std::vector<std::string> parts;
+  std::stringstream ss(device);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    part.erase(std::remove_if(part.begin(), part.end(), [](unsigned char c) { return std::isspace(c); }),
+               part.end());
+    if (!part.empty()) parts.push_back(Lower(part));
+  }
+  if (parts.empty()) {
+    return InvalidArgument("--device = \"" + device + "\" names no device (expected e.g. cpu, cuda, "
+                           "cuda:0,cuda:1)");
+  }
+  std::vector<DeviceSpec> out;
+  std::set<std::string> seen;
+  const bool unknown = cuda_device_count < 0;
+  auto add_cuda = [&](int n) -> Status {
+    if (!unknown && (n < 0 || n >= cuda_device_count)) {
+      return InvalidArgument("--device = \"" + device + "\": cuda:" + std::to_string(n) +
+                             " is not visible (expected cuda:0 .. cuda:" +
+                             std::to_string(cuda_device_count - 1) + "; " +
+                             std::to_string(cuda_device_count) + " CUDA devices visible)");
+    }
+    out.push_back({"cuda:" + std::to_string(n), "cuda:" + std::to_string(n), true});
+    return Status::Ok();
+  };
+  for (const std::string& p : parts) {
+    if (p == "auto") {
+      if (parts.size() != 1) {
+        return InvalidArgument("--device = \"" + device + "\": auto must stand alone");
+      }
+      if (cuda_device_count > 0) {
+        for (int i = 0; i < cuda_device_count; ++i) MASKD_RETURN_IF_ERROR(add_cuda(i));
+      } else {
+        out.push_back({"cpu", "cpu", false});
+      }
+    } else if (p == "cpu") {
+      out.push_back({"cpu", "cpu", false});
+    } else if (p == "cuda" && unknown) {
+      MASKD_RETURN_IF_ERROR(add_cuda(0));
+    } else if (p == "cuda") {
+      if (cuda_device_count < 1) {
+        return InvalidArgument("--device = \"" + device + "\": cuda, but no CUDA device is visible "
+                               "(expected cpu, or a machine with a GPU)");
+      }
+      for (int i = 0; i < cuda_device_count; ++i) MASKD_RETURN_IF_ERROR(add_cuda(i));
+    } else if (p.rfind("cuda:", 0) == 0 || p.rfind("cpu:", 0) == 0) {
+      const bool cuda = p[1] == 'u';
+      const std::string num = p.substr(cuda ? 5 : 4);
+      if (num.empty() || num.size() > 4 ||
+          !std::all_of(num.begin(), num.end(), [](unsigned char c) { return std::isdigit(c); })) {
+        return InvalidArgument("--device = \"" + device + "\": \"" + p +
+                               "\" (expected cuda:N or cpu:N with a number N)");
+      }
+      const int n = std::stoi(num);
+      if (cuda) {
+        MASKD_RETURN_IF_ERROR(add_cuda(n));
+      } else {
+        out.push_back({"cpu:" + std::to_string(n), "cpu", false});
+      }
+    } else {
+      return InvalidArgument("--device = \"" + device + "\": \"" + p +
+                             "\" (expected auto, cpu, cpu:N, cuda or cuda:N)");
+    }
+  }
+  for (const auto& d : out) {
+    if (!seen.insert(d.label).second) {
+      return InvalidArgument("--device = \"" + device + "\" names " + d.label +
+                             " twice (expected each device once)");
+    }
+    if (d.cuda != out.front().cuda) {
+      return InvalidArgument("--device = \"" + device + "\" mixes CPU and CUDA devices (expected one "
+                             "kind: image ids depend on the numerics, so all engines must match)");
+    }
+  }
+  return out;
+}
+
+StatusOr<CheckpointChoice> ResolveCheckpoint(const ServerConfig& config) {
+  namespace fs = std::filesystem;
+  CheckpointChoice c;
+  if (!config.checkpoint.empty()) {
+    const std::string what =
+        config.checkpoint_origin.empty() ? std::string("--checkpoint") : config.checkpoint_origin;
+    std::error_code ec;
+    if (!fs::is_regular_file(config.checkpoint, ec)) {
+      return InvalidArgument(what + " = \"" + config.checkpoint +
+                             "\" is not a readable file (expected a SAM .pth or .safetensors "
+                             "checkpoint)");
+    }
+    c.path = config.checkpoint;
+    c.source = what;
+    return c;
+  }
+  std::error_code ec;
+  std::vector<std::string> found;
+  if (fs::is_directory(config.models_dir, ec)) {
+    for (const auto& entry : fs::directory_iterator(config.models_dir, ec)) {
+      if (!entry.is_regular_file(ec)) continue;
+      const std::string ext = Lower(entry.path().extension().string());
+      if (ext == ".pth" || ext == ".safetensors") found.push_back(entry.path().string());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  if (found.size() > 1) {
+    std::string list;
+    for (const auto& f : found) list += "\n  " + f;
+    return FailedPrecondition("--models-dir = \"" + config.models_dir + "\" holds " +
+                              std::to_string(found.size()) +
+                              " checkpoints (expected one, or choose with --checkpoint):" + list);
+  }
+  if (found.size() == 1) {
+    c.path = found.front();
+    c.source = config.models_dir + "/ (its only checkpoint)";
+    return c;
+  }
+  c.source = "demo";
+  return c;
+}
+
+StatusOr<EngineOptions> MakeEngineOptions(const ServerConfig& config, const DeviceSpec& device,
+                                          const CheckpointChoice& checkpoint) {
+  EngineOptions o;
+  o.checkpoint = checkpoint.path;
+  o.device = device.engine_device;
+  o.demo_seed = config.demo_seed;
+  o.warmup = config.warmup;
+  if (config.precision == "auto") {
+    o.precision = device.cuda ? Precision::kBFloat16 : Precision::kFloat32;
+  } else {
+    StatusOr<Precision> p = ParsePrecision(config.precision);
+    if (!p.ok()) return InvalidArgument("--precision: " + p.status().message());
+    o.precision = *p;
+  }
+  if (config.fast == "on" || (config.fast == "auto" && device.cuda)) {
+    o.fast = FastPathOptions::Fast();
+  } else {
+    o.fast = FastPathOptions{};
+    if (config.fast == "off") o.fast.attention = AttentionImpl::kMath;
+  }
+  if (!config.attention.empty()) {
+    StatusOr<AttentionImpl> a = ParseAttentionImpl(config.attention);
+    if (!a.ok()) return InvalidArgument("--attention: " + a.status().message());
+    o.fast.attention = *a;
+  }
+  if (config.cuda_graphs) o.fast.cuda_graphs = *config.cuda_graphs;
+  if (config.int8) o.fast.int8 = *config.int8;
+  if (config.sparse24) o.fast.sparse24 = *config.sparse24;
+  if (config.gpu_preprocess) o.fast.gpu_preprocess = *config.gpu_preprocess;
+  if (config.gpu_postprocess) o.fast.gpu_postprocess = *config.gpu_postprocess;
+  // Powers of two up to the maximum, and the maximum itself: what the encoder pads batches to.
+  o.encoder_batch_sizes.clear();
+  for (int b = 1; b < config.encoder_max_batch; b *= 2) o.encoder_batch_sizes.push_back(b);
+  o.encoder_batch_sizes.push_back(config.encoder_max_batch);
+  return o;
+}
+
+int ResolvedThreads(int configured) {
+  if (configured > 0) return configured;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(2, cores / 2);
+}
+
+}  // namespace maskd::server

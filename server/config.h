@@ -1,0 +1,115 @@
+// maskd's configuration: one struct with defaults, filled in one place (ParseConfig) from, in order of
+// precedence, command-line flags, MASKD_* environment variables (the flag's name in upper case with
+// '_' for '-': --cache-device-bytes -> MASKD_CACHE_DEVICE_BYTES) and an optional JSON file
+// (--config; keys are the flag names, e.g. {"device": "cuda", "encoder-max-batch": 16}).
+// All three go through the same option table, so they accept exactly the same names and values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/engine.h"
+#include "model/status.h"
+
+namespace maskd::server {
+
+struct ServerConfig {
+  // Model.
+  std::string checkpoint;              // empty: $MASKD_CHECKPOINT, the one file in models_dir, demo
+  std::string models_dir = "models";   // searched for a single *.pth / *.safetensors
+  uint64_t demo_seed = 0x5eed;
+
+  // Devices and numerics.
+  std::string device = "auto";     // auto | cpu | cuda | cuda:N | cpu:N, comma separated
+  std::string precision = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
+  std::string fast = "auto";       // auto (FastPathOptions::Fast() on CUDA) | on | off
+  std::string attention;           // empty: as `fast` says; else auto|math|sdpa|sdpa-folded|fused
+  std::optional<bool> cuda_graphs, int8, sparse24, gpu_preprocess, gpu_postprocess;
+  bool warmup = true;
+
+  // Network.
+  std::string listen = "0.0.0.0:50051";
+
+  // Batching (per device).
+  int encoder_max_batch = 8;
+  int64_t encoder_queue_delay_us = 2000;
+  int encoder_queue_capacity = 64;
+  int decoder_max_prompts = 256;
+  int64_t decoder_queue_delay_us = 500;
+  int decoder_queue_capacity = 8192;
+
+  // Memory (per device).
+  uint64_t cache_device_bytes = uint64_t{2} << 30;
+  uint64_t cache_host_bytes = uint64_t{8} << 30;
+  uint64_t result_store_bytes = uint64_t{512} << 20;
+
+  // Threads (whole server). 0: half the cores, at least 2.
+  int decode_threads = 0;
+  int decode_queue_capacity = 256;
+  int postprocess_threads = 0;
+
+  // Request limits (reported in GetInfo.limits).
+  uint64_t max_image_bytes = uint64_t{32} << 20;
+  uint64_t max_image_pixels = 64'000'000;
+  uint32_t max_prompts_per_request = 256;
+  uint32_t max_points_per_prompt = 64;
+
+  // Logging and lifecycle.
+  std::string log_level = "info";  // trace | debug | info | warn | error | critical | off
+  bool access_log = true;
+  double shutdown_grace_s = 10;
+
+  std::string config_file;  // the JSON file that was read, if any
+  // Where `checkpoint` came from: "--checkpoint", "$MASKD_CHECKPOINT", "--config file" (set by
+  // ParseConfig, for the log line that says which model is served).
+  std::string checkpoint_origin;
+};
+
+struct ConfigParseResult {
+  ServerConfig config;
+  // --help, --version or a bad flag: print `output` and exit with `exit_code`.
+  bool exit = false;
+  int exit_code = 0;
+  std::string output;
+};
+
+// Flags > MASKD_* environment > --config JSON file > defaults.
+ConfigParseResult ParseConfig(int argc, const char* const* argv);
+
+// "0.0.0.0:50051", "[::1]:0" -> host and port; INVALID_ARGUMENT naming --listen.
+StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen);
+
+// "512MiB", "2GiB", "1.5G", "1000000" -> bytes (K/M/G/T and Ki/Mi/Gi/Ti are powers of 1024,
+// KB/MB/GB/TB powers of 1000).
+StatusOr<uint64_t> ParseBytes(const std::string& text);
+
+struct DeviceSpec {
+  std::string label;          // "cpu", "cpu:1", "cuda:0": names the worker in logs and GetInfo
+  std::string engine_device;  // EngineOptions::device: "cpu" or "cuda:N"
+  bool cuda = false;
+};
+// --device: "auto" = every visible GPU, else "cpu"; "cuda" = every visible GPU; "cpu:0,cpu:1" =
+// several CPU engines (the multi-device code path without GPUs). One kind only, no duplicates.
+// cuda_device_count < 0 means unknown: cuda is cuda:0, cuda:N is left to the engine, auto is cpu.
+StatusOr<std::vector<DeviceSpec>> ParseDevices(const std::string& device, int cuda_device_count);
+
+struct CheckpointChoice {
+  std::string path;    // empty: the built-in demo model
+  std::string source;  // "--checkpoint", "$MASKD_CHECKPOINT", "models/ (the only checkpoint)", "demo"
+  bool demo() const { return path.empty(); }
+};
+// --checkpoint, else $MASKD_CHECKPOINT, else the file's "checkpoint" (all arrive in
+// config.checkpoint, with checkpoint_origin), else the single *.pth/*.safetensors in models_dir
+// (several: FAILED_PRECONDITION listing them), else the demo model.
+StatusOr<CheckpointChoice> ResolveCheckpoint(const ServerConfig& config);
+
+// EngineOptions for one device (precision/fast-path defaults depend on CUDA vs CPU).
+StatusOr<EngineOptions> MakeEngineOptions(const ServerConfig& config, const DeviceSpec& device,
+                                          const CheckpointChoice& checkpoint);
+
+// The resolved thread counts (0 = half the cores, at least 2).
+int ResolvedThreads(int configured);
+
+}  // namespace maskd::server

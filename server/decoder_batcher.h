@@ -1,0 +1,56 @@
+// The prompt-encoder + mask-decoder stage of one device, jagged: prompts of many requests and many
+// images go into one Engine::Decode call (the engine buckets by token count internally and
+// guarantees the results equal one-at-a-time decoding). A batch holds at most max_prompts prompts
+// and leaves after max_queue_delay; the queue is bounded in prompts.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "model/engine.h"
+#include "server/batch_queue.h"
+#include "server/stage_stats.h"
+
+namespace maskd::server {
+
+struct DecodeTiming {
+  uint64_t queue_us = 0;
+  uint64_t compute_us = 0;
+  size_t batch_prompts = 0;
+};
+
+class DecoderBatcher {
+ public:
+  struct Request {
+    std::vector<DecodeItem> prompts;  // at most max_prompts (callers split larger requests)
+    std::function<Status()> alive;
+    // Called exactly once from the batcher's thread (unless Submit refused); one DecodedPrompt per
+    // prompt, in order. Keep it short: post-processing belongs on another thread.
+    std::function<void(StatusOr<std::vector<DecodedPrompt>>, const DecodeTiming&)> done;
+  };
+
+  DecoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages);
+
+  Status Submit(Request request);
+  bool HasRoom(size_t prompts) const { return queue_.HasRoom(prompts); }
+  size_t max_prompts() const { return queue_.options().max_batch_weight; }
+  void Stop() { queue_.Stop(); }
+  QueueCounters counters() const { return queue_.counters(); }
+
+ private:
+  struct Item {
+    Request request;
+    Clock::time_point arrival;
+    size_t weight() const { return request.prompts.size(); }
+    Status Alive() const { return request.alive ? request.alive() : Status::Ok(); }
+    void Fail(const Status& s) { request.done(s, DecodeTiming{MicrosSince(arrival), 0, 0}); }
+  };
+  void Run(std::vector<Item>& batch, Clock::time_point formed);
+  StatusOr<std::vector<DecodedPrompt>> Decode(const std::vector<DecodeItem>& items);
+
+  Engine* const engine_;
+  StageSet* const stages_;
+  BatchQueue<Item> queue_;  // last: its thread uses the members above
+};
+
+}  // namespace maskd::server

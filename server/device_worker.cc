@@ -1,0 +1,38 @@
+#include "server/device_worker.h"
+
+namespace maskd::server {
+
+DeviceWorker::DeviceWorker(int index, std::string label, std::unique_ptr<Engine> engine,
+                           const WorkerOptions& options)
+    : index_(index),
+      label_(std::move(label)),
+      engine_(std::move(engine)),
+      is_cpu_(engine_->device().rfind("cpu", 0) == 0) {
+  results_ = std::make_unique<ResultStore>(options.result_store_bytes);
+  EmbeddingCache::Options cache_options;
+  cache_options.device_capacity_bytes = options.cache_device_bytes;
+  cache_options.host_capacity_bytes = is_cpu_ ? 0 : options.cache_host_bytes;
+  Engine* engine_ptr = engine_.get();
+  EmbeddingCache::MoveFn to_host, to_device;
+  if (!is_cpu_) {
+    to_host = [engine_ptr](const Embedding& e) { return engine_ptr->ToHost(e); };
+    to_device = [engine_ptr](const Embedding& e) { return engine_ptr->ToDevice(e); };
+  }
+  ResultStore* results = results_.get();
+  cache_ = std::make_unique<EmbeddingCache>(
+      cache_options, std::move(to_host), std::move(to_device),
+      [results](const std::string& image_id) { results->DropImage(image_id); });
+  encoder_ = std::make_unique<EncoderBatcher>("encoder[" + label_ + "]", engine_ptr,
+                                              options.encoder, &stages_);
+  decoder_ = std::make_unique<DecoderBatcher>("decoder[" + label_ + "]", engine_ptr,
+                                              options.decoder, &stages_);
+}
+
+DeviceWorker::~DeviceWorker() { Stop(); }
+
+void DeviceWorker::Stop() {
+  if (encoder_) encoder_->Stop();
+  if (decoder_) decoder_->Stop();
+}
+
+}  // namespace maskd::server

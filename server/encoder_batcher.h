@@ -1,0 +1,54 @@
+// The image-encoder stage of one device: prepared images from many requests are batched (up to
+// max_batch images or max_queue_delay) into one Engine::Encode call on this batcher's thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "model/engine.h"
+#include "server/batch_queue.h"
+#include "server/stage_stats.h"
+
+namespace maskd::server {
+
+struct EncodeTiming {
+  uint64_t queue_us = 0;
+  uint64_t compute_us = 0;
+  size_t batch_size = 0;
+};
+
+class EncoderBatcher {
+ public:
+  struct Request {
+    PreparedImage image;
+    // OK while someone still wants the embedding (see EmbeddingCache::FlightAlive).
+    std::function<Status()> alive;
+    // Called exactly once (from the batcher's thread), unless Submit refused the request.
+    std::function<void(StatusOr<std::shared_ptr<const Embedding>>, const EncodeTiming&)> done;
+  };
+
+  // `stages` may be null; `engine` must outlive the batcher.
+  EncoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages);
+
+  Status Submit(Request request);
+  bool HasRoom() const { return queue_.HasRoom(1); }
+  void Stop() { queue_.Stop(); }
+  QueueCounters counters() const { return queue_.counters(); }
+
+ private:
+  struct Item {
+    Request request;
+    Clock::time_point arrival;
+    size_t weight() const { return 1; }
+    Status Alive() const { return request.alive ? request.alive() : Status::Ok(); }
+    void Fail(const Status& s) { request.done(s, EncodeTiming{MicrosSince(arrival), 0, 0}); }
+  };
+  void Run(std::vector<Item>& batch, Clock::time_point formed);
+
+  Engine* const engine_;
+  StageSet* const stages_;
+  BatchQueue<Item> queue_;  // last: its thread uses the members above
+};
+
+}  // namespace maskd::server

@@ -1,0 +1,108 @@
+// maskd.v1.MaskService on gRPC's callback API. Handlers validate, hand the request to the Pipeline
+// and return; completions arrive on pool threads and call Finish. No exception crosses an RPC
+// boundary: every entry point turns one into INTERNAL with its message.
+//
+// States: loading (calls answer UNAVAILABLE until SetBackend), serving, draining (shutdown: new
+// calls answer UNAVAILABLE, streams end with UNAVAILABLE after their pending responses).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "maskd/v1/maskd.grpc.pb.h"
+#include "server/device_worker.h"
+#include "server/pipeline.h"
+#include "server/request_validation.h"
+#include "server/router.h"
+
+namespace maskd::server {
+
+class StreamReactor;
+
+struct ServiceOptions {
+  RequestLimits limits;
+  bool access_log = true;
+  // Messages of one SegmentStream being worked on at once; further reads wait.
+  int max_stream_in_flight = 32;
+  std::string version;           // "0.1.0 (abc123)"
+  std::string checkpoint_label;  // as given, or "builtin-demo"
+};
+
+// What the service needs once the model is loaded.
+struct Backend {
+  Pipeline* pipeline = nullptr;
+  std::vector<DeviceWorker*> workers;
+};
+
+class MaskService final : public v1::MaskService::CallbackService {
+ public:
+  explicit MaskService(ServiceOptions options);
+  ~MaskService() override;
+
+  // Loading -> serving.
+  void SetBackend(Backend backend);
+  // Serving -> draining (idempotent). Ends idle streams now and busy ones once their pending
+  // responses are written.
+  void BeginDrain();
+  // Blocks until no call or stream is in flight, or until `deadline`; true when none is left.
+  bool WaitIdle(std::chrono::steady_clock::time_point deadline);
+  int active_calls() const;
+
+  grpc::ServerUnaryReactor* Embed(grpc::CallbackServerContext* context,
+                                  const v1::EmbedRequest* request,
+                                  v1::EmbedResponse* response) override;
+  grpc::ServerUnaryReactor* Segment(grpc::CallbackServerContext* context,
+                                    const v1::SegmentRequest* request,
+                                    v1::SegmentResponse* response) override;
+  grpc::ServerBidiReactor<v1::SegmentRequest, v1::SegmentResponse>* SegmentStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
+                                    const v1::GetInfoRequest* request,
+                                    v1::GetInfoResponse* response) override;
+
+  void FillInfo(v1::GetInfoResponse* info) const;
+
+ private:
+  friend class StreamReactor;
+  enum class State { kLoading, kServing, kDraining };
+  struct UnaryCall;
+
+  std::shared_ptr<UnaryCall> BeginUnary(const char* method, grpc::CallbackServerContext* context);
+  // UNAVAILABLE while loading or draining, else OK and the backend.
+  Status Admit(Backend* backend) const;
+  void RecordOutcome(const Status& status);
+  void CallStarted();
+  void CallEnded();
+  void AddStream(StreamReactor* s);
+  void RemoveStream(StreamReactor* s);
+
+  const ServiceOptions options_;
+  const std::chrono::steady_clock::time_point started_;
+
+  // Guards state_ and backend_.
+  mutable std::mutex state_mu_;
+  State state_ = State::kLoading;
+  Backend backend_;
+
+  // Guards the counters; idle_cv_ is signalled when active_ drops to 0.
+  mutable std::mutex counters_mu_;
+  std::condition_variable idle_cv_;
+  uint64_t calls_ = 0;
+  int active_ = 0;
+  std::map<std::string, uint64_t> calls_by_status_;
+
+  // Guards streams_. Lock order: streams_mu_, then a stream's own lock.
+  std::mutex streams_mu_;
+  std::set<StreamReactor*> streams_;
+};
+
+}  // namespace maskd::server

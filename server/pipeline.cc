@@ -1,0 +1,514 @@
+#include "server/pipeline.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+
+#include "model/rle.h"
+#include "server/image_id.h"
+
+namespace maskd::server {
+
+// One Embed/Segment/stream message in flight. Shared by the lambdas of its stages.
+struct Pipeline::Job {
+  CallControlPtr control;
+  Clock::time_point arrival;
+  Clock::time_point enqueued;
+  ImageTarget image;
+  const v1::SegmentRequest* segment_request = nullptr;  // null for Embed
+  v1::SegmentResponse* segment_response = nullptr;
+  v1::EmbedResponse* embed_response = nullptr;
+  std::vector<PromptDraft> drafts;
+  OnImage on_image;
+  Done done;
+
+  // Set once routed (from inside the router's lock, before any waiter can run).
+  std::atomic<DeviceWorker*> worker{nullptr};
+  CachedEmbeddingPtr entry;
+  bool cached = false;
+  std::atomic<bool> finished{false};
+
+  // CallTiming, microseconds. Chunks of a large request run in parallel: their stages keep the max.
+  std::atomic<uint64_t> decode_queue_us{0}, decode_us{0}, encoder_queue_us{0}, encoder_compute_us{0};
+  std::atomic<uint64_t> decoder_queue_us{0}, decoder_compute_us{0}, postprocess_us{0};
+
+  std::atomic<bool> image_reported{false};
+  std::atomic<int> chunks_left{0};
+  std::mutex error_mu;
+  Status first_error;  // guarded by error_mu
+
+  const std::string& rid() const { return control->request_id(); }
+  static void Max(std::atomic<uint64_t>& slot, uint64_t v) {
+    uint64_t cur = slot.load();
+    while (v > cur && !slot.compare_exchange_weak(cur, v)) {
+    }
+  }
+};
+
+namespace {
+
+MaskEncoding EncodingFor(v1::OutputFormat f) {
+  switch (f) {
+    case v1::OUTPUT_FORMAT_PNG: return MaskEncoding::kBitmask;
+    case v1::OUTPUT_FORMAT_LOW_RES_LOGITS: return MaskEncoding::kNone;
+    default: return MaskEncoding::kRle;
+  }
+}
+
+}  // namespace
+
+Pipeline::Pipeline(PipelineOptions options, std::string model_identity, Router* router,
+                   ThreadPool* decode_pool, ThreadPool* post_pool)
+    : options_(std::move(options)),
+      identity_(std::move(model_identity)),
+      router_(router),
+      decode_pool_(decode_pool),
+      post_pool_(post_pool) {}
+
+void Pipeline::Embed(const v1::EmbedRequest& request, v1::EmbedResponse* response,
+                     CallControlPtr control, Clock::time_point arrival, Done done) {
+  auto job = std::make_shared<Job>();
+  job->control = std::move(control);
+  job->arrival = arrival;
+  job->image.image = &request.image();
+  job->embed_response = response;
+  job->done = std::move(done);
+  Start(job);
+}
+
+void Pipeline::Segment(ImageTarget image, const v1::SegmentRequest& request,
+                       std::vector<PromptDraft> drafts, v1::SegmentResponse* response,
+                       CallControlPtr control, Clock::time_point arrival, OnImage on_image,
+                       Done done) {
+  auto job = std::make_shared<Job>();
+  job->control = std::move(control);
+  job->arrival = arrival;
+  job->image = std::move(image);
+  job->segment_request = &request;
+  job->segment_response = response;
+  job->drafts = std::move(drafts);
+  job->on_image = std::move(on_image);
+  job->done = std::move(done);
+  Start(job);
+}
+
+void Pipeline::Guarded(const JobPtr& job, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    Finish(job, Internal(std::string("unexpected exception in the request pipeline: ") + e.what()));
+  } catch (...) {
+    Finish(job, Internal("unexpected non-standard exception in the request pipeline"));
+  }
+}
+
+void Pipeline::Post(std::function<void()> fn) {
+  if (!post_pool_->TrySubmit(fn)) fn();
+}
+
+void Pipeline::Start(const JobPtr& job) {
+  job->enqueued = Clock::now();
+  if (!decode_pool_->TrySubmit([this, job] { Guarded(job, [&] { Resolve(job); }); })) {
+    Finish(job, ResourceExhausted("the image decode queue is full (" +
+                                  std::to_string(decode_pool_->depth()) + " of " +
+                                  std::to_string(decode_pool_->capacity()) +
+                                  " waiting): retry with backoff"));
+  }
+}
+
+void Pipeline::Resolve(const JobPtr& job) {
+  job->decode_queue_us = MicrosSince(job->enqueued);
+  if (Status alive = job->control->Check(); !alive.ok()) return Finish(job, alive);
+
+  std::string image_id;
+  const bool has_bytes = job->image.image != nullptr;
+  if (has_bytes) {
+    const Clock::time_point t0 = Clock::now();
+    const v1::Image& im = *job->image.image;
+    image_id = im.has_raw() ? ImageIdForRaw(identity_, im.raw().width(), im.raw().height(), im.raw().rgb())
+                            : ImageIdForEncoded(identity_, im.encoded());
+    job->decode_us += MicrosSince(t0);
+  } else {
+    image_id = job->image.image_id;
+  }
+
+  const Clock::time_point join_time = Clock::now();
+  Router::Routed routed = router_->Acquire(
+      image_id, /*create=*/has_bytes, job->control, [this, job, join_time](DeviceWorker* w) {
+        job->worker = w;
+        w->AddLoad(1);
+        return [this, job, w, join_time](StatusOr<CachedEmbeddingPtr> r) {
+          // Waiting for another request's encode counts as encoder queueing for this call.
+          job->encoder_queue_us = MicrosSince(join_time);
+          Guarded(job, [&] { OnResolved(job, w, std::move(r), /*cached=*/false); });
+        };
+      });
+  switch (routed.acquired.outcome) {
+    case EmbeddingCache::Outcome::kHit:
+      return OnResolved(job, routed.worker, routed.acquired.entry, /*cached=*/true);
+    case EmbeddingCache::Outcome::kJoined:
+      return;  // the waiter continues
+    case EmbeddingCache::Outcome::kPromote:
+      return OnResolved(job, routed.worker, routed.worker->cache().Promote(routed.acquired.flight),
+                        /*cached=*/true);
+    case EmbeddingCache::Outcome::kLeader:
+      return Lead(job, routed.worker, routed.acquired.flight, image_id);
+    case EmbeddingCache::Outcome::kAbsent:
+      break;
+  }
+  OnResolved(job, nullptr,
+             NotFound("image_id = \"" + image_id +
+                      "\" is not cached on this server (evicted, or never embedded here): re-send "
+                      "the image bytes"),
+             false);
+}
+
+void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
+                    const std::shared_ptr<EmbeddingCache::Flight>& flight,
+                    const std::string& image_id) {
+  EmbeddingCache& cache = worker->cache();
+  auto fail = [&](Status s) { OnResolved(job, worker, cache.Complete(flight, std::move(s)), false); };
+  // Decoding is wasted when the encoder would refuse the image anyway.
+  if (!worker->encoder().HasRoom()) {
+    QueueCounters q = worker->encoder().counters();
+    return fail(ResourceExhausted("the image encoder queue of " + worker->label() + " is full (" +
+                                  std::to_string(q.depth) + " of " + std::to_string(q.capacity) +
+                                  " images): retry with backoff"));
+  }
+
+  const Clock::time_point t0 = Clock::now();
+  const v1::Image& im = *job->image.image;
+  ImageLimits limits;
+  limits.max_bytes = options_.limits.max_image_bytes;
+  limits.max_pixels = options_.limits.max_image_pixels;
+  limits.max_side = options_.limits.max_image_side;
+  StatusOr<ImageRGB8> decoded =
+      im.has_raw() ? ImageFromRaw(im.raw().width(), im.raw().height(), im.raw().rgb(), limits, "image.raw")
+                   : DecodeImage(im.encoded(), limits, "image.encoded");
+  if (!decoded.ok()) {
+    job->decode_us += MicrosSince(t0);
+    return fail(decoded.status());
+  }
+  StatusOr<PreparedImage> prepared = worker->engine().Prepare(*decoded);
+  const uint64_t decode_us = MicrosSince(t0);
+  job->decode_us += decode_us;
+  worker->stages()[Stage::kDecode].Add(decode_us);
+  if (!prepared.ok()) return fail(prepared.status());
+
+  ImageGeometry geometry;
+  geometry.width = decoded->width;
+  geometry.height = decoded->height;
+  geometry.input_width = prepared->input_width();
+  geometry.input_height = prepared->input_height();
+  decoded = ImageRGB8{};  // the pixels are not needed any more
+
+  EncoderBatcher::Request request{*prepared, {}, {}};
+  request.alive = [&cache, flight] { return cache.FlightAlive(flight); };
+  request.done = [this, job, worker, flight, image_id, geometry](
+                     StatusOr<std::shared_ptr<const Embedding>> embedding, const EncodeTiming& t) {
+    job->encoder_queue_us = t.queue_us;
+    job->encoder_compute_us = t.compute_us;
+    // Off the encoder's thread: inserting may demote other entries (device-to-host copies).
+    Post([this, job, worker, flight, image_id, geometry, embedding = std::move(embedding)]() mutable {
+      Guarded(job, [&] {
+        StatusOr<CachedEmbedding> value = embedding.status();
+        if (embedding.ok()) {
+          CachedEmbedding v;
+          v.image_id = image_id;
+          v.geometry = geometry;
+          v.bytes = (*embedding)->bytes();
+          v.embedding = std::move(*embedding);
+          value = std::move(v);
+        }
+        OnResolved(job, worker, worker->cache().Complete(flight, std::move(value)), false);
+      });
+    });
+  };
+  if (Status s = worker->encoder().Submit(std::move(request)); !s.ok()) fail(s);
+}
+
+void Pipeline::OnResolved(const JobPtr& job, DeviceWorker* worker,
+                          StatusOr<CachedEmbeddingPtr> entry, bool cached) {
+  if (entry.ok()) {
+    ReportImage(job, (*entry)->image_id);
+  } else {
+    ReportImage(job, entry.status());
+  }
+  if (!entry.ok()) return Finish(job, entry.status());
+  job->entry = *entry;
+  job->cached = cached;
+  const CachedEmbedding& e = **entry;
+  if (job->embed_response) {
+    job->embed_response->set_image_id(e.image_id);
+    job->embed_response->set_width(e.geometry.width);
+    job->embed_response->set_height(e.geometry.height);
+    job->embed_response->set_cached(cached);
+    return Finish(job, Status::Ok());
+  }
+  v1::SegmentResponse* r = job->segment_response;
+  r->set_image_id(e.image_id);
+  r->set_width(e.geometry.width);
+  r->set_height(e.geometry.height);
+  r->set_cached(cached);
+  if (job->drafts.empty()) return Finish(job, Status::Ok());
+  (void)worker;
+  StartDecode(job);
+}
+
+Status Pipeline::BuildDecodeItems(const JobPtr& job, std::vector<DecodeItem>* items) {
+  DeviceWorker* worker = job->worker.load();
+  const CachedEmbedding& e = *job->entry;
+  items->reserve(job->drafts.size());
+  for (size_t i = 0; i < job->drafts.size(); ++i) {
+    const PromptDraft& d = job->drafts[i];
+    const std::string field = "prompts[" + std::to_string(i) + "]";
+    PromptSpec spec = d.spec;
+    if (d.mask == PromptDraft::Mask::kResult) {
+      const std::string f = field + ".mask_input.result_id";
+      StatusOr<StoredResult> stored = worker->results().Get(d.result_id, f);
+      if (!stored.ok()) return stored.status();
+      if (stored->image_id != e.image_id) {
+        return InvalidArgument(f + " = \"" + d.result_id + "\" is a result of image " +
+                               stored->image_id + ", not of this request's image " + e.image_id +
+                               " (expected a result of the same image)");
+      }
+      const uint32_t index = d.mask_index ? *d.mask_index : static_cast<uint32_t>(stored->best_index);
+      if (index >= static_cast<uint32_t>(stored->num_masks)) {
+        return InvalidArgument(field + ".mask_input.mask_index = " + std::to_string(index) +
+                               " (expected 0 .. " + std::to_string(stored->num_masks - 1) +
+                               ": result \"" + d.result_id + "\" has " +
+                               std::to_string(stored->num_masks) + " masks)");
+      }
+      spec.mask_input = stored->logits;
+      spec.mask_input_index = static_cast<int>(index);
+    } else if (d.mask == PromptDraft::Mask::kLogits) {
+      StatusOr<std::shared_ptr<const MaskLogits>> logits = worker->engine().MakeMaskLogits(
+          d.logits->values().data(), static_cast<int>(d.logits->height()),
+          static_cast<int>(d.logits->width()));
+      if (!logits.ok()) {
+        return Status(logits.status().code(),
+                      field + ".mask_input.logits: " + logits.status().message());
+      }
+      spec.mask_input = *logits;
+      spec.mask_input_index = 0;
+    }
+    MASKD_RETURN_IF_ERROR(ValidatePrompt(spec, e.geometry.width, e.geometry.height, field));
+    items->push_back(DecodeItem{e.embedding, std::move(spec)});
+  }
+  return Status::Ok();
+}
+
+void Pipeline::StartDecode(const JobPtr& job) {
+  if (Status alive = job->control->Check(); !alive.ok()) return Finish(job, alive);
+  DeviceWorker* worker = job->worker.load();
+  std::vector<DecodeItem> items;
+  if (Status s = BuildDecodeItems(job, &items); !s.ok()) return Finish(job, s);
+
+  DecoderBatcher& decoder = worker->decoder();
+  if (!decoder.HasRoom(std::min(items.size(), decoder.max_prompts()))) {
+    QueueCounters q = decoder.counters();
+    return Finish(job, ResourceExhausted("the mask decoder queue of " + worker->label() +
+                                         " is full (" + std::to_string(q.depth) + " of " +
+                                         std::to_string(q.capacity) + " prompts queued, this "
+                                         "request has " + std::to_string(items.size()) +
+                                         "): retry with backoff"));
+  }
+  for (size_t i = 0; i < items.size(); ++i) job->segment_response->add_results();
+
+  const size_t chunk = std::max<size_t>(1, decoder.max_prompts());
+  const size_t n_chunks = (items.size() + chunk - 1) / chunk;
+  job->chunks_left = static_cast<int>(n_chunks);
+  for (size_t c = 0; c < n_chunks; ++c) {
+    const size_t first = c * chunk;
+    const size_t last = std::min(items.size(), first + chunk);
+    DecoderBatcher::Request request;
+    request.prompts.assign(items.begin() + first, items.begin() + last);
+    CallControlPtr control = job->control;
+    request.alive = [control] { return control->Check(); };
+    request.done = [this, job, first](StatusOr<std::vector<DecodedPrompt>> decoded,
+                                      const DecodeTiming& t) {
+      Job::Max(job->decoder_queue_us, t.queue_us);
+      Job::Max(job->decoder_compute_us, t.compute_us);
+      if (!decoded.ok()) return ChunkDone(job, decoded.status());
+      const Clock::time_point queued = Clock::now();
+      Post([this, job, first, queued, decoded = std::move(*decoded)]() mutable {
+        Postprocess(job, first, std::move(decoded), queued);
+      });
+    };
+    if (Status s = decoder.Submit(std::move(request)); !s.ok()) {
+      // This chunk and the ones after it never run; earlier chunks report as usual.
+      for (size_t k = c; k < n_chunks; ++k) ChunkDone(job, s);
+      return;
+    }
+  }
+}
+
+void Pipeline::Postprocess(const JobPtr& job, size_t first, std::vector<DecodedPrompt> decoded,
+                           Clock::time_point queued) {
+  DeviceWorker* worker = job->worker.load();
+  const uint64_t queue_us = MicrosSince(queued);
+  worker->stages()[Stage::kPostprocessQueue].Add(queue_us);
+  const Clock::time_point t0 = Clock::now();
+  Status s;
+  try {
+    s = PostprocessChunk(job, first, decoded);
+  } catch (const std::exception& e) {
+    s = Internal(std::string("unexpected exception in post-processing: ") + e.what());
+  } catch (...) {
+    s = Internal("unexpected non-standard exception in post-processing");
+  }
+  const uint64_t us = MicrosSince(t0);
+  worker->stages()[Stage::kPostprocess].Add(us);
+  Job::Max(job->postprocess_us, us);
+  ChunkDone(job, s);
+}
+
+Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
+                                  const std::vector<DecodedPrompt>& decoded) {
+  DeviceWorker* worker = job->worker.load();
+  const CachedEmbedding& e = *job->entry;
+  const v1::OutputFormat format = job->segment_request->output_format();
+  const MaskEncoding encoding = EncodingFor(format);
+  std::vector<PostprocessItem> items;
+  items.reserve(decoded.size());
+  for (const auto& d : decoded) {
+    if (!d.logits || d.logits->num_masks() != static_cast<int>(d.scores.size())) {
+      return Internal("Engine::Decode returned " + std::to_string(d.scores.size()) + " scores and " +
+                      std::to_string(d.logits ? d.logits->num_masks() : 0) + " masks for one prompt");
+    }
+    PostprocessItem item;
+    item.logits = d.logits;
+    item.original_width = e.geometry.width;
+    item.original_height = e.geometry.height;
+    item.input_width = e.geometry.input_width;
+    item.input_height = e.geometry.input_height;
+    item.encoding = encoding;
+    items.push_back(std::move(item));
+  }
+  StatusOr<std::vector<std::vector<MaskData>>> masks = worker->engine().Postprocess(items);
+  if (!masks.ok()) return masks.status();
+  if (masks->size() != items.size()) {
+    return Internal("Engine::Postprocess returned " + std::to_string(masks->size()) +
+                    " results for " + std::to_string(items.size()) + " prompts");
+  }
+  const int w = e.geometry.width, h = e.geometry.height;
+  for (size_t k = 0; k < decoded.size(); ++k) {
+    const DecodedPrompt& d = decoded[k];
+    const std::vector<MaskData>& md = (*masks)[k];
+    if (md.size() != d.scores.size()) {
+      return Internal("Engine::Postprocess returned " + std::to_string(md.size()) + " masks for a " +
+                      "prompt with " + std::to_string(d.scores.size()) + " scores");
+    }
+    v1::PromptResult* pr = job->segment_response->mutable_results(static_cast<int>(first + k));
+    const int best = static_cast<int>(std::max_element(d.scores.begin(), d.scores.end()) -
+                                      d.scores.begin());
+    StoredResult stored;
+    stored.image_id = e.image_id;
+    stored.logits = d.logits;
+    stored.num_masks = static_cast<int>(d.scores.size());
+    stored.best_index = best;
+    stored.bytes = d.logits->bytes();
+    pr->set_result_id(worker->results().Put(std::move(stored)));
+    pr->set_best_index(static_cast<uint32_t>(best));
+    std::vector<float> low_res;
+    if (format == v1::OUTPUT_FORMAT_LOW_RES_LOGITS) low_res = d.logits->ToFloat();
+    const size_t plane = static_cast<size_t>(d.logits->height()) * d.logits->width();
+    for (size_t m = 0; m < md.size(); ++m) {
+      v1::MaskResult* mr = pr->add_masks();
+      mr->set_score(d.scores[m]);
+      mr->set_stability_score(md[m].stability_score);
+      v1::BoundingBox* bb = mr->mutable_bbox();
+      bb->set_x(md[m].bbox[0]);
+      bb->set_y(md[m].bbox[1]);
+      bb->set_width(md[m].bbox[2]);
+      bb->set_height(md[m].bbox[3]);
+      mr->set_area(md[m].area);
+      switch (encoding) {
+        case MaskEncoding::kRle: {
+          v1::CocoRle* rle = mr->mutable_rle();
+          rle->add_size(static_cast<uint32_t>(h));
+          rle->add_size(static_cast<uint32_t>(w));
+          rle->set_counts(RleCountsToString(md[m].rle_counts));
+          break;
+        }
+        case MaskEncoding::kBitmask: {
+          if (md[m].bitmask.size() != static_cast<size_t>(w) * h) {
+            return Internal("Engine::Postprocess returned a bitmask of " +
+                            std::to_string(md[m].bitmask.size()) + " bytes for a " +
+                            std::to_string(w) + " x " + std::to_string(h) + " image");
+          }
+          StatusOr<std::string> png = EncodePngMask(md[m].bitmask.data(), w, h, options_.png);
+          if (!png.ok()) return png.status();
+          mr->set_png(std::move(*png));
+          break;
+        }
+        case MaskEncoding::kNone: {
+          if (low_res.size() < (m + 1) * plane) {
+            return Internal("MaskLogits::ToFloat returned " + std::to_string(low_res.size()) +
+                            " values for " + std::to_string(md.size()) + " masks");
+          }
+          v1::LowResLogits* l = mr->mutable_low_res_logits();
+          l->set_width(static_cast<uint32_t>(d.logits->width()));
+          l->set_height(static_cast<uint32_t>(d.logits->height()));
+          l->mutable_values()->Add(low_res.begin() + m * plane, low_res.begin() + (m + 1) * plane);
+          break;
+        }
+      }
+    }
+  }
+  // Results are tied to their image: if it left the cache meanwhile, so do they.
+  if (!worker->cache().Contains(e.image_id)) worker->results().DropImage(e.image_id);
+  return Status::Ok();
+}
+
+void Pipeline::ChunkDone(const JobPtr& job, const Status& status) {
+  if (!status.ok()) {
+    std::lock_guard<std::mutex> lock(job->error_mu);
+    if (job->first_error.ok()) job->first_error = status;
+  }
+  if (job->chunks_left.fetch_sub(1) != 1) return;
+  Status s;
+  {
+    std::lock_guard<std::mutex> lock(job->error_mu);
+    s = job->first_error;
+  }
+  Finish(job, s);
+}
+
+void Pipeline::ReportImage(const JobPtr& job, StatusOr<std::string> image_id) {
+  if (job->image_reported.exchange(true) || !job->on_image) return;
+  job->on_image(std::move(image_id));
+}
+
+void Pipeline::Finish(const JobPtr& job, Status status) {
+  if (job->finished.exchange(true)) {
+    spdlog::error("[{}] request finished twice (second status {}): a server bug", job->rid(),
+                  status.ToString());
+    return;
+  }
+  const uint64_t total_us = MicrosSince(job->arrival);
+  v1::CallTiming* t = job->embed_response ? job->embed_response->mutable_timing()
+                                          : job->segment_response->mutable_timing();
+  t->set_decode_us(job->decode_us);
+  t->set_encoder_queue_us(job->encoder_queue_us);
+  t->set_encoder_compute_us(job->encoder_compute_us);
+  t->set_decoder_queue_us(job->decoder_queue_us);
+  t->set_decoder_compute_us(job->decoder_compute_us);
+  t->set_postprocess_us(job->postprocess_us);
+  t->set_total_us(total_us);
+  if (job->segment_response && !status.ok()) job->segment_response->clear_results();
+  if (DeviceWorker* w = job->worker.load()) {
+    w->stages()[Stage::kDecodeQueue].Add(job->decode_queue_us);
+    w->stages()[Stage::kTotal].Add(total_us);
+    w->AddLoad(-1);
+  }
+  // A stream waits for this job's image before running its next messages: never leave it waiting.
+  ReportImage(job, status.ok() ? Status(Internal("request finished without resolving its image"))
+                               : status);
+  Done done = std::move(job->done);
+  if (done) done(status);
+}
+
+}  // namespace maskd::server

@@ -1,0 +1,95 @@
+// The work behind Embed, Segment and each SegmentStream message, from a validated request to its
+// response, run entirely off the gRPC handler threads:
+//
+//   handler --> decode pool: hash the image as sent (image_id), route, look up the cache;
+//               on a miss (single-flight leader) decode the bytes and Engine::Prepare (resize)
+//           --> encoder batcher of the chosen device (Engine::Encode), result into the cache
+//           --> resolve mask inputs, check prompt geometry (maskd::ValidatePrompt)
+//           --> decoder batcher (jagged Engine::Decode over many requests' prompts)
+//           --> post-processing pool: Engine::Postprocess, RLE strings / PNGs / logits, result ids
+//           --> done(status)
+//
+// Every entry point returns at once; `done` is called exactly once, from some pool thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "maskd/v1/maskd.pb.h"
+#include "model/image_codec.h"
+#include "model/status.h"
+#include "server/call_control.h"
+#include "server/request_validation.h"
+#include "server/router.h"
+#include "server/thread_pool.h"
+
+namespace maskd::server {
+
+struct PipelineOptions {
+  RequestLimits limits;
+  // Masks compress well at any level; level 1 keeps PNG output cheap.
+  PngOptions png{1};
+};
+
+// The image a request is about: bytes/raw pixels (hashed, decoded on a miss) or a known image_id.
+struct ImageTarget {
+  const v1::Image* image = nullptr;  // must outlive the call
+  std::string image_id;              // when image is null
+};
+
+class Pipeline {
+ public:
+  using Done = std::function<void(Status)>;
+  // Told the image's id as soon as it is known (or why it is not): SegmentStream uses it for
+  // later messages that omit the image.
+  using OnImage = std::function<void(StatusOr<std::string>)>;
+
+  // All engines of the router's workers must share `model_identity` (part of every image_id).
+  Pipeline(PipelineOptions options, std::string model_identity, Router* router,
+           ThreadPool* decode_pool, ThreadPool* post_pool);
+
+  // `request`/`response` must stay valid until `done` runs.
+  void Embed(const v1::EmbedRequest& request, v1::EmbedResponse* response, CallControlPtr control,
+             Clock::time_point arrival, Done done);
+  // `drafts` come from ValidatePrompts(request.prompts()); an empty list only sets the image.
+  void Segment(ImageTarget image, const v1::SegmentRequest& request, std::vector<PromptDraft> drafts,
+               v1::SegmentResponse* response, CallControlPtr control, Clock::time_point arrival,
+               OnImage on_image, Done done);
+
+  const PipelineOptions& options() const { return options_; }
+  const std::string& model_identity() const { return identity_; }
+
+ private:
+  struct Job;
+  using JobPtr = std::shared_ptr<Job>;
+
+  void Start(const JobPtr& job);
+  void Resolve(const JobPtr& job);
+  void Lead(const JobPtr& job, DeviceWorker* worker,
+            const std::shared_ptr<EmbeddingCache::Flight>& flight, const std::string& image_id);
+  void OnResolved(const JobPtr& job, DeviceWorker* worker, StatusOr<CachedEmbeddingPtr> entry,
+                  bool cached);
+  void StartDecode(const JobPtr& job);
+  Status BuildDecodeItems(const JobPtr& job, std::vector<DecodeItem>* items);
+  void Postprocess(const JobPtr& job, size_t first, std::vector<DecodedPrompt> decoded,
+                   Clock::time_point queued);
+  Status PostprocessChunk(const JobPtr& job, size_t first, const std::vector<DecodedPrompt>& decoded);
+  void ChunkDone(const JobPtr& job, const Status& status);
+  void Finish(const JobPtr& job, Status status);
+  // Calls the job's OnImage once.
+  void ReportImage(const JobPtr& job, StatusOr<std::string> image_id);
+  // Runs `fn` on the post-processing pool, or here when that pool no longer accepts work.
+  void Post(std::function<void()> fn);
+  // Runs `fn`, turning an escaping exception into INTERNAL for the job.
+  void Guarded(const JobPtr& job, const std::function<void()>& fn);
+
+  const PipelineOptions options_;
+  const std::string identity_;
+  Router* const router_;
+  ThreadPool* const decode_pool_;
+  ThreadPool* const post_pool_;
+};
+
+}  // namespace maskd::server

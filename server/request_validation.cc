@@ -1,0 +1,189 @@
+#include "server/request_validation.h"
+
+#include <cmath>
+
+#include "model/image_codec.h"
+#include "server/image_id.h"
+
+namespace maskd::server {
+namespace {
+
+std::string Quote(const std::string& s) {
+  constexpr size_t kShown = 80;
+  std::string shown = s.size() > kShown ? s.substr(0, kShown) + "..." : s;
+  return "\"" + shown + "\"";
+}
+
+}  // namespace
+
+Status ValidateImage(const v1::Image& image, const RequestLimits& limits, const std::string& field) {
+  switch (image.source_case()) {
+    case v1::Image::kEncoded: {
+      const std::string& bytes = image.encoded();
+      const std::string f = field + ".encoded";
+      if (bytes.empty()) return InvalidArgument(f + " is empty (expected JPEG, PNG or WebP bytes)");
+      if (bytes.size() > limits.max_image_bytes) {
+        return InvalidArgument(f + " is " + std::to_string(bytes.size()) + " bytes (expected at most " +
+                               std::to_string(limits.max_image_bytes) + ": limits.max_image_bytes)");
+      }
+      const ImageFormat format = DetectImageFormat(bytes);
+      if (format == ImageFormat::kUnknown) {
+        // DecodeImage's message lists the first bytes and the accepted formats.
+        ImageLimits l;
+        l.max_bytes = limits.max_image_bytes;
+        auto r = DecodeImage(bytes, l, f);
+        return r.ok() ? Internal(f + ": format detection disagrees with the decoder") : r.status();
+      }
+      if (format == ImageFormat::kWebp && !WebpSupported()) {
+        return InvalidArgument(f + " is WebP, which this build of maskd cannot decode (built without "
+                               "libwebp; expected JPEG or PNG)");
+      }
+      return Status::Ok();
+    }
+    case v1::Image::kRaw: {
+      const v1::RawImage& raw = image.raw();
+      const std::string f = field + ".raw";
+      if (raw.width() < 1 || raw.width() > static_cast<uint32_t>(limits.max_image_side)) {
+        return InvalidArgument(f + ".width = " + std::to_string(raw.width()) + " (expected 1 .. " +
+                               std::to_string(limits.max_image_side) + ")");
+      }
+      if (raw.height() < 1 || raw.height() > static_cast<uint32_t>(limits.max_image_side)) {
+        return InvalidArgument(f + ".height = " + std::to_string(raw.height()) + " (expected 1 .. " +
+                               std::to_string(limits.max_image_side) + ")");
+      }
+      const uint64_t pixels = uint64_t{raw.width()} * raw.height();
+      if (pixels > limits.max_image_pixels) {
+        return InvalidArgument(f + " is " + std::to_string(raw.width()) + " x " +
+                               std::to_string(raw.height()) + " = " + std::to_string(pixels) +
+                               " pixels (expected at most " + std::to_string(limits.max_image_pixels) +
+                               ": limits.max_image_pixels)");
+      }
+      if (raw.rgb().size() != pixels * 3) {
+        return InvalidArgument(f + ".rgb has " + std::to_string(raw.rgb().size()) +
+                               " bytes (expected width * height * 3 = " + std::to_string(pixels * 3) +
+                               ")");
+      }
+      return Status::Ok();
+    }
+    case v1::Image::SOURCE_NOT_SET: break;
+  }
+  return InvalidArgument(field + " has neither encoded nor raw set (expected exactly one)");
+}
+
+Status ValidateImageId(const std::string& image_id, const std::string& field) {
+  if (!LooksLikeImageId(image_id)) {
+    return InvalidArgument(field + " = " + Quote(image_id) +
+                           " is not an image id (expected the 64 lowercase hex digits returned by "
+                           "Embed or Segment)");
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<PromptDraft>> ValidatePrompts(
+    const google::protobuf::RepeatedPtrField<v1::Prompt>& prompts, const RequestLimits& limits,
+    bool allow_empty) {
+  const int n = prompts.size();
+  if ((n == 0 && !allow_empty) || static_cast<uint32_t>(n) > limits.max_prompts_per_request) {
+    return InvalidArgument("prompts has " + std::to_string(n) + " prompts (expected " +
+                           (allow_empty ? "0" : "1") + " .. " +
+                           std::to_string(limits.max_prompts_per_request) +
+                           ": limits.max_prompts_per_request)");
+  }
+  std::vector<PromptDraft> drafts;
+  drafts.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    const v1::Prompt& p = prompts[i];
+    const std::string f = "prompts[" + std::to_string(i) + "]";
+    PromptDraft d;
+    if (static_cast<uint32_t>(p.points_size()) > limits.max_points_per_prompt) {
+      return InvalidArgument(f + ".points has " + std::to_string(p.points_size()) +
+                             " points (expected at most " +
+                             std::to_string(limits.max_points_per_prompt) +
+                             ": limits.max_points_per_prompt)");
+    }
+    for (int j = 0; j < p.points_size(); ++j) {
+      const v1::Point& pt = p.points(j);
+      Point q;
+      q.x = pt.x();
+      q.y = pt.y();
+      switch (pt.label()) {
+        case v1::POINT_LABEL_UNSPECIFIED:
+        case v1::POINT_LABEL_FOREGROUND: q.label = 1; break;
+        case v1::POINT_LABEL_BACKGROUND: q.label = 0; break;
+        default:
+          return InvalidArgument(f + ".points[" + std::to_string(j) + "].label = " +
+                                 std::to_string(static_cast<int>(pt.label())) +
+                                 " (expected 0 POINT_LABEL_UNSPECIFIED, 1 POINT_LABEL_FOREGROUND or "
+                                 "2 POINT_LABEL_BACKGROUND)");
+      }
+      d.spec.points.push_back(q);
+    }
+    if (p.has_box()) {
+      d.spec.box = Box{p.box().x0(), p.box().y0(), p.box().x1(), p.box().y1()};
+    }
+    if (p.points_size() == 0 && !p.has_box()) {
+      return InvalidArgument(f + " has no points and no box (expected at least one point or a box)");
+    }
+    d.spec.multimask = p.multimask();
+    if (p.has_mask_input()) {
+      const v1::MaskInput& m = p.mask_input();
+      const std::string mf = f + ".mask_input";
+      switch (m.source_case()) {
+        case v1::MaskInput::kResultId:
+          if (m.result_id().empty()) {
+            return InvalidArgument(mf + ".result_id is empty (expected a result_id returned earlier "
+                                   "for this image)");
+          }
+          d.mask = PromptDraft::Mask::kResult;
+          d.result_id = m.result_id();
+          if (m.has_mask_index()) d.mask_index = m.mask_index();
+          break;
+        case v1::MaskInput::kLogits: {
+          const v1::LowResLogits& l = m.logits();
+          if (l.width() != kLowResSide || l.height() != kLowResSide) {
+            return InvalidArgument(mf + ".logits is " + std::to_string(l.width()) + " x " +
+                                   std::to_string(l.height()) + " (expected 256 x 256)");
+          }
+          const size_t want = static_cast<size_t>(kLowResSide) * kLowResSide;
+          if (static_cast<size_t>(l.values_size()) != want) {
+            return InvalidArgument(mf + ".logits.values has " + std::to_string(l.values_size()) +
+                                   " values (expected width * height = " + std::to_string(want) + ")");
+          }
+          for (int k = 0; k < l.values_size(); ++k) {
+            if (!std::isfinite(l.values(k))) {
+              return InvalidArgument(mf + ".logits.values[" + std::to_string(k) + "] = " +
+                                     std::to_string(l.values(k)) + " (expected a finite number)");
+            }
+          }
+          if (m.has_mask_index()) {
+            return InvalidArgument(mf + ".mask_index = " + std::to_string(m.mask_index()) +
+                                   " is set with logits (expected it only with result_id)");
+          }
+          d.mask = PromptDraft::Mask::kLogits;
+          d.logits = &l;
+          break;
+        }
+        case v1::MaskInput::SOURCE_NOT_SET:
+          return InvalidArgument(mf + " has neither result_id nor logits set (expected exactly one)");
+      }
+    }
+    drafts.push_back(std::move(d));
+  }
+  return drafts;
+}
+
+Status ValidateSegmentOptions(const v1::SegmentRequest& request, const RequestLimits& limits) {
+  if (!v1::OutputFormat_IsValid(request.output_format())) {
+    return InvalidArgument("output_format = " + std::to_string(static_cast<int>(request.output_format())) +
+                           " (expected 0 OUTPUT_FORMAT_UNSPECIFIED, 1 OUTPUT_FORMAT_COCO_RLE, 2 "
+                           "OUTPUT_FORMAT_PNG or 3 OUTPUT_FORMAT_LOW_RES_LOGITS)");
+  }
+  if (request.request_tag().size() > limits.max_request_tag_bytes) {
+    return InvalidArgument("request_tag is " + std::to_string(request.request_tag().size()) +
+                           " bytes (expected at most " + std::to_string(limits.max_request_tag_bytes) +
+                           ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace maskd::server

@@ -1,0 +1,221 @@
+#include "server/server.h"
+
+#include <algorithm>
+#include <climits>
+#include <thread>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include "server/logging.h"
+
+namespace maskd::server {
+
+MaskServer::MaskServer(ServerConfig config, EngineFactory factory, int cuda_device_count)
+    : config_(std::move(config)), factory_(std::move(factory)), cuda_device_count_(cuda_device_count) {}
+
+MaskServer::~MaskServer() { Shutdown(); }
+
+Status MaskServer::Start() {
+  MASKD_RETURN_IF_ERROR(StartListening());
+  return LoadAndServe();
+}
+
+void MaskServer::SetHealth(bool serving) {
+  if (!grpc_server_) return;
+  grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus("", serving);
+  health->SetServingStatus(kServiceName, serving);
+}
+
+Status MaskServer::StartListening() {
+  StatusOr<std::pair<std::string, int>> listen = ParseListen(config_.listen);
+  if (!listen.ok()) return listen.status();
+  StatusOr<CheckpointChoice> checkpoint = ResolveCheckpoint(config_);
+  if (!checkpoint.ok()) return checkpoint.status();
+  checkpoint_ = *checkpoint;
+
+  ServiceOptions so;
+  so.limits.max_image_bytes = config_.max_image_bytes;
+  so.limits.max_image_pixels = config_.max_image_pixels;
+  so.limits.max_prompts_per_request = config_.max_prompts_per_request;
+  so.limits.max_points_per_prompt = config_.max_points_per_prompt;
+  so.access_log = config_.access_log;
+  so.version = std::string(MASKD_VERSION) + " (" + MASKD_GIT_REVISION + ")";
+  so.checkpoint_label = checkpoint_.demo() ? "builtin-demo" : checkpoint_.path;
+  service_ = std::make_unique<MaskService>(so);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(service_.get());
+  // The largest request: a raw image at the pixel limit (or an encoded one at the byte limit) plus
+  // client logits (256 x 256 floats) for every prompt.
+  const uint64_t image = std::max<uint64_t>(config_.max_image_bytes, config_.max_image_pixels * 3);
+  const uint64_t prompts = uint64_t{config_.max_prompts_per_request} * (256 * 256 * 4 + 4096);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<uint64_t>(INT_MAX, image + prompts + (uint64_t{1} << 20))));
+  builder.SetMaxSendMessageSize(INT_MAX);
+  grpc_server_ = builder.BuildAndStart();
+  if (!grpc_server_ || port_ == 0) {
+    grpc_server_.reset();
+    return Unavailable("--listen = \"" + config_.listen +
+                       "\" could not be bound (in use, or not an address of this machine)");
+  }
+  SetHealth(false);
+  address_ = listen->first + ":" + std::to_string(port_);
+  spdlog::info("listening on {}", address_);
+  return Status::Ok();
+}
+
+Status MaskServer::LoadAndServe() {
+  StatusOr<std::vector<DeviceSpec>> devices = ParseDevices(config_.device, cuda_device_count_);
+  if (!devices.ok()) return devices.status();
+
+  if (checkpoint_.demo()) {
+    spdlog::warn("************************************************************************************");
+    spdlog::warn("maskd is serving the BUILT-IN DEMO MODEL: random weights, its masks are MEANINGLESS.");
+    spdlog::warn("Get vit_b, vit_l or vit_h from "
+                 "https://github.com/facebookresearch/segment-anything#model-checkpoints");
+    spdlog::warn("and pass --checkpoint PATH, set MASKD_CHECKPOINT, or put the file in {}/",
+                 config_.models_dir);
+    spdlog::warn("************************************************************************************");
+  } else {
+    spdlog::info("model: {} (from {})", checkpoint_.path, checkpoint_.source);
+  }
+
+  // Engines load in parallel: a multi-GPU server should not take N times as long to start.
+  std::vector<StatusOr<std::unique_ptr<Engine>>> engines;
+  for (size_t i = 0; i < devices->size(); ++i) engines.emplace_back(Internal("engine not created"));
+  {
+    std::vector<std::thread> loaders;
+    for (size_t i = 0; i < devices->size(); ++i) {
+      loaders.emplace_back([&, i] {
+        const DeviceSpec& d = (*devices)[i];
+        StatusOr<EngineOptions> options = MakeEngineOptions(config_, d, checkpoint_);
+        if (!options.ok()) {
+          engines[i] = options.status();
+          return;
+        }
+        options->log = EngineLogger(d.label);
+        spdlog::info("loading the engine for {} ({} {})", d.label, PrecisionName(options->precision),
+                     d.engine_device);
+        try {
+          engines[i] = factory_(*options);
+        } catch (const std::exception& e) {
+          engines[i] = Internal("creating the engine for " + d.label + " threw: " + e.what());
+        }
+      });
+    }
+    for (auto& t : loaders) t.join();
+  }
+  for (size_t i = 0; i < engines.size(); ++i) {
+    if (!engines[i].ok()) {
+      return Status(engines[i].status().code(), "engine for " + (*devices)[i].label + ": " +
+                                                    engines[i].status().message());
+    }
+  }
+  const std::string identity = (*engines[0])->description().identity;
+  for (size_t i = 1; i < engines.size(); ++i) {
+    if ((*engines[i])->description().identity != identity) {
+      return FailedPrecondition("engines disagree on the model identity (" + (*devices)[0].label +
+                                ": " + identity + ", " + (*devices)[i].label + ": " +
+                                (*engines[i])->description().identity +
+                                "); image ids would differ between devices");
+    }
+  }
+
+  WorkerOptions wo;
+  wo.encoder.max_batch_weight = static_cast<size_t>(config_.encoder_max_batch);
+  wo.encoder.max_queue_delay = std::chrono::microseconds(config_.encoder_queue_delay_us);
+  wo.encoder.capacity_weight = static_cast<size_t>(config_.encoder_queue_capacity);
+  wo.decoder.max_batch_weight = static_cast<size_t>(config_.decoder_max_prompts);
+  wo.decoder.max_queue_delay = std::chrono::microseconds(config_.decoder_queue_delay_us);
+  wo.decoder.capacity_weight = static_cast<size_t>(config_.decoder_queue_capacity);
+  wo.cache_device_bytes = config_.cache_device_bytes;
+  wo.cache_host_bytes = config_.cache_host_bytes;
+  wo.result_store_bytes = config_.result_store_bytes;
+  std::vector<DeviceWorker*> raw;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    const Engine& e = **engines[i];
+    spdlog::info("device {}: {} ({}), {} {}, encoder batch <= {}, optimisations: {}",
+                 (*devices)[i].label, e.device(), e.device_name(), e.description().arch,
+                 PrecisionName(e.options().precision), config_.encoder_max_batch,
+                 e.optimisations().empty() ? std::string("none") : [&] {
+                   std::string s;
+                   for (const auto& o : e.optimisations()) s += (s.empty() ? "" : ",") + o;
+                   return s;
+                 }());
+    workers_.push_back(std::make_unique<DeviceWorker>(static_cast<int>(i), (*devices)[i].label,
+                                                      std::move(*engines[i]), wo));
+    raw.push_back(workers_.back().get());
+  }
+  router_ = std::make_unique<Router>(raw);
+  decode_pool_ = std::make_unique<ThreadPool>("decode", ResolvedThreads(config_.decode_threads),
+                                              static_cast<size_t>(config_.decode_queue_capacity));
+  post_pool_ = std::make_unique<ThreadPool>("postprocess",
+                                            ResolvedThreads(config_.postprocess_threads), 0);
+  PipelineOptions po;
+  po.limits.max_image_bytes = config_.max_image_bytes;
+  po.limits.max_image_pixels = config_.max_image_pixels;
+  po.limits.max_prompts_per_request = config_.max_prompts_per_request;
+  po.limits.max_points_per_prompt = config_.max_points_per_prompt;
+  pipeline_ = std::make_unique<Pipeline>(po, identity, router_.get(), decode_pool_.get(),
+                                         post_pool_.get());
+  {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    if (shutting_down_) return Unavailable("shut down while loading");
+    service_->SetBackend(Backend{pipeline_.get(), raw});
+    SetHealth(true);
+  }
+  spdlog::info("serving {} on {} with {} device(s)", kServiceName, address_, workers_.size());
+  return Status::Ok();
+}
+
+std::vector<DeviceWorker*> MaskServer::workers() const {
+  std::vector<DeviceWorker*> out;
+  for (const auto& w : workers_) out.push_back(w.get());
+  return out;
+}
+
+void MaskServer::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    SetHealth(false);
+  }
+  if (service_) {
+    spdlog::info("shutting down: health NOT_SERVING, draining {} call(s) for up to {} s",
+                 service_->active_calls(), config_.shutdown_grace_s);
+    service_->BeginDrain();
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::microseconds(static_cast<int64_t>(config_.shutdown_grace_s * 1e6));
+  if (service_ && !service_->WaitIdle(deadline)) {
+    spdlog::warn("shutdown grace period over with {} call(s) in flight: cancelling them",
+                 service_->active_calls());
+  }
+  if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // Queued work fails with UNAVAILABLE; then the pools run what is left (which only finishes calls).
+  for (auto& w : workers_) w->Stop();
+  if (decode_pool_) decode_pool_->Stop();
+  if (post_pool_) post_pool_->Stop();
+  if (grpc_server_) grpc_server_->Wait();
+  {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    down_ = true;
+  }
+  down_cv_.notify_all();
+  spdlog::info("shut down");
+}
+
+void MaskServer::Wait() {
+  std::unique_lock<std::mutex> lock(shutdown_mu_);
+  down_cv_.wait(lock, [this] { return down_; });
+}
+
+}  // namespace maskd::server

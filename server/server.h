@@ -1,0 +1,80 @@
+// The maskd server: listens at once (health NOT_SERVING), loads one engine per device, then serves
+// (health SERVING); Shutdown drains and stops. main.cc is a thin wrapper around this class, and the
+// end-to-end tests run it in-process on an ephemeral loopback port.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "model/engine.h"
+#include "model/status.h"
+#include "server/config.h"
+#include "server/device_worker.h"
+#include "server/mask_service.h"
+#include "server/pipeline.h"
+#include "server/router.h"
+#include "server/thread_pool.h"
+
+namespace maskd::server {
+
+// Engine::Create in the product; tests pass fakes.
+using EngineFactory = std::function<StatusOr<std::unique_ptr<Engine>>(const EngineOptions&)>;
+
+inline constexpr const char* kServiceName = "maskd.v1.MaskService";
+
+class MaskServer {
+ public:
+  // cuda_device_count: what "cuda"/"auto" in --device expand to.
+  MaskServer(ServerConfig config, EngineFactory factory, int cuda_device_count);
+  ~MaskServer();
+
+  // StartListening + LoadAndServe.
+  Status Start();
+  // Binds --listen and starts gRPC with health NOT_SERVING; MaskService calls answer UNAVAILABLE.
+  Status StartListening();
+  // Creates the engines (in parallel, one per device), checks they agree on the model identity,
+  // builds the workers and pipeline, then reports SERVING.
+  Status LoadAndServe();
+  // Health NOT_SERVING, new calls UNAVAILABLE, waits up to --shutdown-grace-s for in-flight calls,
+  // then stops gRPC, the batchers and the pools. Idempotent; safe from any thread but a handler.
+  void Shutdown();
+  // Blocks until Shutdown has completed.
+  void Wait();
+
+  int port() const { return port_; }
+  const std::string& address() const { return address_; }
+  MaskService& service() { return *service_; }
+  std::vector<DeviceWorker*> workers() const;
+  const ServerConfig& config() const { return config_; }
+
+ private:
+  void SetHealth(bool serving);
+
+  const ServerConfig config_;
+  const EngineFactory factory_;
+  const int cuda_device_count_;
+  CheckpointChoice checkpoint_;
+
+  std::unique_ptr<MaskService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+  std::string address_;
+
+  std::unique_ptr<ThreadPool> decode_pool_, post_pool_;
+  std::vector<std::unique_ptr<DeviceWorker>> workers_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<Pipeline> pipeline_;
+
+  // Guards the shutdown sequence (shutting_down_, down_).
+  std::mutex shutdown_mu_;
+  std::condition_variable down_cv_;
+  bool shutting_down_ = false, down_ = false;
+};
+
+}  // namespace maskd::server

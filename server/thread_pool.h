@@ -1,0 +1,48 @@
+// A fixed set of threads serving one FIFO queue: the decode pool (hashing, image decoding, resize)
+// and the post-processing pool. A bounded queue refuses work at once instead of growing without
+// limit, so a handler can answer RESOURCE_EXHAUSTED immediately.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace maskd::server {
+
+class ThreadPool {
+ public:
+  // capacity 0: unbounded (for work that was already admitted upstream).
+  ThreadPool(std::string name, int threads, size_t capacity);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  // False when the queue is full or the pool is stopping; the task is then not run.
+  bool TrySubmit(std::function<void()> task);
+  // Runs what is queued, then joins the threads. Later TrySubmit calls return false.
+  void Stop();
+
+  size_t depth() const;
+  size_t capacity() const { return capacity_; }
+  int threads() const { return static_cast<int>(threads_.size()); }
+  const std::string& name() const { return name_; }
+
+ private:
+  void Loop();
+
+  const std::string name_;
+  const size_t capacity_;
+  // Guards queue_ and stopping_; tasks run without it.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace maskd::server

@@ -1,0 +1,304 @@
+// The Triton-style batchers: batches leave at max size or after max_queue_delay, a full queue
+// refuses at once, dead calls are dropped before any engine work, jagged decode results are split
+// back per request, and one bad request does not fail its batch-mates.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "server/decoder_batcher.h"
+#include "server/encoder_batcher.h"
+#include "tests/server_fake_engine.h"
+
+namespace maskd::server {
+namespace {
+
+using fake::FakeEngine;
+using fake::FakeEngineOptions;
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+ImageRGB8 Image(int w, int h, uint8_t v) {
+  return ImageRGB8{w, h, std::vector<uint8_t>(static_cast<size_t>(w) * h * 3, v)};
+}
+
+struct EncodeResult {
+  std::promise<StatusOr<std::shared_ptr<const Embedding>>> promise;
+  EncodeTiming timing;
+};
+
+EncoderBatcher::Request MakeEncode(FakeEngine& engine, uint8_t v, std::shared_ptr<EncodeResult> out,
+                                   std::function<Status()> alive = nullptr) {
+  EncoderBatcher::Request r{*engine.Prepare(Image(8, 6, v)), std::move(alive), {}};
+  r.done = [out](StatusOr<std::shared_ptr<const Embedding>> e, const EncodeTiming& t) {
+    out->timing = t;
+    out->promise.set_value(std::move(e));
+  };
+  return r;
+}
+
+TEST(ServerBatcher, EncoderBatchLeavesWhenFull) {
+  FakeEngine engine;
+  // A delay far longer than the test: only the size trigger can release the batch.
+  EncoderBatcher batcher("encoder", &engine, {4, std::chrono::seconds(60), 64}, nullptr);
+  std::vector<std::shared_ptr<EncodeResult>> results;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 4; ++i) {
+    results.push_back(std::make_shared<EncodeResult>());
+    ASSERT_TRUE(batcher.Submit(MakeEncode(engine, static_cast<uint8_t>(i), results.back())).ok());
+  }
+  for (int i = 0; i < 4; ++i) {
+    auto f = results[i]->promise.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    auto e = f.get();
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    // Results are in item order: each embedding is its own image's.
+    EXPECT_EQ(FakeEngine::ContentOf(**e), FakeEngine::Checksum(Image(8, 6, static_cast<uint8_t>(i))));
+    EXPECT_EQ(results[i]->timing.batch_size, 4u);
+  }
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(engine.encode_batches(), std::vector<int>{4});
+  const QueueCounters c = batcher.counters();
+  EXPECT_EQ(c.batches, 1u);
+  EXPECT_EQ(c.items, 4u);
+  EXPECT_DOUBLE_EQ(c.mean_batch_size, 4.0);
+  batcher.Stop();
+}
+
+TEST(ServerBatcher, EncoderBatchLeavesAfterQueueDelay) {
+  FakeEngine engine;
+  EncoderBatcher batcher("encoder", &engine, {8, milliseconds(50), 64}, nullptr);
+  auto r1 = std::make_shared<EncodeResult>();
+  auto r2 = std::make_shared<EncodeResult>();
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 1, r1)).ok());
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 2, r2)).ok());
+  auto f1 = r1->promise.get_future();
+  ASSERT_EQ(f1.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const auto waited = Clock::now() - t0;
+  EXPECT_TRUE(f1.get().ok());
+  EXPECT_TRUE(r2->promise.get_future().get().ok());
+  // Not before the oldest item's delay, and both items in that one partial batch.
+  EXPECT_GE(waited, milliseconds(45));
+  EXPECT_EQ(engine.encode_batches(), std::vector<int>{2});
+  EXPECT_GE(r1->timing.queue_us, 45'000u);
+  batcher.Stop();
+}
+
+TEST(ServerBatcher, FullQueueIsRefusedAtOnce) {
+  FakeEngine engine;
+  engine.HoldEncodes();
+  EncoderBatcher batcher("encoder[cpu]", &engine, {1, microseconds(0), 2}, nullptr);
+  std::vector<std::shared_ptr<EncodeResult>> results;
+  for (int i = 0; i < 3; ++i) results.push_back(std::make_shared<EncodeResult>());
+  // The first is taken by the (held) engine, the next two fill the queue.
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 0, results[0])).ok());
+  ASSERT_TRUE(engine.WaitForEncodeCalls(1, milliseconds(5000)));
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 1, results[1])).ok());
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 2, results[2])).ok());
+  EXPECT_FALSE(batcher.HasRoom());
+  auto overflow = std::make_shared<EncodeResult>();
+  const auto t0 = Clock::now();
+  Status s = batcher.Submit(MakeEncode(engine, 3, overflow));
+  EXPECT_LT(Clock::now() - t0, milliseconds(50));  // immediately, not after the engine
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message().rfind("encoder[cpu] queue is full (2 of 2 queued", 0), 0u) << s.message();
+  EXPECT_EQ(batcher.counters().rejected, 1u);
+  EXPECT_EQ(batcher.counters().depth, 2u);
+  engine.ReleaseEncodes();
+  for (auto& r : results) EXPECT_TRUE(r->promise.get_future().get().ok());
+  batcher.Stop();
+}
+
+TEST(ServerBatcher, DeadItemsAreDroppedBeforeEngineWork) {
+  FakeEngine engine;
+  EncoderBatcher batcher("encoder", &engine, {8, milliseconds(30), 64}, nullptr);
+  auto expired = std::make_shared<EncodeResult>();
+  auto cancelled = std::make_shared<EncodeResult>();
+  auto alive = std::make_shared<EncodeResult>();
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 1, expired, [] {
+                     return DeadlineExceeded("the call's deadline passed");
+                   })).ok());
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 2, cancelled, [] {
+                     return Cancelled("the client cancelled the call");
+                   })).ok());
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 3, alive, [] { return Status::Ok(); })).ok());
+  EXPECT_EQ(expired->promise.get_future().get().status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(cancelled->promise.get_future().get().status().code(), StatusCode::kCancelled);
+  EXPECT_TRUE(alive->promise.get_future().get().ok());
+  // Only the live image reached the engine.
+  EXPECT_EQ(engine.encode_batches(), std::vector<int>{1});
+  EXPECT_EQ(engine.encoded_images.load(), 1);
+  EXPECT_EQ(batcher.counters().dropped, 2u);
+
+  // A batch of only dead items runs nothing at all.
+  auto d = std::make_shared<EncodeResult>();
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 4, d, [] { return Cancelled("gone"); })).ok());
+  EXPECT_FALSE(d->promise.get_future().get().ok());
+  EXPECT_EQ(engine.encode_calls.load(), 1);
+  batcher.Stop();
+}
+
+TEST(ServerBatcher, EngineErrorReachesEveryItemOfTheBatch) {
+  FakeEngine engine;
+  engine.FailNextEncode(Internal("CUDA error: out of memory"));
+  EncoderBatcher batcher("encoder", &engine, {2, std::chrono::seconds(60), 64}, nullptr);
+  auto a = std::make_shared<EncodeResult>(), b = std::make_shared<EncodeResult>();
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 1, a)).ok());
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 2, b)).ok());
+  for (auto* r : {a.get(), b.get()}) {
+    auto s = r->promise.get_future().get().status();
+    EXPECT_EQ(s.code(), StatusCode::kInternal);
+    EXPECT_EQ(s.message(), "CUDA error: out of memory");
+  }
+  batcher.Stop();
+}
+
+TEST(ServerBatcher, StopFailsQueuedWorkWithUnavailable) {
+  FakeEngine engine;
+  engine.HoldEncodes();
+  EncoderBatcher batcher("encoder", &engine, {1, microseconds(0), 8}, nullptr);
+  auto running = std::make_shared<EncodeResult>(), queued = std::make_shared<EncodeResult>();
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 1, running)).ok());
+  ASSERT_TRUE(engine.WaitForEncodeCalls(1, milliseconds(5000)));
+  ASSERT_TRUE(batcher.Submit(MakeEncode(engine, 2, queued)).ok());
+  std::thread stopper([&] { batcher.Stop(); });
+  std::this_thread::sleep_for(milliseconds(20));
+  engine.ReleaseEncodes();
+  stopper.join();
+  EXPECT_TRUE(running->promise.get_future().get().ok());  // the running batch finishes
+  EXPECT_EQ(queued->promise.get_future().get().status().code(), StatusCode::kUnavailable);
+  auto late = std::make_shared<EncodeResult>();
+  EXPECT_EQ(batcher.Submit(MakeEncode(engine, 3, late)).code(), StatusCode::kUnavailable);
+}
+
+// ---- Decoder ---------------------------------------------------------------------------------
+
+struct DecodeResult {
+  std::promise<StatusOr<std::vector<DecodedPrompt>>> promise;
+  DecodeTiming timing;
+};
+
+DecoderBatcher::Request MakeDecode(std::vector<DecodeItem> prompts, std::shared_ptr<DecodeResult> out,
+                                   std::function<Status()> alive = nullptr) {
+  DecoderBatcher::Request r;
+  r.prompts = std::move(prompts);
+  r.alive = std::move(alive);
+  r.done = [out](StatusOr<std::vector<DecodedPrompt>> d, const DecodeTiming& t) {
+    out->timing = t;
+    out->promise.set_value(std::move(d));
+  };
+  return r;
+}
+
+std::vector<DecodeItem> Prompts(const std::shared_ptr<const Embedding>& e, std::vector<float> xs,
+                                bool multimask) {
+  std::vector<DecodeItem> items;
+  for (float x : xs) {
+    PromptSpec p;
+    p.points = {{x, 10.f, 1}};
+    p.multimask = multimask;
+    items.push_back({e, p});
+  }
+  return items;
+}
+
+TEST(ServerBatcher, JaggedDecodeAcrossRequestsAndImagesSplitsBackInOrder) {
+  FakeEngine engine;
+  auto e1 = *engine.Encode({*engine.Prepare(Image(64, 48, 1))});
+  auto e2 = *engine.Encode({*engine.Prepare(Image(40, 80, 2))});
+  // Reference: each request decoded alone.
+  auto req_a = Prompts(e1[0], {5, 20, 33}, true);
+  auto req_b = Prompts(e2[0], {7}, false);
+  auto req_c = Prompts(e1[0], {1, 2}, false);
+  auto alone_a = *engine.Decode(req_a);
+  auto alone_b = *engine.Decode(req_b);
+  auto alone_c = *engine.Decode(req_c);
+  const int calls_before = engine.decode_calls.load();
+
+  DecoderBatcher batcher("decoder", &engine, {6, std::chrono::seconds(60), 100}, nullptr);
+  auto a = std::make_shared<DecodeResult>(), b = std::make_shared<DecodeResult>(),
+       c = std::make_shared<DecodeResult>();
+  ASSERT_TRUE(batcher.Submit(MakeDecode(req_a, a)).ok());
+  ASSERT_TRUE(batcher.Submit(MakeDecode(req_b, b)).ok());
+  ASSERT_TRUE(batcher.Submit(MakeDecode(req_c, c)).ok());  // 3 + 1 + 2 = 6: the batch is full
+  auto check = [](const std::vector<DecodedPrompt>& got, const std::vector<DecodedPrompt>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].scores, want[i].scores);
+      EXPECT_EQ(got[i].logits->ToFloat(), want[i].logits->ToFloat());
+    }
+  };
+  auto ra = a->promise.get_future().get();
+  auto rb = b->promise.get_future().get();
+  auto rc = c->promise.get_future().get();
+  ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
+  check(*ra, alone_a);
+  check(*rb, alone_b);
+  check(*rc, alone_c);
+  EXPECT_EQ(engine.decode_calls.load(), calls_before + 1);  // one engine call for all three
+  EXPECT_EQ(engine.decode_batches().back(), 6);
+  EXPECT_EQ(a->timing.batch_prompts, 6u);
+  batcher.Stop();
+}
+
+TEST(ServerBatcher, DecoderRespectsMaxPromptsAndCapacityInPrompts) {
+  FakeEngine engine;
+  auto e = *engine.Encode({*engine.Prepare(Image(64, 48, 1))});
+  DecoderBatcher batcher("decoder[cpu]", &engine, {4, milliseconds(20), 6}, nullptr);
+  auto a = std::make_shared<DecodeResult>(), b = std::make_shared<DecodeResult>();
+  ASSERT_TRUE(batcher.Submit(MakeDecode(Prompts(e[0], {1, 2, 3}, false), a)).ok());
+  ASSERT_TRUE(batcher.Submit(MakeDecode(Prompts(e[0], {4, 5, 6}, false), b)).ok());
+  // 6 prompts queued: a request of 1 more does not fit.
+  auto c = std::make_shared<DecodeResult>();
+  Status s = batcher.Submit(MakeDecode(Prompts(e[0], {7}, false), c));
+  // Either refused (both still queued) or accepted (the first batch already left): never blocked.
+  if (!s.ok()) {
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(s.message().find("decoder[cpu] queue is full"), std::string::npos) << s.message();
+  } else {
+    EXPECT_TRUE(c->promise.get_future().get().ok());
+  }
+  EXPECT_TRUE(a->promise.get_future().get().ok());
+  EXPECT_TRUE(b->promise.get_future().get().ok());
+  // 3 + 3 > 4: the two requests never share a batch.
+  for (int n : engine.decode_batches()) EXPECT_LE(n, 4);
+  batcher.Stop();
+}
+
+TEST(ServerBatcher, OneBadRequestDoesNotFailItsBatchMates) {
+  FakeEngine engine;
+  auto e = *engine.Encode({*engine.Prepare(Image(64, 48, 1))});
+  DecoderBatcher batcher("decoder", &engine, {8, std::chrono::seconds(60), 100}, nullptr);
+  auto good = std::make_shared<DecodeResult>(), bad = std::make_shared<DecodeResult>(),
+       good2 = std::make_shared<DecodeResult>();
+  ASSERT_TRUE(batcher.Submit(MakeDecode(Prompts(e[0], {3, 4}, true), good)).ok());
+  ASSERT_TRUE(batcher.Submit(MakeDecode(Prompts(e[0], {1e6f}, true), bad)).ok());  // outside
+  ASSERT_TRUE(batcher.Submit(MakeDecode(Prompts(e[0], {1, 2, 5, 6, 7}, false), good2)).ok());
+  EXPECT_TRUE(good->promise.get_future().get().ok());
+  EXPECT_EQ(bad->promise.get_future().get().status().code(), StatusCode::kInvalidArgument);
+  auto g2 = good2->promise.get_future().get();
+  ASSERT_TRUE(g2.ok());
+  EXPECT_EQ(g2->size(), 5u);
+  batcher.Stop();
+}
+
+TEST(ServerBatcher, DecoderDropsCancelledBeforeEngineWork) {
+  FakeEngine engine;
+  auto e = *engine.Encode({*engine.Prepare(Image(64, 48, 1))});
+  DecoderBatcher batcher("decoder", &engine, {8, milliseconds(10), 100}, nullptr);
+  auto gone = std::make_shared<DecodeResult>();
+  ASSERT_TRUE(batcher.Submit(MakeDecode(Prompts(e[0], {1, 2}, false), gone,
+                                        [] { return Cancelled("the client cancelled the call"); }))
+                  .ok());
+  EXPECT_EQ(gone->promise.get_future().get().status().code(), StatusCode::kCancelled);
+  EXPECT_EQ(engine.decode_calls.load(), 0);
+  EXPECT_EQ(batcher.counters().dropped, 1u);
+  batcher.Stop();
+}
+
+}  // namespace
+}  // namespace maskd::server

@@ -1,0 +1,289 @@
+// Configuration: defaults, precedence (flag > MASKD_* environment > --config file > default),
+// --help, sizes, devices, checkpoint resolution, engine options.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "server/config.h"
+
+namespace maskd::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+ConfigParseResult Parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "maskd");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return ParseConfig(static_cast<int>(argv.size()), argv.data());
+}
+
+// Sets an environment variable for one test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+fs::path TempDir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("maskd_config_test_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+void Write(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
+
+TEST(ServerConfig, DefaultsMatchTheDocumentedOnes) {
+  auto r = Parse({});
+  ASSERT_FALSE(r.exit) << r.output;
+  const ServerConfig& c = r.config;
+  EXPECT_EQ(c.listen, "0.0.0.0:50051");
+  EXPECT_EQ(c.device, "auto");
+  EXPECT_EQ(c.precision, "auto");
+  EXPECT_EQ(c.max_image_bytes, 32u << 20);
+  EXPECT_EQ(c.max_image_pixels, 64'000'000u);
+  EXPECT_EQ(c.max_prompts_per_request, 256u);
+  EXPECT_EQ(c.max_points_per_prompt, 64u);
+  EXPECT_EQ(c.log_level, "info");
+  EXPECT_TRUE(c.checkpoint.empty());
+}
+
+TEST(ServerConfig, HelpDocumentsEveryFlagWithItsEnvironmentVariable) {
+  auto r = Parse({"--help"});
+  ASSERT_TRUE(r.exit);
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* flag :
+       {"--checkpoint", "--models-dir", "--demo-seed", "--device", "--precision", "--fast", "--attention",
+        "--cuda-graphs", "--int8", "--sparse24", "--gpu-preprocess", "--gpu-postprocess", "--warmup",
+        "--listen", "--encoder-max-batch", "--encoder-queue-delay-us", "--encoder-queue-capacity",
+        "--decoder-max-prompts", "--decoder-queue-delay-us", "--decoder-queue-capacity",
+        "--cache-device-bytes", "--cache-host-bytes", "--result-store-bytes", "--decode-threads",
+        "--decode-queue-capacity", "--postprocess-threads", "--max-image-bytes", "--max-image-pixels",
+        "--max-prompts-per-request", "--max-points-per-prompt", "--log-level", "--access-log",
+        "--shutdown-grace-s", "--config", "--version"}) {
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag << " missing from --help:\n" << r.output;
+  }
+  EXPECT_NE(r.output.find("MASKD_CACHE_DEVICE_BYTES"), std::string::npos);
+  EXPECT_NE(r.output.find("MASKD_CHECKPOINT"), std::string::npos);
+  EXPECT_NE(r.output.find("segment-anything#model-checkpoints"), std::string::npos);
+}
+
+TEST(ServerConfig, FlagBeatsEnvironmentBeatsFileBeatsDefault) {
+  const fs::path dir = TempDir("precedence");
+  Write(dir / "maskd.json",
+        R"({"device": "cpu:0,cpu:1", "encoder-max-batch": 4, "decoder_queue_delay_us": 750,
+            "cache-device-bytes": "3GiB", "listen": "127.0.0.1:1", "access-log": false})");
+  ScopedEnv env_listen("MASKD_LISTEN", "127.0.0.1:2");
+  ScopedEnv env_batch("MASKD_ENCODER_MAX_BATCH", "6");
+  auto r = Parse({"--config", (dir / "maskd.json").string(), "--encoder-max-batch", "16"});
+  ASSERT_FALSE(r.exit) << r.output;
+  const ServerConfig& c = r.config;
+  EXPECT_EQ(c.encoder_max_batch, 16);           // flag over env over file
+  EXPECT_EQ(c.listen, "127.0.0.1:2");           // env over file
+  EXPECT_EQ(c.device, "cpu:0,cpu:1");           // file over default
+  EXPECT_EQ(c.decoder_queue_delay_us, 750);     // file, key with underscores
+  EXPECT_EQ(c.cache_device_bytes, 3ull << 30);  // sizes with units
+  EXPECT_FALSE(c.access_log);
+  EXPECT_EQ(c.decoder_max_prompts, 256);        // default
+  EXPECT_EQ(c.config_file, (dir / "maskd.json").string());
+}
+
+TEST(ServerConfig, BadInputNamesTheSetting) {
+  auto bad_flag = Parse({"--no-such-flag"});
+  EXPECT_TRUE(bad_flag.exit);
+  EXPECT_NE(bad_flag.exit_code, 0);
+  auto bad_precision = Parse({"--precision", "fp8"});
+  EXPECT_TRUE(bad_precision.exit);
+  EXPECT_NE(bad_precision.output.find("--precision"), std::string::npos) << bad_precision.output;
+  auto bad_size = Parse({"--cache-device-bytes", "12 parsecs"});
+  EXPECT_TRUE(bad_size.exit);
+  EXPECT_NE(bad_size.output.find("--cache-device-bytes"), std::string::npos) << bad_size.output;
+
+  const fs::path dir = TempDir("bad");
+  Write(dir / "unknown.json", R"({"encoder-max-batch": 2, "colour": "blue"})");
+  auto unknown = Parse({"--config", (dir / "unknown.json").string()});
+  EXPECT_TRUE(unknown.exit);
+  EXPECT_NE(unknown.output.find("colour"), std::string::npos) << unknown.output;
+  Write(dir / "broken.json", "{\"device\": ");
+  auto broken = Parse({"--config", (dir / "broken.json").string()});
+  EXPECT_TRUE(broken.exit);
+  EXPECT_NE(broken.output.find("is not valid JSON"), std::string::npos) << broken.output;
+  auto missing = Parse({"--config", (dir / "none.json").string()});
+  EXPECT_TRUE(missing.exit);
+  EXPECT_NE(missing.output.find("cannot be opened"), std::string::npos) << missing.output;
+}
+
+TEST(ServerConfig, Bytes) {
+  EXPECT_EQ(*ParseBytes("1048576"), 1048576u);
+  EXPECT_EQ(*ParseBytes("512MiB"), 512ull << 20);
+  EXPECT_EQ(*ParseBytes("2GiB"), 2ull << 30);
+  EXPECT_EQ(*ParseBytes("2 G"), 2ull << 30);
+  EXPECT_EQ(*ParseBytes("1.5KiB"), 1536u);
+  EXPECT_EQ(*ParseBytes("3GB"), 3'000'000'000u);
+  EXPECT_EQ(*ParseBytes("0"), 0u);
+  EXPECT_FALSE(ParseBytes("lots").ok());
+  EXPECT_FALSE(ParseBytes("3 furlongs").ok());
+}
+
+TEST(ServerConfig, Listen) {
+  auto a = ParseListen("0.0.0.0:50051");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->first, "0.0.0.0");
+  EXPECT_EQ(a->second, 50051);
+  auto b = ParseListen("[::1]:0");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->first, "[::1]");
+  EXPECT_EQ(b->second, 0);
+  EXPECT_FALSE(ParseListen("localhost").ok());
+  EXPECT_FALSE(ParseListen("localhost:99999").ok());
+  EXPECT_FALSE(ParseListen(":80").ok());
+}
+
+TEST(ServerConfig, Devices) {
+  auto cpu = ParseDevices("cpu", 0);
+  ASSERT_TRUE(cpu.ok());
+  ASSERT_EQ(cpu->size(), 1u);
+  EXPECT_EQ((*cpu)[0].label, "cpu");
+  EXPECT_EQ((*cpu)[0].engine_device, "cpu");
+
+  auto sim = ParseDevices("cpu:0, cpu:1", 0);
+  ASSERT_TRUE(sim.ok());
+  ASSERT_EQ(sim->size(), 2u);
+  EXPECT_EQ((*sim)[1].label, "cpu:1");
+  EXPECT_EQ((*sim)[1].engine_device, "cpu");  // simulated devices are all the CPU
+
+  auto all = ParseDevices("cuda", 4);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 4u);
+  EXPECT_EQ((*all)[3].label, "cuda:3");
+  EXPECT_TRUE((*all)[3].cuda);
+  auto auto_gpu = ParseDevices("auto", 2);
+  ASSERT_TRUE(auto_gpu.ok());
+  EXPECT_EQ(auto_gpu->size(), 2u);
+  auto auto_cpu = ParseDevices("auto", 0);
+  ASSERT_TRUE(auto_cpu.ok());
+  EXPECT_EQ((*auto_cpu)[0].label, "cpu");
+  auto pick = ParseDevices("cuda:1,cuda:0", 2);
+  ASSERT_TRUE(pick.ok());
+  EXPECT_EQ((*pick)[0].label, "cuda:1");
+
+  // Unknown device count (an old model library): cuda means cuda:0.
+  auto unknown = ParseDevices("cuda", -1);
+  ASSERT_TRUE(unknown.ok());
+  ASSERT_EQ(unknown->size(), 1u);
+  EXPECT_EQ((*unknown)[0].label, "cuda:0");
+
+  EXPECT_NE(ParseDevices("cuda:2", 2).status().message().find("cuda:2 is not visible"), std::string::npos);
+  EXPECT_NE(ParseDevices("cuda", 0).status().message().find("no CUDA device is visible"),
+            std::string::npos);
+  EXPECT_NE(ParseDevices("cpu,cuda:0", 1).status().message().find("mixes CPU and CUDA"),
+            std::string::npos);
+  EXPECT_NE(ParseDevices("cpu:1,cpu:1", 0).status().message().find("names cpu:1 twice"),
+            std::string::npos);
+  EXPECT_NE(ParseDevices("tpu", 0).status().message().find("\"tpu\""), std::string::npos);
+  EXPECT_FALSE(ParseDevices("", 0).ok());
+}
+
+TEST(ServerConfig, CheckpointResolution) {
+  const fs::path dir = TempDir("models");
+  ServerConfig c;
+  c.models_dir = (dir / "models").string();
+  // Nothing anywhere: the demo model.
+  auto demo = ResolveCheckpoint(c);
+  ASSERT_TRUE(demo.ok());
+  EXPECT_TRUE(demo->demo());
+
+  // One checkpoint in models/: that one.
+  fs::create_directories(dir / "models");
+  Write(dir / "models" / "sam_vit_b.pth", "x");
+  Write(dir / "models" / "notes.txt", "not a checkpoint");
+  auto one = ResolveCheckpoint(c);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->path, (dir / "models" / "sam_vit_b.pth").string());
+
+  // Several: refuse and list them.
+  Write(dir / "models" / "sam_vit_h.safetensors", "y");
+  auto several = ResolveCheckpoint(c);
+  ASSERT_FALSE(several.ok());
+  EXPECT_EQ(several.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(several.status().message().find("sam_vit_b.pth"), std::string::npos);
+  EXPECT_NE(several.status().message().find("sam_vit_h.safetensors"), std::string::npos);
+
+  // An explicit one wins over models/.
+  c.checkpoint = (dir / "models" / "sam_vit_h.safetensors").string();
+  auto flag = ResolveCheckpoint(c);
+  ASSERT_TRUE(flag.ok());
+  EXPECT_EQ(flag->path, c.checkpoint);
+  c.checkpoint = (dir / "missing.pth").string();
+  auto missing = ResolveCheckpoint(c);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("is not a readable file"), std::string::npos);
+}
+
+TEST(ServerConfig, CheckpointFromEnvironmentIsReportedAsSuch) {
+  const fs::path dir = TempDir("env");
+  Write(dir / "a.pth", "x");
+  ScopedEnv env("MASKD_CHECKPOINT", (dir / "a.pth").c_str());
+  auto r = Parse({});
+  ASSERT_FALSE(r.exit);
+  EXPECT_EQ(r.config.checkpoint, (dir / "a.pth").string());
+  EXPECT_EQ(r.config.checkpoint_origin, "$MASKD_CHECKPOINT");
+  auto f = Parse({"--checkpoint", (dir / "b.pth").string()});
+  EXPECT_EQ(f.config.checkpoint, (dir / "b.pth").string());
+  EXPECT_EQ(f.config.checkpoint_origin, "--checkpoint");
+}
+
+TEST(ServerConfig, EngineOptionsPerDeviceKind) {
+  ServerConfig c;
+  c.encoder_max_batch = 6;
+  CheckpointChoice ck;
+  auto cpu = MakeEngineOptions(c, DeviceSpec{"cpu:1", "cpu", false}, ck);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu->device, "cpu");
+  EXPECT_EQ(cpu->precision, Precision::kFloat32);
+  EXPECT_FALSE(cpu->fast.cuda_graphs);
+  EXPECT_EQ(cpu->encoder_batch_sizes, (std::vector<int>{1, 2, 4, 6}));
+
+  auto gpu = MakeEngineOptions(c, DeviceSpec{"cuda:1", "cuda:1", true}, ck);
+  ASSERT_TRUE(gpu.ok());
+  EXPECT_EQ(gpu->device, "cuda:1");
+  EXPECT_EQ(gpu->precision, Precision::kBFloat16);
+  EXPECT_TRUE(gpu->fast.cuda_graphs);  // FastPathOptions::Fast() on CUDA
+  EXPECT_TRUE(gpu->fast.gpu_postprocess);
+
+  c.precision = "fp16";
+  c.cuda_graphs = false;
+  c.int8 = true;
+  c.attention = "sdpa";
+  auto tuned = MakeEngineOptions(c, DeviceSpec{"cuda:0", "cuda:0", true}, ck);
+  ASSERT_TRUE(tuned.ok());
+  EXPECT_EQ(tuned->precision, Precision::kFloat16);
+  EXPECT_FALSE(tuned->fast.cuda_graphs);
+  EXPECT_TRUE(tuned->fast.int8);
+  EXPECT_EQ(tuned->fast.attention, AttentionImpl::kSdpa);
+
+  c = ServerConfig{};
+  c.fast = "off";
+  auto off = MakeEngineOptions(c, DeviceSpec{"cuda:0", "cuda:0", true}, ck);
+  EXPECT_FALSE(off->fast.cuda_graphs);
+  EXPECT_EQ(off->fast.attention, AttentionImpl::kMath);
+}
+
+}  // namespace
+}  // namespace maskd::server

@@ -1,0 +1,405 @@
+#include "tests/server_fake_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "model/rle.h"
+
+namespace maskd {
+
+// ---- The handle classes of engine.h, for the fake (the real ones live in maskd_model). ----------
+
+struct PreparedImage::Impl {
+  int original_width = 0, original_height = 0, input_width = 0, input_height = 0;
+  uint64_t content = 0;
+};
+int PreparedImage::original_width() const { return impl_->original_width; }
+int PreparedImage::original_height() const { return impl_->original_height; }
+int PreparedImage::input_width() const { return impl_->input_width; }
+int PreparedImage::input_height() const { return impl_->input_height; }
+
+struct Embedding::Impl {
+  int original_width = 0, original_height = 0, input_width = 0, input_height = 0;
+  uint64_t content = 0;
+  size_t bytes = 0;
+  bool on_host = false;
+};
+int Embedding::original_width() const { return impl_->original_width; }
+int Embedding::original_height() const { return impl_->original_height; }
+int Embedding::input_width() const { return impl_->input_width; }
+int Embedding::input_height() const { return impl_->input_height; }
+size_t Embedding::bytes() const { return impl_->bytes; }
+bool Embedding::on_host() const { return impl_->on_host; }
+std::vector<float> Embedding::ToFloat() const { return {static_cast<float>(impl_->content % 1000)}; }
+std::vector<int64_t> Embedding::shape() const { return {1}; }
+
+struct MaskLogits::Impl {
+  int n = 0, h = 0, w = 0;
+  std::vector<float> values;  // n x h x w
+};
+int MaskLogits::num_masks() const { return impl_->n; }
+int MaskLogits::height() const { return impl_->h; }
+int MaskLogits::width() const { return impl_->w; }
+size_t MaskLogits::bytes() const { return impl_->values.size() * sizeof(float); }
+std::vector<float> MaskLogits::ToFloat() const { return impl_->values; }
+
+// ---- Free functions of engine.h the server uses. -------------------------------------------------
+
+const char* PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kFloat32: return "fp32";
+    case Precision::kBFloat16: return "bf16";
+    case Precision::kFloat16: return "fp16";
+  }
+  return "?";
+}
+
+StatusOr<Precision> ParsePrecision(std::string_view name) {
+  if (name == "fp32") return Precision::kFloat32;
+  if (name == "bf16") return Precision::kBFloat16;
+  if (name == "fp16") return Precision::kFloat16;
+  return InvalidArgument("precision '" + std::string(name) + "' is not one of fp32, bf16, fp16");
+}
+
+const char* AttentionImplName(AttentionImpl a) {
+  switch (a) {
+    case AttentionImpl::kAuto: return "auto";
+    case AttentionImpl::kMath: return "math";
+    case AttentionImpl::kSdpa: return "sdpa";
+    case AttentionImpl::kSdpaFolded: return "sdpa-folded";
+    case AttentionImpl::kFused: return "fused";
+  }
+  return "?";
+}
+
+StatusOr<AttentionImpl> ParseAttentionImpl(std::string_view name) {
+  for (auto a : {AttentionImpl::kAuto, AttentionImpl::kMath, AttentionImpl::kSdpa,
+                 AttentionImpl::kSdpaFolded, AttentionImpl::kFused}) {
+    if (name == AttentionImplName(a)) return a;
+  }
+  return InvalidArgument("attention '" + std::string(name) + "' is unknown");
+}
+
+FastPathOptions FastPathOptions::Fast() {
+  FastPathOptions f;
+  f.cuda_graphs = true;
+  f.gpu_preprocess = true;
+  f.gpu_postprocess = true;
+  return f;
+}
+
+std::pair<int, int> ResizedSize(int width, int height, int target) {
+  const double scale = target * 1.0 / std::max(width, height);
+  return {static_cast<int>(width * scale + 0.5), static_cast<int>(height * scale + 0.5)};
+}
+
+// A stand-in with the same rules as the real one (its messages are the real engine's business and
+// are checked by the end-to-end tests, not here).
+Status ValidatePrompt(const PromptSpec& p, int w, int h, std::string_view prefix) {
+  const std::string f(prefix);
+  if (p.points.empty() && !p.box) return InvalidArgument(f + " has no points and no box");
+  for (size_t i = 0; i < p.points.size(); ++i) {
+    const auto& pt = p.points[i];
+    if (!std::isfinite(pt.x) || !std::isfinite(pt.y) || pt.x < 0 || pt.x > w || pt.y < 0 || pt.y > h) {
+      return InvalidArgument(f + ".points[" + std::to_string(i) + "] is outside the image");
+    }
+  }
+  if (p.box) {
+    const Box& b = *p.box;
+    if (!(b.x0 <= b.x1 && b.y0 <= b.y1 && b.x0 >= 0 && b.y0 >= 0 && b.x1 <= w && b.y1 <= h)) {
+      return InvalidArgument(f + ".box is outside the image or not ordered");
+    }
+  }
+  if (p.mask_input && (p.mask_input_index < 0 || p.mask_input_index >= p.mask_input->num_masks())) {
+    return InvalidArgument(f + ".mask_input index is outside its masks");
+  }
+  return Status::Ok();
+}
+
+int CudaDeviceCount() { return 0; }
+
+namespace fake {
+namespace {
+
+constexpr int kLowRes = 256;
+constexpr int kImageSize = 1024;
+
+}  // namespace
+
+FakeEngine::FakeEngine(FakeEngineOptions o) : o_(std::move(o)) {
+  desc_.arch = "fake";
+  desc_.checkpoint = "fake";
+  desc_.embed_dim = 8;
+  desc_.depth = 1;
+  desc_.num_heads = 1;
+  desc_.image_size = kImageSize;
+  desc_.identity = o_.identity;
+  desc_.parameter_count = 42;
+  engine_options_.device = o_.device;
+}
+
+uint64_t FakeEngine::Checksum(const ImageRGB8& image) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (uint8_t v : image.pixels) h = (h ^ v) * 1099511628211ull;
+  return h ^ (static_cast<uint64_t>(image.width) << 32) ^ static_cast<uint64_t>(image.height);
+}
+
+std::vector<int> FakeEngine::encode_batches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return encode_batches_;
+}
+
+std::vector<int> FakeEngine::decode_batches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return decode_batches_;
+}
+
+void FakeEngine::FailNextEncode(Status s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_encode_ = std::move(s);
+}
+
+void FakeEngine::FailNextDecode(Status s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_decode_ = std::move(s);
+}
+
+void FakeEngine::HoldEncodes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_ = true;
+}
+
+void FakeEngine::ReleaseEncodes() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_ = false;
+  }
+  cv_.notify_all();
+}
+
+bool FakeEngine::WaitForEncodeCalls(int n, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (encode_calls.load() < n) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+StatusOr<PreparedImage> FakeEngine::Prepare(const ImageRGB8& image) {
+  ++prepare_calls;
+  if (image.width <= 0 || image.height <= 0 ||
+      image.pixels.size() != static_cast<size_t>(image.width) * image.height * 3) {
+    return InvalidArgument("fake Prepare: bad image");
+  }
+  auto impl = std::make_shared<PreparedImage::Impl>();
+  impl->original_width = image.width;
+  impl->original_height = image.height;
+  std::tie(impl->input_width, impl->input_height) = ResizedSize(image.width, image.height, kImageSize);
+  impl->content = Checksum(image);
+  return PreparedImage(impl);
+}
+
+StatusOr<PreparedImage> FakeEngine::PrepareResized(const ImageRGB8& resized, int ow, int oh) {
+  auto p = Prepare(resized);
+  if (!p.ok()) return p;
+  auto impl = std::make_shared<PreparedImage::Impl>(*p->impl());
+  impl->original_width = ow;
+  impl->original_height = oh;
+  return PreparedImage(impl);
+}
+
+StatusOr<std::vector<std::shared_ptr<const Embedding>>> FakeEngine::Encode(
+    const std::vector<PreparedImage>& images) {
+  ++encode_calls;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    encode_batches_.push_back(static_cast<int>(images.size()));
+    cv_.wait(lock, [this] { return !hold_; });
+    if (fail_encode_) {
+      Status s = *fail_encode_;
+      fail_encode_.reset();
+      return s;
+    }
+  }
+  if (o_.encode_delay.count() > 0) std::this_thread::sleep_for(o_.encode_delay);
+  encoded_images += static_cast<int>(images.size());
+  std::vector<std::shared_ptr<const Embedding>> out;
+  for (const auto& p : images) {
+    auto impl = std::make_shared<Embedding::Impl>();
+    impl->original_width = p.original_width();
+    impl->original_height = p.original_height();
+    impl->input_width = p.input_width();
+    impl->input_height = p.input_height();
+    impl->content = p.impl()->content;
+    impl->bytes = o_.embedding_bytes;
+    out.push_back(std::make_shared<const Embedding>(impl));
+  }
+  return out;
+}
+
+StatusOr<std::vector<DecodedPrompt>> FakeEngine::Decode(const std::vector<DecodeItem>& items) {
+  ++decode_calls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    decode_batches_.push_back(static_cast<int>(items.size()));
+    if (fail_decode_) {
+      Status s = *fail_decode_;
+      fail_decode_.reset();
+      return s;
+    }
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Embedding& e = *items[i].embedding;
+    if (e.on_host()) return FailedPrecondition("fake Decode: host-tier embedding");
+    MASKD_RETURN_IF_ERROR(ValidatePrompt(items[i].prompt, e.original_width(), e.original_height(),
+                                         "prompts[" + std::to_string(i) + "]"));
+  }
+  if (o_.decode_delay.count() > 0) std::this_thread::sleep_for(o_.decode_delay);
+  decoded_prompts += static_cast<int>(items.size());
+  std::vector<DecodedPrompt> out;
+  for (const auto& item : items) {
+    const Embedding& e = *item.embedding;
+    const PromptSpec& p = item.prompt;
+    // The prompt's centre in the low-res frame (input frame / 4).
+    double cx, cy;
+    if (!p.points.empty()) {
+      cx = p.points[0].x, cy = p.points[0].y;
+    } else {
+      cx = (p.box->x0 + p.box->x1) / 2, cy = (p.box->y0 + p.box->y1) / 2;
+    }
+    const double sx = static_cast<double>(e.input_width()) / e.original_width() * kLowRes / kImageSize;
+    const double sy = static_cast<double>(e.input_height()) / e.original_height() * kLowRes / kImageSize;
+    cx *= sx;
+    cy *= sy;
+    const int n = p.multimask ? 3 : 1;
+    const double base = 4.0 + static_cast<double>(e.impl()->content % 5) + (p.points.size() % 3);
+    const bool background = !p.points.empty() && p.points[0].label == 0;
+    auto impl = std::make_shared<MaskLogits::Impl>();
+    impl->n = n;
+    impl->h = kLowRes;
+    impl->w = kLowRes;
+    impl->values.resize(static_cast<size_t>(n) * kLowRes * kLowRes);
+    std::vector<float> hint;
+    if (p.mask_input) {
+      const std::vector<float> all = p.mask_input->ToFloat();
+      const size_t plane = static_cast<size_t>(kLowRes) * kLowRes;
+      hint.assign(all.begin() + p.mask_input_index * plane, all.begin() + (p.mask_input_index + 1) * plane);
+    }
+    DecodedPrompt d;
+    for (int m = 0; m < n; ++m) {
+      const double r = (background ? 0.5 : 1.0) * base * (m + 1);
+      for (int y = 0; y < kLowRes; ++y) {
+        for (int x = 0; x < kLowRes; ++x) {
+          const double dist = std::hypot(x + 0.5 - cx, y + 0.5 - cy);
+          float v = static_cast<float>((r - dist) / 2.0);
+          if (!hint.empty()) v += 0.5f * hint[static_cast<size_t>(y) * kLowRes + x];
+          impl->values[(static_cast<size_t>(m) * kLowRes + y) * kLowRes + x] = v;
+        }
+      }
+      // Scores differ per mask so that best_index is not always 0.
+      d.scores.push_back(static_cast<float>(0.5 + 0.1 * ((m + e.impl()->content) % 3)));
+    }
+    d.logits = std::make_shared<const MaskLogits>(impl);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+StatusOr<std::vector<std::vector<MaskData>>> FakeEngine::Postprocess(
+    const std::vector<PostprocessItem>& items) {
+  ++postprocess_calls;
+  if (o_.postprocess_delay.count() > 0) std::this_thread::sleep_for(o_.postprocess_delay);
+  std::vector<std::vector<MaskData>> out;
+  for (const auto& it : items) {
+    const MaskLogits& l = *it.logits;
+    const int W = it.original_width, H = it.original_height;
+    std::vector<MaskData> masks;
+    for (int m = 0; m < l.num_masks(); ++m) {
+      const float* plane = l.impl()->values.data() + static_cast<size_t>(m) * l.height() * l.width();
+      std::vector<uint8_t> mask(static_cast<size_t>(W) * H);
+      uint64_t hi = 0, lo = 0;
+      uint32_t x0 = W, y0 = H, x1 = 0, y1 = 0;
+      uint64_t area = 0;
+      for (int y = 0; y < H; ++y) {
+        const int ly = std::min(l.height() - 1, static_cast<int>((y + 0.5) * it.input_height / H / 4));
+        for (int x = 0; x < W; ++x) {
+          const int lx = std::min(l.width() - 1, static_cast<int>((x + 0.5) * it.input_width / W / 4));
+          const float v = plane[static_cast<size_t>(ly) * l.width() + lx];
+          const bool in = v > 0;
+          mask[static_cast<size_t>(y) * W + x] = in;
+          hi += v > 1.0f;
+          lo += v > -1.0f;
+          if (in) {
+            ++area;
+            x0 = std::min<uint32_t>(x0, x);
+            y0 = std::min<uint32_t>(y0, y);
+            x1 = std::max<uint32_t>(x1, x);
+            y1 = std::max<uint32_t>(y1, y);
+          }
+        }
+      }
+      MaskData d;
+      d.area = area;
+      d.stability_score = lo ? static_cast<float>(hi) / static_cast<float>(lo) : 0.f;
+      if (area) d.bbox = {x0, y0, x1 - x0 + 1, y1 - y0 + 1};
+      if (it.encoding == MaskEncoding::kRle) d.rle_counts = RleEncode(mask.data(), W, H);
+      if (it.encoding == MaskEncoding::kBitmask) d.bitmask = std::move(mask);
+      masks.push_back(std::move(d));
+    }
+    out.push_back(std::move(masks));
+  }
+  return out;
+}
+
+StatusOr<std::shared_ptr<const Embedding>> FakeEngine::ToHost(const Embedding& e) {
+  ++to_host_calls;
+  auto impl = std::make_shared<Embedding::Impl>(*e.impl());
+  impl->on_host = true;
+  return std::make_shared<const Embedding>(impl);
+}
+
+StatusOr<std::shared_ptr<const Embedding>> FakeEngine::ToDevice(const Embedding& e) {
+  ++to_device_calls;
+  auto impl = std::make_shared<Embedding::Impl>(*e.impl());
+  impl->on_host = false;
+  return std::make_shared<const Embedding>(impl);
+}
+
+StatusOr<std::shared_ptr<const MaskLogits>> FakeEngine::MakeMaskLogits(const float* v, int h, int w) {
+  if (h != kLowRes || w != kLowRes) return InvalidArgument("fake MakeMaskLogits: expected 256 x 256");
+  auto impl = std::make_shared<MaskLogits::Impl>();
+  impl->n = 1;
+  impl->h = h;
+  impl->w = w;
+  impl->values.assign(v, v + static_cast<size_t>(h) * w);
+  return std::make_shared<const MaskLogits>(impl);
+}
+
+DeviceMemoryStats FakeEngine::memory() const {
+  DeviceMemoryStats s;
+  s.allocated = 1000;
+  s.peak_allocated = 2000;
+  s.reserved = 3000;
+  s.total = 4000;
+  return s;
+}
+
+std::shared_ptr<const Embedding> FakeEngine::MakeEmbedding(size_t bytes, uint64_t content,
+                                                           bool on_host) {
+  auto impl = std::make_shared<Embedding::Impl>();
+  impl->original_width = 64;
+  impl->original_height = 48;
+  impl->input_width = 1024;
+  impl->input_height = 768;
+  impl->content = content;
+  impl->bytes = bytes;
+  impl->on_host = on_host;
+  return std::make_shared<const Embedding>(impl);
+}
+
+uint64_t FakeEngine::ContentOf(const Embedding& e) { return e.impl()->content; }
+
+}  // namespace fake
+}  // namespace maskd

@@ -1,0 +1,92 @@
+// A fake maskd::Engine for the server's unit tests: deterministic, torch-free, with controllable
+// latency, failures and a gate that holds Encode calls, and counters of everything it was asked.
+//
+// It comes with its own definitions of the engine.h handle classes (PreparedImage, Embedding,
+// MaskLogits) and free functions, so a test binary links it INSTEAD of maskd_model (never both:
+// the real handles hold LibTorch tensors that only the real engine can make).
+//
+// Its "model": the embedding of an image is a checksum of its pixels; a prompt's mask m is a disc
+// around the first point (or the box centre) in the low-res frame, radius growing with m, plus half
+// of the mask input's logits. Postprocess thresholds at 0 after a nearest-neighbour upscale.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/engine.h"
+
+namespace maskd::fake {
+
+struct FakeEngineOptions {
+  std::string device = "cpu";
+  std::string identity = "fake-model-identity";
+  int max_batch = 8;
+  size_t embedding_bytes = 1 << 20;
+  std::chrono::microseconds encode_delay{0};
+  std::chrono::microseconds decode_delay{0};
+  std::chrono::microseconds postprocess_delay{0};
+};
+
+class FakeEngine final : public Engine {
+ public:
+  explicit FakeEngine(FakeEngineOptions o = {});
+
+  // Counters.
+  std::atomic<int> prepare_calls{0}, encode_calls{0}, encoded_images{0}, decode_calls{0};
+  std::atomic<int> decoded_prompts{0}, postprocess_calls{0}, to_host_calls{0}, to_device_calls{0};
+  std::vector<int> encode_batches() const;  // sizes of Encode calls, in order
+  std::vector<int> decode_batches() const;
+
+  // The next Encode/Decode returns `s` instead of running.
+  void FailNextEncode(Status s);
+  void FailNextDecode(Status s);
+  // While held, Encode blocks (after counting the call) until Release().
+  void HoldEncodes();
+  void ReleaseEncodes();
+  // Blocks until `n` Encode calls have started (for tests that need the encoder busy).
+  bool WaitForEncodeCalls(int n, std::chrono::milliseconds timeout);
+
+  const ModelDescription& description() const override { return desc_; }
+  const EngineOptions& options() const override { return engine_options_; }
+  std::string device() const override { return o_.device; }
+  std::string device_name() const override { return "fake " + o_.device; }
+  std::vector<std::string> optimisations() const override { return {"fake"}; }
+  int max_encoder_batch() const override { return o_.max_batch; }
+  StatusOr<PreparedImage> Prepare(const ImageRGB8& image) override;
+  StatusOr<PreparedImage> PrepareResized(const ImageRGB8& resized, int ow, int oh) override;
+  StatusOr<std::vector<std::shared_ptr<const Embedding>>> Encode(
+      const std::vector<PreparedImage>& images) override;
+  StatusOr<std::vector<DecodedPrompt>> Decode(const std::vector<DecodeItem>& items) override;
+  StatusOr<std::vector<std::vector<MaskData>>> Postprocess(
+      const std::vector<PostprocessItem>& items) override;
+  StatusOr<std::shared_ptr<const Embedding>> ToHost(const Embedding& e) override;
+  StatusOr<std::shared_ptr<const Embedding>> ToDevice(const Embedding& e) override;
+  StatusOr<std::shared_ptr<const MaskLogits>> MakeMaskLogits(const float* v, int h, int w) override;
+  DeviceMemoryStats memory() const override;
+  void ResetPeakMemory() override {}
+
+  // A stand-alone embedding (for cache tests), with its size in bytes.
+  static std::shared_ptr<const Embedding> MakeEmbedding(size_t bytes, uint64_t content = 0,
+                                                        bool on_host = false);
+  // The content checksum an embedding was made from (tests compare it to the image's).
+  static uint64_t ContentOf(const Embedding& e);
+  static uint64_t Checksum(const ImageRGB8& image);
+
+ private:
+  FakeEngineOptions o_;
+  ModelDescription desc_;
+  EngineOptions engine_options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool hold_ = false;
+  std::optional<Status> fail_encode_, fail_decode_;
+  std::vector<int> encode_batches_, decode_batches_;
+};
+
+}  // namespace maskd::fake

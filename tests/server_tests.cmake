@@ -1,0 +1,14 @@
+# Tests of server/ (maskd_server), included by tests/CMakeLists.txt.
+#
+# Unit tests run the server against a fake engine: server_fake_engine defines the engine.h handle
+# classes itself, so these binaries link it INSTEAD of maskd_model (never both). The end-to-end test
+# links the real engine.
+add_library(server_fake_engine STATIC server_fake_engine.cc)
+target_include_directories(server_fake_engine PUBLIC ${PROJECT_SOURCE_DIR})
+target_link_libraries(server_fake_engine PUBLIC maskd_imageio)
+
+maskd_add_test(server_cache_test SOURCES server_cache_test.cc LIBS maskd_server server_fake_engine)
+maskd_add_test(server_batcher_test SOURCES server_batcher_test.cc LIBS maskd_server server_fake_engine)
+maskd_add_test(server_config_test SOURCES server_config_test.cc LIBS maskd_server server_fake_engine)
+maskd_add_test(server_validation_test SOURCES server_validation_test.cc
+               LIBS maskd_server server_fake_engine)
