@@ -485,8 +485,11 @@ StatusOr<LoadResult> LoadRunner::Run() {
     const uint64_t calls = std::min<uint64_t>(calls_at_stop, config_.max_requests) - calls_at_measure_start;
     if (calls > 0) result.client_cpu_us_per_call = result.client_cpu_s * 1e6 / calls;
   }
-  for (uint64_t t = 0; t < std::max<uint64_t>(stop_us, 1); t += 1000000) {
-    result.timeline.push_back(tail(t, std::min<uint64_t>(t + 1000000, stop_us + 1)));
+  // The timeline runs to the last completion, so calls that were in flight at the stop (and, say,
+  // ran into their deadline while draining) show up in the plot too.
+  const uint64_t timeline_end = std::max<uint64_t>(stop_us, all.empty() ? 0 : all.back().done_us) + 1;
+  for (uint64_t t = 0; t < timeline_end; t += 1000000) {
+    result.timeline.push_back(tail(t, std::min<uint64_t>(t + 1000000, timeline_end)));
   }
   result.info_after = TryGetInfo(**control);
   if (progress_) {

@@ -35,9 +35,9 @@ def main(argv):
 
     fig, (ax_rate, ax_lat) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
     if batch:
-        ax_rate.plot(t, [float(r["images_per_s"]) for r in rows], label="images/s", color="tab:blue")
+        ax_rate.plot(t, [float(r["images_per_s"]) for r in rows], ".-", label="images/s", color="tab:blue")
     else:
-        ax_rate.plot(t, [float(r["calls_per_s"]) for r in rows], label="calls/s", color="tab:blue")
+        ax_rate.plot(t, [float(r["calls_per_s"]) for r in rows], ".-", label="calls/s", color="tab:blue")
     ax_prompts = ax_rate.twinx()
     ax_prompts.plot(t, [float(r["prompts_per_s"]) for r in rows], label="prompts/s", color="tab:orange",
                     alpha=0.8)
@@ -54,7 +54,7 @@ def main(argv):
                         ("max_ms", "tab:gray")):
         # Seconds with no completed call have no latency: leave a gap rather than draw a zero.
         ys = [float(r[key]) if int(r["calls"]) - int(r["errors"]) > 0 else float("nan") for r in rows]
-        ax_lat.plot(t, ys, label=key.replace("_ms", ""), color=colour)
+        ax_lat.plot(t, ys, ".-", markersize=4, label=key.replace("_ms", ""), color=colour)
     ax_lat.set_ylabel("latency (ms)")
     ax_lat.set_xlabel("time since start (s)")
     ax_lat.legend(loc="upper right")

@@ -194,11 +194,17 @@ std::string HumanSummary(const LoadConfig& c, const LoadResult& r) {
   std::ostringstream s;
   const WindowStats& w = r.summary;
   char buf[512];
+  char mode_buf[64];
+  if (c.rate > 0) {
+    std::snprintf(mode_buf, sizeof mode_buf, "%g calls/s", c.rate);
+  } else {
+    std::snprintf(mode_buf, sizeof mode_buf, "%d clients", c.concurrency);
+  }
+  const std::string mode = mode_buf;
   std::snprintf(buf, sizeof buf,
                 "maskload %s %s (%s), %s after %.1f s: %s over %d window(s) of %.1f s\n",
                 WorkloadName(c.workload), c.rate > 0 ? "open loop" : "closed loop",
-                c.rate > 0 ? (std::to_string(c.rate) + " calls/s").c_str()
-                           : (std::to_string(c.concurrency) + " clients").c_str(),
+                mode.c_str(),
                 r.stop_reason.c_str(), r.wall_s, r.stable ? "stable" : "NOT stable", r.summary_windows,
                 c.window_s);
   s << buf;
