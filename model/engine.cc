@@ -46,6 +46,7 @@ int PreparedImage::input_height() const { return impl_->input_height; }
 
 struct Embedding::Impl {
   at::Tensor tensor;  // [C, h, w]
+  bool host_tier = false;  // moved off a CUDA device by ToHost
   int original_width, original_height, input_width, input_height;
 };
 int Embedding::original_width() const { return impl_->original_width; }
@@ -53,7 +54,7 @@ int Embedding::original_height() const { return impl_->original_height; }
 int Embedding::input_width() const { return impl_->input_width; }
 int Embedding::input_height() const { return impl_->input_height; }
 size_t Embedding::bytes() const { return impl_->tensor.nbytes(); }
-bool Embedding::on_host() const { return impl_->tensor.is_cpu(); }
+bool Embedding::on_host() const { return impl_->host_tier; }
 std::vector<int64_t> Embedding::shape() const { return impl_->tensor.sizes().vec(); }
 std::vector<float> Embedding::ToFloat() const {
   at::Tensor t = impl_->tensor.to(at::kCPU, at::kFloat).contiguous();
@@ -741,6 +742,7 @@ StatusOr<std::shared_ptr<const Embedding>> EngineImpl::ToHost(const Embedding& e
   return Guarded("moving an embedding to host memory", [&]() -> StatusOr<std::shared_ptr<const Embedding>> {
     auto impl = std::make_shared<Embedding::Impl>(*e.impl());
     if (!impl->tensor.is_cpu()) {
+      impl->host_tier = true;
       CallStream cs(device_);
       at::Tensor host = at::empty(impl->tensor.sizes(),
                                   impl->tensor.options().device(at::kCPU).pinned_memory(device_.is_cuda()));
@@ -755,6 +757,7 @@ StatusOr<std::shared_ptr<const Embedding>> EngineImpl::ToHost(const Embedding& e
 StatusOr<std::shared_ptr<const Embedding>> EngineImpl::ToDevice(const Embedding& e) {
   return Guarded("moving an embedding to the device", [&]() -> StatusOr<std::shared_ptr<const Embedding>> {
     auto impl = std::make_shared<Embedding::Impl>(*e.impl());
+    impl->host_tier = false;
     if (impl->tensor.device() != device_) {
       CallStream cs(device_);
       impl->tensor = impl->tensor.to(device_);

@@ -149,7 +149,8 @@ class Embedding {
   int input_height() const;
   // Bytes of tensor memory held.
   size_t bytes() const;
-  // True when the tensor lives in host memory (the cache's host tier).
+  // True when ToHost moved it off a CUDA device (the cache's host tier); never for CPU engines,
+  // whose embeddings live in host memory as their device memory.
   bool on_host() const;
   // The values as float32, C x H x W (for tests and verification tools; copies).
   std::vector<float> ToFloat() const;

@@ -66,7 +66,7 @@ at::Tensor PromptEncoderImpl::EmbedTokens(const at::Tensor& coords, const at::Te
   for (const auto& e : point_embedding_list) rows.push_back(e->weight.to(at::kFloat));
   const at::Tensor table = at::cat(rows, 0);  // [4, D]
   const at::Tensor is_pad = labels.eq(-1).unsqueeze(-1);
-  const at::Tensor label_emb = table.index_select(0, labels.clamp_min(0));
+  const at::Tensor label_emb = at::embedding(table, labels.clamp_min(0));
   const at::Tensor pad_emb = not_a_point_embed->weight.to(at::kFloat).expand_as(pe);
   // Points: PE + label embedding; padding: 0 + not_a_point (the original zeroes, then adds).
   return at::where(is_pad, pad_emb, pe + label_emb);

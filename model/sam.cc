@@ -1,6 +1,9 @@
 #include "model/sam.h"
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/types.h>
 
 #include <map>
@@ -72,29 +75,39 @@ Status LoadStateDict(torch::nn::Module& model, const StateDict& tensors, const s
   return Status::Ok();
 }
 
+namespace {
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
 void RandomizeWeights(torch::nn::Module& model, uint64_t seed) {
   torch::NoGradGuard no_grad;
   at::Generator gen = at::detail::createCPUGenerator(seed);
+  // Which modules are norms and embeddings, by type rather than by name.
+  std::set<std::string> norms, embeddings, transposed;
+  for (const auto& m : model.named_modules("", /*include_self=*/false)) {
+    const auto* mod = m.value().get();
+    if (dynamic_cast<const torch::nn::LayerNormImpl*>(mod) || dynamic_cast<const LayerNorm2dImpl*>(mod))
+      norms.insert(m.key() + ".weight");
+    if (dynamic_cast<const torch::nn::EmbeddingImpl*>(mod)) embeddings.insert(m.key() + ".weight");
+    if (dynamic_cast<const torch::nn::ConvTranspose2dImpl*>(mod)) transposed.insert(m.key() + ".weight");
+  }
   for (auto& [name, t] : ModelStateDict(model)) {
-    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    const bool is_norm = name.find("norm") != std::string::npos ||
-                         name.find("neck.1") != std::string::npos || name.find("neck.3") != std::string::npos ||
-                         name.find("output_upscaling.1") != std::string::npos ||
-                         name.find("mask_downscaling.1") != std::string::npos ||
-                         name.find("mask_downscaling.4") != std::string::npos;
-    at::Tensor r = at::randn(t.sizes(), gen, at::TensorOptions().dtype(at::kFloat));
-    if (is_norm && !is_bias) {
+    const at::Tensor r = at::randn(t.sizes(), gen, at::TensorOptions().dtype(at::kFloat));
+    if (norms.count(name)) {
       t.copy_(1.0 + 0.1 * r);
-    } else if (is_bias) {
+    } else if (EndsWith(name, ".bias")) {
       t.copy_(0.02 * r);
-    } else if (t.dim() >= 2 && name.find("weight") != std::string::npos &&
-               name.find("embed") == std::string::npos && name.find("token") == std::string::npos) {
-      const int64_t fan_in = t.numel() / t.size(0);
-      // ConvTranspose weights are [in, out, k, k]: fan_in is the input channels.
-      const int64_t fan = name.find("output_upscaling") != std::string::npos ? t.size(0) : fan_in;
-      t.copy_(r / std::sqrt(static_cast<double>(fan)));
+    } else if (embeddings.count(name) || EndsWith(name, "positional_encoding_gaussian_matrix")) {
+      t.copy_(r);  // nn.Embedding's and SAM's own N(0, 1) initialisation
+    } else if (EndsWith(name, "pos_embed") || EndsWith(name, "rel_pos_h") || EndsWith(name, "rel_pos_w")) {
+      t.copy_(0.2 * r);  // learned positional terms: non-zero, small against the activations
     } else {
-      t.copy_(0.5 * r);  // embeddings, tokens, pos_embed, rel-pos tables, the PE matrix
+      // Linear/conv weights ~ N(0, 1/fan_in) keep activations O(1) through the layers.
+      // ConvTranspose2d weights are [in, out, k, k]: the fan-in is in * k * k / stride^2 ~ in.
+      const int64_t fan_in = transposed.count(name) ? t.size(0) : t.numel() / t.size(0);
+      t.copy_(r / std::sqrt(static_cast<double>(fan_in)));
     }
   }
 }
