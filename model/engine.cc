@@ -235,13 +235,15 @@ class CallStream {
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(EngineOptions options, SamConfig config, Sam model, at::Device device, std::string identity,
+  EngineImpl(EngineOptions options, SamConfig config, Sam model, at::Device device, std::string weights_digest,
              uint64_t params)
       : options_(std::move(options)), config_(std::move(config)), sam_(std::move(model)),
-        device_(device), dtype_(DtypeOf(options_.precision)) {
+        device_(device), dtype_(DtypeOf(options_.precision)), weights_digest_(std::move(weights_digest)) {
     if (!options_.log) options_.log = DefaultLog;
     desc_.arch = config_.arch;
-    desc_.checkpoint = options_.checkpoint.empty() ? "builtin-demo" : options_.checkpoint;
+    desc_.checkpoint = !options_.checkpoint.empty()         ? options_.checkpoint
+                       : options_.random_arch == "tiny" ? std::string("builtin-demo")
+                                                        : "builtin-random-" + options_.random_arch;
     desc_.demo = options_.checkpoint.empty();
     desc_.embed_dim = config_.embed_dim;
     desc_.depth = config_.depth;
@@ -253,7 +255,7 @@ class EngineImpl final : public Engine {
     desc_.out_chans = config_.out_chans;
     desc_.global_attn_indexes = config_.global_attn_indexes;
     desc_.parameter_count = params;
-    desc_.identity = identity;
+    desc_.identity = Identity();
   }
 
   Status Init();
@@ -264,6 +266,7 @@ class EngineImpl final : public Engine {
   std::string device_name() const override;
   std::vector<std::string> optimisations() const override { return optimisations_; }
   int max_encoder_batch() const override { return options_.encoder_batch_sizes.back(); }
+  Status Reconfigure(const FastPathOptions& fast) override;
 
   StatusOr<PreparedImage> Prepare(const ImageRGB8& image) override;
   StatusOr<PreparedImage> PrepareResized(const ImageRGB8& resized, int ow, int oh) override;
@@ -285,6 +288,7 @@ class EngineImpl final : public Engine {
   MaskDecoderImpl::Output RunDecoder(const at::Tensor& src, const at::Tensor& sparse);
   Status PrepareFastPath();
   Status CaptureEncoderGraphs();
+  std::string Identity() const;
   Status Warmup();
 
   EngineOptions options_;
@@ -292,6 +296,7 @@ class EngineImpl final : public Engine {
   Sam sam_;
   at::Device device_;
   at::ScalarType dtype_;
+  std::string weights_digest_;
   ModelDescription desc_;
   std::vector<std::string> optimisations_;
   at::Tensor dense_pe_;     // [1, D, g, g] engine dtype
@@ -310,6 +315,40 @@ class EngineImpl final : public Engine {
   std::map<int, EncoderGraph> graphs_;
 #endif
 };
+
+std::string EngineImpl::Identity() const {
+  // Cache keys depend on the weights and on everything that changes the embedding's numerics.
+  std::ostringstream os;
+  os << weights_digest_ << "|" << PrecisionName(options_.precision) << "|int8=" << options_.fast.int8
+     << "|sparse=" << options_.fast.sparse24;
+  const std::string s = os.str();
+  const XXH128_hash_t h = XXH3_128bits(s.data(), s.size());
+  return Hex(h.high64, h.low64).substr(0, 16);
+}
+
+Status EngineImpl::Reconfigure(const FastPathOptions& fast) {
+  return Guarded("reconfiguring the fast path", [&]() -> Status {
+    torch::NoGradGuard no_grad;
+    options_.fast = fast;
+    optimisations_.clear();
+    for (auto& b : sam_->image_encoder->block_list) {
+      b->attn->qkv_fast.reset();
+      b->attn->proj_fast.reset();
+      b->mlp->lin1_fast.reset();
+      b->mlp->lin2_fast.reset();
+    }
+#ifdef MASKD_WITH_CUDA
+    {
+      std::lock_guard<std::mutex> lock(graph_mu_);
+      graphs_.clear();
+    }
+#endif
+    MASKD_RETURN_IF_ERROR(PrepareFastPath());
+    desc_.identity = Identity();
+    if (options_.warmup) MASKD_RETURN_IF_ERROR(Warmup());
+    return Status::Ok();
+  });
+}
 
 std::string EngineImpl::device_name() const {
 #ifdef MASKD_WITH_CUDA
@@ -825,7 +864,7 @@ StatusOr<at::Device> ParseDevice(const std::string& name) {
   return InvalidArgument("device '" + name + "' is not cpu, cuda or cuda:N");
 }
 
-std::string WeightsDigest(const StateDict& sd, const EngineOptions& o) {
+std::string WeightsDigest(const StateDict& sd) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_128bits_reset(st);
   for (const auto& [name, t] : sd) {
@@ -833,13 +872,9 @@ std::string WeightsDigest(const StateDict& sd, const EngineOptions& o) {
     const at::Tensor c = t.contiguous();
     XXH3_128bits_update(st, c.data_ptr(), c.nbytes());
   }
-  std::ostringstream os;
-  os << PrecisionName(o.precision) << "|int8=" << o.fast.int8 << "|sparse=" << o.fast.sparse24;
-  const std::string extra = os.str();
-  XXH3_128bits_update(st, extra.data(), extra.size());
   const XXH128_hash_t h = XXH3_128bits_digest(st);
   XXH3_freeState(st);
-  return Hex(h.high64, h.low64).substr(0, 16);
+  return Hex(h.high64, h.low64);
 }
 
 }  // namespace
@@ -854,12 +889,17 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options_in
     StateDict sd;
     std::optional<Sam> model;
     if (options.checkpoint.empty()) {
-      config = *SamPreset("tiny");
+      auto preset = SamPreset(options.random_arch);
+      if (!preset.ok()) return preset.status();
+      config = *preset;
       model.emplace(config);
       RandomizeWeights(**model, options.demo_seed);
       sd = ModelStateDict(**model);
       options.log(LogLevel::kWarning,
-                  "NO CHECKPOINT GIVEN: serving the built-in demo model (small encoder, random weights, "
+                  "NO CHECKPOINT GIVEN: serving " +
+                      (options.random_arch == "tiny" ? std::string("the built-in demo model (small encoder, ")
+                                                     : "a " + options.random_arch + " model (") +
+                      "random weights, "
                   "seed " + std::to_string(options.demo_seed) + "). ITS MASKS ARE MEANINGLESS. Download an "
                   "official SAM checkpoint (vit_b: sam_vit_b_01ec64.pth, vit_l: sam_vit_l_0b3195.pth, "
                   "vit_h: sam_vit_h_4b8939.pth from "
@@ -877,15 +917,15 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options_in
     }
     uint64_t params = 0;
     for (const auto& p : (*model)->parameters()) params += static_cast<uint64_t>(p.numel());
-    const std::string identity = WeightsDigest(sd, options);
+    const std::string digest = WeightsDigest(sd);
     sd.clear();
     std::ostringstream os;
     os << "SAM " << config.arch << " (embed " << config.embed_dim << ", depth " << config.depth << ", heads "
        << config.num_heads << ", " << params << " parameters) from "
-       << (options.checkpoint.empty() ? std::string("builtin-demo") : options.checkpoint) << " on "
+       << (options.checkpoint.empty() ? "random weights" : options.checkpoint) << " on "
        << device->str() << " in " << PrecisionName(options.precision);
     options.log(LogLevel::kInfo, os.str());
-    auto engine = std::make_unique<EngineImpl>(options, config, *model, *device, identity, params);
+    auto engine = std::make_unique<EngineImpl>(options, config, *model, *device, digest, params);
     MASKD_RETURN_IF_ERROR(engine->Init());
     return std::unique_ptr<Engine>(std::move(engine));
   });

@@ -71,9 +71,12 @@ struct FastPathOptions {
 };
 
 struct EngineOptions {
-  // A SAM checkpoint: official .pth (torch.save of the state dict) or .safetensors. Empty: the
-  // built-in demo model (small encoder, seeded random weights: its masks are meaningless).
+  // A SAM checkpoint: official .pth (torch.save of the state dict) or .safetensors. Empty: seeded
+  // random weights of `random_arch` (its masks are meaningless).
   std::string checkpoint;
+  // Without a checkpoint: "tiny" (the built-in demo model: the golden reference encoder shape) or
+  // "vit_b", "vit_l", "vit_h" (random weights of a released shape, for benchmarks).
+  std::string random_arch = "tiny";
   // "cpu", "cuda" (= "cuda:0") or "cuda:N".
   std::string device = "cpu";
   Precision precision = Precision::kFloat32;
@@ -245,6 +248,15 @@ class Engine {
   virtual std::vector<std::string> optimisations() const = 0;
   // Largest batch Encode runs in one pass.
   virtual int max_encoder_batch() const = 0;
+
+  // Switches the fast path (attention, graphs, int8/2:4, GPU pre/post-processing) of a created
+  // engine, e.g. for the benchmark waterfall; re-derives quantised weights from the dense ones and
+  // recaptures graphs. Must not overlap any other call on this engine. The identity changes when the
+  // numerics do (int8, 2:4).
+  virtual Status Reconfigure(const FastPathOptions& fast) {
+    (void)fast;
+    return FailedPrecondition("this engine cannot be reconfigured");
+  }
 
   // CPU work (plus an upload with gpu_preprocess): the longest-side resize, normalisation, padding.
   virtual StatusOr<PreparedImage> Prepare(const ImageRGB8& image) = 0;
