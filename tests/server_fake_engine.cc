@@ -289,7 +289,8 @@ StatusOr<std::vector<DecodedPrompt>> FakeEngine::Decode(const std::vector<Decode
     }
     DecodedPrompt d;
     for (int m = 0; m < n; ++m) {
-      const double r = (background ? 0.5 : 1.0) * base * (m + 1);
+      // In low-res units (4 input pixels): discs of a few to a few dozen image pixels.
+      const double r = (background ? 0.5 : 1.0) * base * 4 * (m + 1);
       for (int y = 0; y < kLowRes; ++y) {
         for (int x = 0; x < kLowRes; ++x) {
           const double dist = std::hypot(x + 0.5 - cx, y + 0.5 - cy);

@@ -12,3 +12,5 @@ maskd_add_test(server_batcher_test SOURCES server_batcher_test.cc LIBS maskd_ser
 maskd_add_test(server_config_test SOURCES server_config_test.cc LIBS maskd_server server_fake_engine)
 maskd_add_test(server_validation_test SOURCES server_validation_test.cc
                LIBS maskd_server server_fake_engine)
+maskd_add_test(server_service_test SOURCES server_service_test.cc
+               LIBS maskd_server maskd_client server_fake_engine)

@@ -1,0 +1,794 @@
+// The whole server in-process on an ephemeral loopback port, over real gRPC, with fake engines whose
+// latency and failures the tests control: health transitions, every RPC, routing and cache affinity
+// across two simulated devices, single flight, queue limits, deadlines, tiers, streams, shutdown.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "client/client.h"
+#include "model/image_codec.h"
+#include "model/rle.h"
+#include "server/image_id.h"
+#include "server/server.h"
+#include "tests/server_fake_engine.h"
+
+namespace maskd::server {
+namespace {
+
+using client::Client;
+using client::ClientOptions;
+using client::ServingStatus;
+using fake::FakeEngine;
+using fake::FakeEngineOptions;
+using std::chrono::milliseconds;
+
+ImageRGB8 Picture(int w, int h, int seed) {
+  ImageRGB8 im{w, h, std::vector<uint8_t>(static_cast<size_t>(w) * h * 3)};
+  for (size_t i = 0; i < im.pixels.size(); ++i) im.pixels[i] = static_cast<uint8_t>((i * 7 + seed * 31) & 0xff);
+  return im;
+}
+
+v1::Image Encoded(int w, int h, int seed) {
+  v1::Image out;
+  out.set_encoded(*EncodePngRgb(Picture(w, h, seed)));
+  return out;
+}
+
+v1::Prompt Click(float x, float y, bool multimask = false, bool foreground = true) {
+  v1::Prompt p;
+  auto* pt = p.add_points();
+  pt->set_x(x);
+  pt->set_y(y);
+  pt->set_label(foreground ? v1::POINT_LABEL_FOREGROUND : v1::POINT_LABEL_BACKGROUND);
+  p.set_multimask(multimask);
+  return p;
+}
+
+v1::SegmentRequest ById(const std::string& id, std::vector<v1::Prompt> prompts,
+                        v1::OutputFormat f = v1::OUTPUT_FORMAT_COCO_RLE) {
+  v1::SegmentRequest r;
+  r.set_image_id(id);
+  for (auto& p : prompts) *r.add_prompts() = p;
+  r.set_output_format(f);
+  return r;
+}
+
+v1::SegmentRequest ByImage(const v1::Image& image, std::vector<v1::Prompt> prompts) {
+  v1::SegmentRequest r;
+  *r.mutable_image() = image;
+  for (auto& p : prompts) *r.add_prompts() = p;
+  return r;
+}
+
+std::vector<uint8_t> DecodeRle(const v1::MaskResult& m) {
+  auto counts = RleCountsFromString(m.rle().counts());
+  EXPECT_TRUE(counts.ok());
+  auto mask = RleDecode(*counts, m.rle().size(1), m.rle().size(0));
+  EXPECT_TRUE(mask.ok());
+  return *mask;
+}
+
+// A server with `devices` fake engines.
+class FakeMaskd {
+ public:
+  struct Options {
+    int devices = 1;
+    bool cuda = false;  // fake GPUs (host tier on) instead of CPU engines
+    FakeEngineOptions engine;
+    std::function<void(ServerConfig&)> configure;
+    bool start_loading = true;
+    std::function<void()> before_engine;  // runs in the engine factory (to hold loading)
+  };
+
+  explicit FakeMaskd(Options o) : o_(std::move(o)) {
+    spdlog::set_level(spdlog::level::err);
+    ServerConfig c;
+    c.listen = "127.0.0.1:0";
+    c.models_dir = "/nonexistent-maskd-test-models";
+    c.encoder_queue_delay_us = 0;
+    c.decoder_queue_delay_us = 0;
+    c.decode_threads = 2;
+    c.postprocess_threads = 2;
+    c.shutdown_grace_s = 5;
+    std::string devices;
+    for (int i = 0; i < o_.devices; ++i) {
+      devices += (i ? "," : "") + std::string(o_.cuda ? "cuda:" : "cpu:") + std::to_string(i);
+    }
+    c.device = devices;
+    if (o_.configure) o_.configure(c);
+    auto factory = [this](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
+      if (o_.before_engine) o_.before_engine();
+      FakeEngineOptions fo = o_.engine;
+      fo.device = eo.device;
+      auto e = std::make_unique<FakeEngine>(fo);
+      std::lock_guard<std::mutex> lock(mu_);
+      engines_.push_back(e.get());
+      return std::unique_ptr<Engine>(std::move(e));
+    };
+    server_ = std::make_unique<MaskServer>(c, factory, o_.cuda ? o_.devices : 0);
+    Status s = server_->StartListening();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    ClientOptions co;
+    co.target = "127.0.0.1:" + std::to_string(server_->port());
+    co.timeout = milliseconds(20000);
+    client_ = std::make_unique<Client>(co);
+    if (o_.start_loading) {
+      Status l = server_->LoadAndServe();
+      EXPECT_TRUE(l.ok()) << l.ToString();
+    }
+  }
+  ~FakeMaskd() {
+    for (FakeEngine* e : engines()) e->ReleaseEncodes();
+    server_->Shutdown();
+  }
+
+  MaskServer& server() { return *server_; }
+  Client& client() { return *client_; }
+  v1::MaskService::Stub& stub() { return client_->stub(); }
+  std::vector<FakeEngine*> engines() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return engines_;
+  }
+  // The engine of worker i (workers keep the device order).
+  FakeEngine* engine(int i) { return static_cast<FakeEngine*>(&server_->workers()[i]->engine()); }
+  std::string identity() const { return o_.engine.identity; }
+
+  StatusOr<v1::EmbedResponse> Embed(const v1::Image& image) {
+    v1::EmbedRequest r;
+    *r.mutable_image() = image;
+    return client_->Embed(r);
+  }
+  StatusOr<v1::SegmentResponse> Segment(const v1::SegmentRequest& r) { return client_->Segment(r); }
+  v1::GetInfoResponse Info() {
+    auto i = client_->GetInfo();
+    EXPECT_TRUE(i.ok()) << i.status().ToString();
+    return i.ok() ? *i : v1::GetInfoResponse();
+  }
+  // Calls with an explicit deadline through the raw stub.
+  grpc::Status EmbedWithDeadline(const v1::Image& image, milliseconds timeout, v1::EmbedResponse* out) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    v1::EmbedRequest r;
+    *r.mutable_image() = image;
+    return stub().Embed(&ctx, r, out);
+  }
+
+ private:
+  Options o_;
+  std::unique_ptr<MaskServer> server_;
+  std::unique_ptr<Client> client_;
+  std::mutex mu_;
+  std::vector<FakeEngine*> engines_;
+};
+
+bool WaitFor(const std::function<bool()>& cond, milliseconds timeout = milliseconds(10000)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  return true;
+}
+
+TEST(ServerService, HealthIsNotServingUntilLoadedAndDuringShutdown) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  FakeMaskd::Options o;
+  o.start_loading = false;
+  o.before_engine = [released] { released.wait(); };
+  FakeMaskd m(o);
+  // Listening, model not loaded: health answers NOT_SERVING, the service UNAVAILABLE.
+  EXPECT_EQ(*m.client().Health(""), ServingStatus::kNotServing);
+  EXPECT_EQ(*m.client().Health("maskd.v1.MaskService"), ServingStatus::kNotServing);
+  auto early = m.Embed(Encoded(8, 8, 1));
+  EXPECT_EQ(early.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(early.status().message().find("still loading the model"), std::string::npos);
+
+  std::thread loader([&] { EXPECT_TRUE(m.server().LoadAndServe().ok()); });
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(*m.client().Health(), ServingStatus::kNotServing);  // still loading
+  release.set_value();
+  loader.join();
+  EXPECT_EQ(*m.client().Health(""), ServingStatus::kServing);
+  EXPECT_EQ(*m.client().Health("maskd.v1.MaskService"), ServingStatus::kServing);
+
+  // Shutdown with a call in flight: NOT_SERVING, new calls refused, the in-flight one finishes.
+  m.engine(0)->HoldEncodes();
+  auto in_flight = std::async(std::launch::async, [&] { return m.Embed(Encoded(16, 16, 2)); });
+  ASSERT_TRUE(m.engine(0)->WaitForEncodeCalls(1, milliseconds(5000)));
+  std::thread stopper([&] { m.server().Shutdown(); });
+  ASSERT_TRUE(WaitFor([&] { return *m.client().Health() == ServingStatus::kNotServing; }));
+  auto refused = m.Embed(Encoded(8, 8, 3));
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("shutting down"), std::string::npos);
+  m.engine(0)->ReleaseEncodes();
+  auto finished = in_flight.get();
+  EXPECT_TRUE(finished.ok()) << finished.status().ToString();
+  stopper.join();
+}
+
+TEST(ServerService, EmbedThenSegmentByImageId) {
+  FakeMaskd m({});
+  const v1::Image image = Encoded(64, 48, 1);
+  auto e = m.Embed(image);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->image_id(), ImageIdForEncoded(m.identity(), image.encoded()));
+  EXPECT_EQ(e->width(), 64u);
+  EXPECT_EQ(e->height(), 48u);
+  EXPECT_FALSE(e->cached());
+  auto again = m.Embed(image);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->cached());
+  EXPECT_EQ(again->timing().encoder_compute_us(), 0u);
+  EXPECT_EQ(m.engine(0)->encoded_images.load(), 1);
+
+  auto s = m.Segment(ById(e->image_id(), {Click(10, 20, true), Click(30, 5)}));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_TRUE(s->cached());
+  EXPECT_EQ(s->image_id(), e->image_id());
+  ASSERT_EQ(s->results_size(), 2);
+  EXPECT_EQ(s->results(0).masks_size(), 3);
+  EXPECT_EQ(s->results(1).masks_size(), 1);
+  for (const auto& r : s->results()) {
+    EXPECT_FALSE(r.result_id().empty());
+    uint32_t best = 0;
+    for (int i = 0; i < r.masks_size(); ++i) {
+      if (r.masks(i).score() > r.masks(best).score()) best = i;
+    }
+    EXPECT_EQ(r.best_index(), best);
+    for (const auto& mk : r.masks()) {
+      ASSERT_TRUE(mk.has_rle());
+      EXPECT_EQ(mk.rle().size(0), 48u);
+      EXPECT_EQ(mk.rle().size(1), 64u);
+      const auto mask = DecodeRle(mk);
+      uint64_t area = 0;
+      for (auto v : mask) area += v;
+      EXPECT_EQ(area, mk.area());
+      EXPECT_GT(mk.area(), 0u);
+    }
+  }
+  EXPECT_NE(s->results(0).result_id(), s->results(1).result_id());
+  EXPECT_GT(s->timing().total_us(), 0u);
+  EXPECT_EQ(s->timing().decode_us(), 0u);  // by image_id: nothing decoded
+}
+
+TEST(ServerService, OutputFormatsDescribeTheSameMask) {
+  FakeMaskd m({});
+  auto e = m.Embed(Encoded(50, 30, 4));
+  ASSERT_TRUE(e.ok());
+  const auto prompt = Click(25, 15, true);
+  auto rle = m.Segment(ById(e->image_id(), {prompt}, v1::OUTPUT_FORMAT_UNSPECIFIED));
+  auto png = m.Segment(ById(e->image_id(), {prompt}, v1::OUTPUT_FORMAT_PNG));
+  auto low = m.Segment(ById(e->image_id(), {prompt}, v1::OUTPUT_FORMAT_LOW_RES_LOGITS));
+  ASSERT_TRUE(rle.ok() && png.ok() && low.ok());
+  for (int k = 0; k < 3; ++k) {
+    const auto& r = rle->results(0).masks(k);
+    const auto& p = png->results(0).masks(k);
+    const auto& l = low->results(0).masks(k);
+    ASSERT_TRUE(r.has_rle());  // unspecified = COCO RLE
+    ASSERT_FALSE(p.png().empty());
+    auto grey = DecodePngGray(p.png());
+    ASSERT_TRUE(grey.ok());
+    ASSERT_EQ(grey->width, 50);
+    const auto from_rle = DecodeRle(r);
+    for (size_t i = 0; i < from_rle.size(); ++i) ASSERT_EQ(grey->pixels[i] != 0, from_rle[i] != 0) << i;
+    ASSERT_TRUE(l.has_low_res_logits());
+    EXPECT_EQ(l.low_res_logits().width(), 256u);
+    EXPECT_EQ(l.low_res_logits().values_size(), 256 * 256);
+    // The statistics describe the thresholded full-size mask in every format.
+    EXPECT_EQ(r.area(), p.area());
+    EXPECT_EQ(r.area(), l.area());
+    EXPECT_EQ(r.bbox().width(), l.bbox().width());
+    EXPECT_FLOAT_EQ(r.score(), l.score());
+    EXPECT_FLOAT_EQ(r.stability_score(), p.stability_score());
+  }
+}
+
+TEST(ServerService, MaskInputByResultIdAndByLogits) {
+  FakeMaskd m({});
+  const v1::Image image = Encoded(64, 48, 5);
+  auto first = m.Segment(ByImage(image, {Click(20, 20, true)}));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const auto& r0 = first->results(0);
+  auto plain = m.Segment(ById(first->image_id(), {Click(40, 30)}));
+  ASSERT_TRUE(plain.ok());
+
+  // Refine with the stored result (its best mask by default) ...
+  v1::Prompt refine = Click(40, 30);
+  refine.mutable_mask_input()->set_result_id(r0.result_id());
+  auto refined = m.Segment(ById(first->image_id(), {refine}));
+  ASSERT_TRUE(refined.ok()) << refined.status().ToString();
+  EXPECT_NE(refined->results(0).masks(0).area(), plain->results(0).masks(0).area());
+
+  // ... which equals sending that mask's logits by value.
+  auto logits = m.Segment(ById(first->image_id(), {Click(20, 20, true)}, v1::OUTPUT_FORMAT_LOW_RES_LOGITS));
+  ASSERT_TRUE(logits.ok());
+  v1::Prompt by_value = Click(40, 30);
+  *by_value.mutable_mask_input()->mutable_logits() =
+      logits->results(0).masks(static_cast<int>(r0.best_index())).low_res_logits();
+  auto by_value_r = m.Segment(ById(first->image_id(), {by_value}));
+  ASSERT_TRUE(by_value_r.ok()) << by_value_r.status().ToString();
+  EXPECT_EQ(by_value_r->results(0).masks(0).rle().counts(), refined->results(0).masks(0).rle().counts());
+
+  // mask_index picks another mask of the result.
+  v1::Prompt other = refine;
+  other.mutable_mask_input()->set_mask_index((r0.best_index() + 1) % 3);
+  auto other_r = m.Segment(ById(first->image_id(), {other}));
+  ASSERT_TRUE(other_r.ok());
+  EXPECT_NE(other_r->results(0).masks(0).rle().counts(), refined->results(0).masks(0).rle().counts());
+
+  other.mutable_mask_input()->set_mask_index(3);
+  auto bad_index = m.Segment(ById(first->image_id(), {other}));
+  EXPECT_EQ(bad_index.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_index.status().message().find("prompts[0].mask_input.mask_index = 3 (expected 0 .. 2"),
+            std::string::npos)
+      << bad_index.status().message();
+
+  // A result of another image is refused; an unknown id is NOT_FOUND.
+  auto other_image = m.Embed(Encoded(20, 20, 6));
+  ASSERT_TRUE(other_image.ok());
+  auto wrong_image = m.Segment(ById(other_image->image_id(), {refine}));
+  EXPECT_EQ(wrong_image.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_image.status().message().find("is a result of image " + first->image_id()),
+            std::string::npos)
+      << wrong_image.status().message();
+  v1::Prompt unknown = Click(1, 1);
+  unknown.mutable_mask_input()->set_result_id("r-no-such-result");
+  auto nf = m.Segment(ById(first->image_id(), {unknown}));
+  EXPECT_EQ(nf.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(nf.status().message().find("prompts[0].mask_input.result_id = \"r-no-such-result\" is not a "
+                                       "stored result"),
+            std::string::npos)
+      << nf.status().message();
+}
+
+TEST(ServerService, ErrorPathsReturnTheRightCodeAndMessage) {
+  FakeMaskd m({});
+  auto e = m.Embed(Encoded(64, 48, 1));
+  ASSERT_TRUE(e.ok());
+  struct Case {
+    std::string name;
+    v1::SegmentRequest request;
+    StatusCode code;
+    std::string message_part;
+  };
+  v1::SegmentRequest no_image;
+  *no_image.add_prompts() = Click(1, 1);
+  v1::SegmentRequest no_prompts = ById(e->image_id(), {});
+  v1::Image truncated = Encoded(64, 48, 1);
+  truncated.set_encoded(truncated.encoded().substr(0, truncated.encoded().size() / 2));
+  v1::Image gif;
+  gif.set_encoded("GIF89a-not-supported");
+  v1::Image raw;
+  raw.mutable_raw()->set_width(4);
+  raw.mutable_raw()->set_height(4);
+  raw.mutable_raw()->set_rgb("short");
+  const std::vector<Case> cases = {
+      {"no image", no_image, StatusCode::kInvalidArgument, "image_source: neither image nor image_id"},
+      {"no prompts", no_prompts, StatusCode::kInvalidArgument, "prompts has 0 prompts (expected 1 .. 256"},
+      {"bad id", ById("cat.jpg", {Click(1, 1)}), StatusCode::kInvalidArgument,
+       "image_id = \"cat.jpg\" is not an image id"},
+      {"unknown id", ById(std::string(64, 'a'), {Click(1, 1)}), StatusCode::kNotFound,
+       "is not cached on this server (evicted, or never embedded here): re-send the image bytes"},
+      {"truncated png", ByImage(truncated, {Click(1, 1)}), StatusCode::kInvalidArgument,
+       "image.encoded: corrupt or truncated PNG"},
+      {"unknown format", ByImage(gif, {Click(1, 1)}), StatusCode::kInvalidArgument,
+       "image.encoded: unknown image format"},
+      {"wrong raw length", ByImage(raw, {Click(1, 1)}), StatusCode::kInvalidArgument,
+       "image.raw.rgb has 5 bytes (expected width * height * 3 = 48)"},
+      {"outside the image", ById(e->image_id(), {Click(1, 1), Click(700.5f, 2)}),
+       StatusCode::kInvalidArgument, "prompts[1].points[0]"},
+  };
+  for (const auto& c : cases) {
+    auto r = m.Segment(c.request);
+    ASSERT_FALSE(r.ok()) << c.name;
+    EXPECT_EQ(r.status().code(), c.code) << c.name << ": " << r.status().ToString();
+    EXPECT_NE(r.status().message().find(c.message_part), std::string::npos)
+        << c.name << ": " << r.status().message();
+  }
+  v1::EmbedRequest empty;
+  auto no_image_embed = m.client().Embed(empty);
+  EXPECT_EQ(no_image_embed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(no_image_embed.status().message(), "image is not set (expected encoded bytes or raw pixels)");
+
+  // An engine failure is INTERNAL with its message.
+  m.engine(0)->FailNextEncode(Internal("running the image encoder: CUDA error"));
+  auto broken = m.Embed(Encoded(10, 10, 77));
+  EXPECT_EQ(broken.status().code(), StatusCode::kInternal);
+  EXPECT_EQ(broken.status().message(), "running the image encoder: CUDA error");
+  const auto info = m.Info();
+  EXPECT_GE(info.calls_by_status().at("INVALID_ARGUMENT"), 8u);
+  EXPECT_EQ(info.calls_by_status().at("NOT_FOUND"), 1u);
+  EXPECT_EQ(info.calls_by_status().at("INTERNAL"), 1u);
+}
+
+TEST(ServerService, SingleFlightOneEncodeForConcurrentRequests) {
+  FakeMaskd m({});
+  FakeEngine* engine = m.engine(0);
+  engine->HoldEncodes();
+  const v1::Image image = Encoded(32, 32, 9);
+  constexpr int kN = 8;
+  std::vector<std::future<StatusOr<v1::EmbedResponse>>> calls;
+  for (int i = 0; i < kN; ++i) {
+    calls.push_back(std::async(std::launch::async, [&] { return m.Embed(image); }));
+  }
+  ASSERT_TRUE(engine->WaitForEncodeCalls(1, milliseconds(5000)));
+  // Every other request joins the flight of the first.
+  ASSERT_TRUE(WaitFor([&] { return m.Info().cache().single_flight_joins() == kN - 1; }))
+      << m.Info().cache().DebugString();
+  engine->ReleaseEncodes();
+  std::set<std::string> ids;
+  for (auto& c : calls) {
+    auto r = c.get();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ids.insert(r->image_id());
+  }
+  EXPECT_EQ(ids.size(), 1u);
+  EXPECT_EQ(engine->encoded_images.load(), 1);
+  EXPECT_EQ(engine->prepare_calls.load(), 1);  // decoded and resized once, too
+  const auto info = m.Info();
+  EXPECT_EQ(info.cache().misses(), 1u);
+  EXPECT_EQ(info.cache().single_flight_joins(), static_cast<uint64_t>(kN - 1));
+}
+
+TEST(ServerService, RoutingSpreadsNewImagesAndKeepsAffinity) {
+  FakeMaskd::Options o;
+  o.devices = 2;
+  FakeMaskd m(o);
+  ASSERT_EQ(m.server().workers().size(), 2u);
+  // Two new images at once: the second goes to the other, less loaded device.
+  m.engine(0)->HoldEncodes();
+  m.engine(1)->HoldEncodes();
+  auto a = std::async(std::launch::async, [&] { return m.Embed(Encoded(40, 30, 1)); });
+  ASSERT_TRUE(WaitFor([&] { return m.engine(0)->encode_calls + m.engine(1)->encode_calls == 1; }));
+  auto b = std::async(std::launch::async, [&] { return m.Embed(Encoded(40, 30, 2)); });
+  ASSERT_TRUE(WaitFor([&] { return m.engine(0)->encode_calls + m.engine(1)->encode_calls == 2; }));
+  m.engine(0)->ReleaseEncodes();
+  m.engine(1)->ReleaseEncodes();
+  auto ra = a.get(), rb = b.get();
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_EQ(m.engine(0)->encoded_images.load(), 1);
+  EXPECT_EQ(m.engine(1)->encoded_images.load(), 1);
+  const int owner_a = m.server().workers()[0]->cache().Contains(ra->image_id()) ? 0 : 1;
+  const int owner_b = 1 - owner_a;
+  ASSERT_TRUE(m.server().workers()[owner_a]->cache().Contains(ra->image_id()));
+  ASSERT_TRUE(m.server().workers()[owner_b]->cache().Contains(rb->image_id()));
+
+  // Requests for a known image go to the device that holds its embedding, by id or by bytes.
+  for (int i = 0; i < 5; ++i) {
+    auto s = m.Segment(ById(ra->image_id(), {Click(5.f + i, 5)}));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_TRUE(s->cached());
+  }
+  auto by_bytes = m.Segment(ByImage(Encoded(40, 30, 2), {Click(3, 3)}));
+  ASSERT_TRUE(by_bytes.ok());
+  EXPECT_TRUE(by_bytes->cached());
+  EXPECT_EQ(m.engine(owner_a)->decoded_prompts.load(), 5);
+  EXPECT_EQ(m.engine(owner_b)->decoded_prompts.load(), 1);
+  EXPECT_EQ(m.engine(0)->encoded_images + m.engine(1)->encoded_images, 2);  // no re-encoding
+
+  // GetInfo: per device and totals.
+  const auto info = m.Info();
+  ASSERT_EQ(info.devices_size(), 2);
+  EXPECT_EQ(info.devices(0).device(), "cpu:0");
+  EXPECT_EQ(info.devices(1).device(), "cpu:1");
+  EXPECT_EQ(info.devices(owner_a).cache().device().entries(), 1u);
+  EXPECT_EQ(info.devices(owner_b).cache().device().entries(), 1u);
+  EXPECT_EQ(info.devices(owner_a).decoder_queue().items(), 5u);
+  EXPECT_EQ(info.cache().device().entries(), 2u);
+  EXPECT_EQ(info.cache().hits(), 6u);
+  EXPECT_EQ(info.cache().misses(), 2u);
+  EXPECT_EQ(info.decoder_queue().items(), 6u);
+  EXPECT_EQ(info.encoder_queue().items(), 2u);
+}
+
+TEST(ServerService, EncoderQueueFullIsResourceExhaustedAtOnce) {
+  FakeMaskd::Options o;
+  o.configure = [](ServerConfig& c) {
+    c.encoder_max_batch = 1;
+    c.encoder_queue_capacity = 1;
+  };
+  FakeMaskd m(o);
+  FakeEngine* engine = m.engine(0);
+  engine->HoldEncodes();
+  auto running = std::async(std::launch::async, [&] { return m.Embed(Encoded(8, 8, 1)); });
+  ASSERT_TRUE(engine->WaitForEncodeCalls(1, milliseconds(5000)));
+  auto queued = std::async(std::launch::async, [&] { return m.Embed(Encoded(8, 8, 2)); });
+  ASSERT_TRUE(WaitFor([&] { return m.Info().encoder_queue().depth() == 1; }));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto refused = m.Embed(Encoded(8, 8, 3));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000));  // not after the held encode
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("queue of cpu:0 is full (1 of 1 images)"), std::string::npos)
+      << refused.status().message();
+  engine->ReleaseEncodes();
+  EXPECT_TRUE(running.get().ok());
+  EXPECT_TRUE(queued.get().ok());
+  EXPECT_EQ(engine->encoded_images.load(), 2);
+}
+
+TEST(ServerService, ExpiredDeadlineIsDroppedBeforeEncoding) {
+  FakeMaskd::Options o;
+  o.configure = [](ServerConfig& c) { c.encoder_max_batch = 1; };
+  FakeMaskd m(o);
+  FakeEngine* engine = m.engine(0);
+  engine->HoldEncodes();
+  auto running = std::async(std::launch::async, [&] { return m.Embed(Encoded(8, 8, 1)); });
+  ASSERT_TRUE(engine->WaitForEncodeCalls(1, milliseconds(5000)));
+  v1::EmbedResponse out;
+  const grpc::Status late = m.EmbedWithDeadline(Encoded(8, 8, 2), milliseconds(200), &out);
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  engine->ReleaseEncodes();
+  EXPECT_TRUE(running.get().ok());
+  // The expired image never reached the engine.
+  ASSERT_TRUE(WaitFor([&] { return m.Info().encoder_queue().dropped() == 1; }));
+  EXPECT_EQ(engine->encoded_images.load(), 1);
+  EXPECT_EQ(engine->encode_calls.load(), 1);
+}
+
+TEST(ServerService, EvictedImageIsNotFoundWithResendHint) {
+  FakeMaskd::Options o;
+  o.engine.embedding_bytes = 1 << 20;
+  o.configure = [](ServerConfig& c) { c.cache_device_bytes = 1 << 20; };  // one embedding
+  FakeMaskd m(o);
+  auto a = m.Segment(ByImage(Encoded(30, 30, 1), {Click(3, 3)}));
+  ASSERT_TRUE(a.ok());
+  auto b = m.Embed(Encoded(30, 30, 2));
+  ASSERT_TRUE(b.ok());
+  auto gone = m.Segment(ById(a->image_id(), {Click(1, 1)}));
+  EXPECT_EQ(gone.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(gone.status().message().find("re-send the image bytes"), std::string::npos);
+  // Its results went with it.
+  v1::Prompt refine = Click(2, 2);
+  refine.mutable_mask_input()->set_result_id(a->results(0).result_id());
+  auto no_result = m.Segment(ByImage(Encoded(30, 30, 1), {refine}));
+  EXPECT_EQ(no_result.status().code(), StatusCode::kNotFound);
+  const auto info = m.Info();
+  EXPECT_EQ(info.cache().evictions(), 2u);  // a by b, then b by a's re-embedding
+  EXPECT_EQ(info.cache().device().entries(), 1u);
+  EXPECT_EQ(info.cache().host().capacity_bytes(), 0u);  // CPU engines: no host tier
+}
+
+TEST(ServerService, HostTierDemotesAndPromotes) {
+  FakeMaskd::Options o;
+  o.cuda = true;  // fake GPU engines: the host tier is on
+  o.engine.embedding_bytes = 1 << 20;
+  o.configure = [](ServerConfig& c) {
+    c.cache_device_bytes = 1 << 20;
+    c.cache_host_bytes = 4 << 20;
+  };
+  FakeMaskd m(o);
+  auto a = m.Embed(Encoded(30, 30, 1));
+  auto b = m.Embed(Encoded(30, 30, 2));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(WaitFor([&] { return m.Info().cache().demotions() == 1; }));
+  EXPECT_EQ(m.engine(0)->to_host_calls.load(), 1);
+  auto info = m.Info();
+  EXPECT_EQ(info.cache().host().entries(), 1u);
+  EXPECT_EQ(info.cache().device().entries(), 1u);
+  EXPECT_EQ(info.devices(0).device(), "cuda:0");
+  // a lives in host memory now; using it brings it back (the fake decoder refuses host embeddings).
+  auto s = m.Segment(ById(a->image_id(), {Click(4, 4)}));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_TRUE(s->cached());
+  EXPECT_EQ(m.engine(0)->to_device_calls.load(), 1);
+  ASSERT_TRUE(WaitFor([&] { return m.Info().cache().demotions() == 2; }));  // b made room
+  EXPECT_EQ(m.engine(0)->encoded_images.load(), 2);
+}
+
+TEST(ServerService, ConcurrentMixedRequestsEqualSequential) {
+  FakeMaskd::Options o;
+  o.devices = 2;
+  o.configure = [](ServerConfig& c) {
+    c.decoder_queue_delay_us = 2000;  // let batches mix requests
+    c.decoder_max_prompts = 7;        // and split the larger ones
+  };
+  FakeMaskd m(o);
+  std::vector<v1::SegmentRequest> requests;
+  for (int i = 0; i < 24; ++i) {
+    const v1::Image image = Encoded(40 + (i % 3) * 10, 30 + (i % 2) * 10, i % 4);
+    std::vector<v1::Prompt> prompts;
+    for (int k = 0; k <= i % 10; ++k) prompts.push_back(Click(1.f + k * 3, 2.f + (i % 5), (i + k) % 2, k != 2));
+    v1::SegmentRequest r = ByImage(image, prompts);
+    r.set_output_format(i % 3 == 0 ? v1::OUTPUT_FORMAT_PNG : v1::OUTPUT_FORMAT_COCO_RLE);
+    requests.push_back(r);
+  }
+  std::vector<v1::SegmentResponse> sequential;
+  for (const auto& r : requests) {
+    auto s = m.Segment(r);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    sequential.push_back(*s);
+  }
+  std::vector<std::future<StatusOr<v1::SegmentResponse>>> calls;
+  for (const auto& r : requests) {
+    calls.push_back(std::async(std::launch::async, [&m, r] { return m.Segment(r); }));
+  }
+  for (size_t i = 0; i < calls.size(); ++i) {
+    auto c = calls[i].get();
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_EQ(c->results_size(), sequential[i].results_size());
+    for (int p = 0; p < c->results_size(); ++p) {
+      ASSERT_EQ(c->results(p).masks_size(), sequential[i].results(p).masks_size());
+      EXPECT_EQ(c->results(p).best_index(), sequential[i].results(p).best_index());
+      for (int k = 0; k < c->results(p).masks_size(); ++k) {
+        const auto& x = c->results(p).masks(k);
+        const auto& y = sequential[i].results(p).masks(k);
+        EXPECT_EQ(x.rle().counts(), y.rle().counts()) << "request " << i << " prompt " << p;
+        EXPECT_EQ(x.png(), y.png());
+        EXPECT_EQ(x.area(), y.area());
+        EXPECT_FLOAT_EQ(x.score(), y.score());
+      }
+    }
+  }
+  // Batches really mixed requests (more prompts per batch than one request had on average).
+  const auto info = m.Info();
+  EXPECT_GT(info.decoder_queue().batches(), 0u);
+  for (int w = 0; w < 2; ++w) {
+    for (int n : m.engine(w)->decode_batches()) EXPECT_LE(n, 7);
+  }
+}
+
+TEST(ServerService, RawImagesAreContentAddressed) {
+  FakeMaskd m({});
+  const ImageRGB8 pic = Picture(6, 4, 3);
+  v1::Image raw;
+  raw.mutable_raw()->set_width(6);
+  raw.mutable_raw()->set_height(4);
+  raw.mutable_raw()->set_rgb(std::string(pic.pixels.begin(), pic.pixels.end()));
+  auto e = m.Embed(raw);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->image_id(), ImageIdForRaw(m.identity(), 6, 4, raw.raw().rgb()));
+  // The same pixels sent as PNG are another image_id (bytes as sent) but the same embedding content.
+  auto png = m.Embed(Encoded(6, 4, 3));
+  ASSERT_TRUE(png.ok());
+  EXPECT_NE(png->image_id(), e->image_id());
+  EXPECT_FALSE(png->cached());
+}
+
+// ---- SegmentStream -----------------------------------------------------------------------------
+
+TEST(ServerService, StreamAnswersEveryMessageInOrderWithErrorsInline) {
+  FakeMaskd m({});
+  const v1::Image a = Encoded(40, 30, 1), b = Encoded(20, 60, 2);
+  grpc::ClientContext ctx;
+  auto stream = m.stub().SegmentStream(&ctx);
+  std::vector<v1::SegmentRequest> msgs;
+  msgs.push_back(ByImage(a, {Click(5, 5, true)}));                     // 0: names image a
+  msgs.push_back(ById("", {Click(6, 6)}));                             // 1: keeps a
+  msgs.back().clear_image_id();
+  msgs.push_back(ById("", {Click(500, 6)}));                           // 2: outside a: error inline
+  msgs.back().clear_image_id();
+  msgs.push_back(ById(std::string(64, 'b'), {Click(1, 1)}));           // 3: unknown id: NOT_FOUND
+  msgs.push_back(ById("", {Click(1, 1)}));                             // 4: current image is that id
+  msgs.back().clear_image_id();
+  msgs.push_back(ByImage(b, {Click(10, 50), Click(2, 2, true)}));     // 5: switches to b
+  msgs.push_back(ById("", {Click(19, 59)}));                           // 6: keeps b
+  msgs.back().clear_image_id();
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    msgs[i].set_request_tag("m" + std::to_string(i));
+    ASSERT_TRUE(stream->Write(msgs[i]));  // all written before any read: responses must still be in order
+  }
+  stream->WritesDone();
+  std::vector<v1::SegmentResponse> got;
+  v1::SegmentResponse r;
+  while (stream->Read(&r)) got.push_back(r);
+  const grpc::Status st = stream->Finish();
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(got.size(), msgs.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].request_tag(), "m" + std::to_string(i));
+  const std::string id_a = ImageIdForEncoded(m.identity(), a.encoded());
+  const std::string id_b = ImageIdForEncoded(m.identity(), b.encoded());
+  EXPECT_FALSE(got[0].has_error());
+  EXPECT_EQ(got[0].image_id(), id_a);
+  EXPECT_EQ(got[0].results(0).masks_size(), 3);
+  EXPECT_FALSE(got[1].has_error());
+  EXPECT_EQ(got[1].image_id(), id_a);
+  EXPECT_TRUE(got[1].cached());
+  ASSERT_TRUE(got[2].has_error());
+  EXPECT_EQ(got[2].error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_NE(got[2].error().message().find("prompts[0].points[0]"), std::string::npos);
+  EXPECT_EQ(got[2].results_size(), 0);
+  ASSERT_TRUE(got[3].has_error());
+  EXPECT_EQ(got[3].error().code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  ASSERT_TRUE(got[4].has_error());
+  EXPECT_EQ(got[4].error().code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_FALSE(got[5].has_error());
+  EXPECT_EQ(got[5].image_id(), id_b);
+  EXPECT_EQ(got[5].results_size(), 2);
+  EXPECT_FALSE(got[6].has_error()) << got[6].error().message();
+  EXPECT_EQ(got[6].image_id(), id_b);
+  EXPECT_EQ(got[6].width(), 20u);
+}
+
+TEST(ServerService, StreamFirstMessageMustNameAnImageAndMayOnlySetIt) {
+  FakeMaskd m({});
+  grpc::ClientContext ctx;
+  auto stream = m.stub().SegmentStream(&ctx);
+  v1::SegmentRequest orphan;
+  *orphan.add_prompts() = Click(1, 1);
+  ASSERT_TRUE(stream->Write(orphan));
+  v1::SegmentResponse r;
+  ASSERT_TRUE(stream->Read(&r));
+  ASSERT_TRUE(r.has_error());
+  EXPECT_EQ(r.error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_NE(r.error().message().find("the stream has no current image"), std::string::npos);
+  // An image-only message sets the image (and embeds it) without prompts.
+  v1::SegmentRequest set;
+  *set.mutable_image() = Encoded(16, 16, 3);
+  ASSERT_TRUE(stream->Write(set));
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_FALSE(r.has_error()) << r.error().message();
+  EXPECT_EQ(r.results_size(), 0);
+  EXPECT_EQ(r.width(), 16u);
+  ASSERT_TRUE(stream->Write(orphan));  // now it has an image
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_FALSE(r.has_error()) << r.error().message();
+  EXPECT_EQ(r.results_size(), 1);
+  stream->WritesDone();
+  EXPECT_FALSE(stream->Read(&r));
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(ServerService, StreamEndsWithUnavailableOnShutdown) {
+  auto m = std::make_unique<FakeMaskd>(FakeMaskd::Options{});
+  grpc::ClientContext ctx;
+  auto stream = m->stub().SegmentStream(&ctx);
+  v1::SegmentRequest set;
+  *set.mutable_image() = Encoded(16, 16, 3);
+  *set.add_prompts() = Click(2, 2);
+  ASSERT_TRUE(stream->Write(set));
+  v1::SegmentResponse r;
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_FALSE(r.has_error());
+  std::thread stopper([&] { m->server().Shutdown(); });
+  EXPECT_FALSE(stream->Read(&r));  // the server ends the idle stream
+  const grpc::Status st = stream->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  stopper.join();
+}
+
+TEST(ServerService, GetInfoReportsModelLimitsStagesAndCalls) {
+  FakeMaskd::Options o;
+  o.configure = [](ServerConfig& c) {
+    c.max_prompts_per_request = 17;
+    c.max_points_per_prompt = 5;
+  };
+  FakeMaskd m(o);
+  ASSERT_TRUE(m.Segment(ByImage(Encoded(32, 24, 1), {Click(3, 3)})).ok());
+  const auto info = m.Info();
+  EXPECT_FALSE(info.version().empty());
+  EXPECT_EQ(info.model().identity(), m.identity());
+  EXPECT_EQ(info.model().checkpoint(), "builtin-demo");
+  EXPECT_EQ(info.precision(), "fp32");
+  EXPECT_EQ(info.limits().max_prompts_per_request(), 17u);
+  EXPECT_EQ(info.limits().max_points_per_prompt(), 5u);
+  EXPECT_EQ(info.limits().max_image_bytes(), 32u << 20);
+  EXPECT_EQ(info.optimisations(0), "fake");
+  EXPECT_EQ(info.memory().allocated_bytes(), 1000u);
+  EXPECT_GE(info.calls(), 1u);
+  EXPECT_EQ(info.calls_by_status().at("OK"), 1u);
+  std::map<std::string, v1::StageTiming> stages;
+  for (const auto& s : info.stages()) stages[s.stage()] = s;
+  for (const char* name : {"decode_queue", "decode", "encoder_queue", "encoder_compute", "decoder_queue",
+                           "decoder_compute", "postprocess_queue", "postprocess", "total"}) {
+    ASSERT_TRUE(stages.count(name)) << name;
+    EXPECT_EQ(stages[name].count(), 1u) << name;
+  }
+  EXPECT_GT(stages["total"].mean_us(), 0);
+  EXPECT_GE(stages["total"].p99_us(), stages["total"].p50_us());
+  ASSERT_EQ(info.devices_size(), 1);
+  EXPECT_EQ(info.devices(0).stages_size(), 9);
+  EXPECT_EQ(info.devices(0).name(), "fake cpu");
+  EXPECT_EQ(info.cache().results(), 1u);
+  EXPECT_GT(info.cache().result_bytes(), 0u);
+  // Over the limit from the configuration.
+  std::vector<v1::Prompt> many(18, Click(1, 1));
+  auto r = m.Segment(ByImage(Encoded(32, 24, 1), many));
+  EXPECT_NE(r.status().message().find("expected 1 .. 17: limits.max_prompts_per_request"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace maskd::server
