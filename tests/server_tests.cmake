@@ -14,3 +14,9 @@ maskd_add_test(server_validation_test SOURCES server_validation_test.cc
                LIBS maskd_server server_fake_engine)
 maskd_add_test(server_service_test SOURCES server_service_test.cc
                LIBS maskd_server maskd_client server_fake_engine)
+
+# End to end with the real engine and the golden tiny model (skips loudly without the golden data,
+# fails under CI=true). Runs the maskd binary too, so it depends on it.
+maskd_add_test(server_e2e_test SOURCES server_e2e_test.cc
+               LIBS maskd_server maskd_model maskd_client nlohmann_json::nlohmann_json)
+add_dependencies(server_e2e_test maskd)
