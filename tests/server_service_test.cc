@@ -521,6 +521,9 @@ TEST(ServerService, ExpiredDeadlineIsDroppedBeforeEncoding) {
   v1::EmbedResponse out;
   const grpc::Status late = m.EmbedWithDeadline(Encoded(8, 8, 2), milliseconds(200), &out);
   EXPECT_EQ(late.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The server's copy of the deadline starts when the request arrives, a little after the client's:
+  // make sure it has passed too before the queued image can reach the engine.
+  std::this_thread::sleep_for(milliseconds(100));
   engine->ReleaseEncodes();
   EXPECT_TRUE(running.get().ok());
   // The expired image never reached the engine.
