@@ -238,45 +238,52 @@ MaskPostprocessOutput MaskPostprocessReference(const at::Tensor& logits, const a
   std::vector<int64_t> rle_offsets{0};
   std::vector<uint8_t> bitmask;
   std::vector<int64_t> bitmask_offsets{0};
-  for (int64_t m = 0; m < M; ++m) {
-    const Geometry& g = geo[m];
+  // Runs of masks with one geometry go through LibTorch together, on the logits' device (the plain
+  // path of a CUDA engine runs there, like the original); only what is returned comes to the host.
+  for (int64_t first = 0; first < M;) {
+    const Geometry& g = geo[first];
+    int64_t last = first + 1;
+    while (last < M && geo[last].input_h == g.input_h && geo[last].input_w == g.input_w &&
+           geo[last].orig_h == g.orig_h && geo[last].orig_w == g.orig_w)
+      ++last;
+    const int64_t n = last - first;
     // SAM's postprocess_masks: interpolate to the padded input size, crop, interpolate to the
     // original size (bilinear, align_corners=False), then `> mask_threshold` (0).
-    const at::Tensor low = logits.select(0, m).unsqueeze(0).unsqueeze(0);
+    const at::Tensor low = logits.slice(0, first, last).unsqueeze(1);
     const at::Tensor up = at::upsample_bilinear2d(low, {pad_size, pad_size}, false);
     const at::Tensor crop = up.slice(2, 0, g.input_h).slice(3, 0, g.input_w);
-    const at::Tensor full =
-        at::upsample_bilinear2d(crop, {g.orig_h, g.orig_w}, false).select(0, 0).select(0, 0);
-    const at::Tensor mask = full > 0;
+    const at::Tensor full = at::upsample_bilinear2d(crop, {g.orig_h, g.orig_w}, false).squeeze(1);
+    const at::Tensor mask = full > 0;  // [n, H, W]
+    // Tight box from the rows and columns that hold a mask pixel.
+    const at::Tensor rows = mask.any(2).to(at::kInt), cols = mask.any(1).to(at::kInt);
+    const at::Tensor ymin = rows.argmax(1), ymax = g.orig_h - 1 - rows.flip(1).argmax(1);
+    const at::Tensor xmin = cols.argmax(1), xmax = g.orig_w - 1 - cols.flip(1).argmax(1);
     const at::Tensor stats =
-        at::stack({mask.sum(), (full > 1).sum(), (full > -1).sum()}).to(at::kCPU);
-    const int64_t* s = stats.data_ptr<int64_t>();
-    out.area.data_ptr<int64_t>()[m] = s[0];
-    out.stability.data_ptr<float>()[m] = Stability(s[1], s[2]);
-
-    const at::Tensor mask_cpu = mask.to(at::kCPU).to(at::kByte).contiguous();  // [orig_h, orig_w]
-    const uint8_t* px = mask_cpu.data_ptr<uint8_t>();
-    int32_t xmin = INT_MAX, ymin = INT_MAX, xmax = -1, ymax = -1;
-    for (int64_t y = 0; y < g.orig_h; ++y) {
-      for (int64_t x = 0; x < g.orig_w; ++x) {
-        if (px[y * g.orig_w + x]) {
-          xmin = std::min<int32_t>(xmin, static_cast<int32_t>(x));
-          xmax = std::max<int32_t>(xmax, static_cast<int32_t>(x));
-          ymin = std::min<int32_t>(ymin, static_cast<int32_t>(y));
-          ymax = std::max<int32_t>(ymax, static_cast<int32_t>(y));
-        }
+        at::stack({mask.sum({1, 2}), (full > 1).sum({1, 2}), (full > -1).sum({1, 2}), xmin, ymin, xmax, ymax}, 1)
+            .to(at::kCPU, at::kLong)
+            .contiguous();
+    const int64_t* st = stats.data_ptr<int64_t>();
+    at::Tensor mask_cpu;
+    if (want_rle || want_bitmask) mask_cpu = mask.to(at::kCPU).to(at::kByte).contiguous();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t m = first + i;
+      const int64_t* r = st + 7 * i;
+      out.area.data_ptr<int64_t>()[m] = r[0];
+      out.stability.data_ptr<float>()[m] = Stability(r[1], r[2]);
+      FillBox(out.bbox.data_ptr<int32_t>() + 4 * m, r[0], static_cast<int32_t>(r[3]), static_cast<int32_t>(r[4]),
+              static_cast<int32_t>(r[5]), static_cast<int32_t>(r[6]));
+      if (want_rle) {
+        const at::Tensor col_major = mask_cpu[i].t().contiguous();
+        EncodeRle(col_major.data_ptr<uint8_t>(), col_major.numel(), rle);
+        rle_offsets.push_back(static_cast<int64_t>(rle.size()));
+      }
+      if (want_bitmask) {
+        const uint8_t* px = mask_cpu[i].data_ptr<uint8_t>();
+        bitmask.insert(bitmask.end(), px, px + g.orig_h * g.orig_w);
+        bitmask_offsets.push_back(static_cast<int64_t>(bitmask.size()));
       }
     }
-    FillBox(out.bbox.data_ptr<int32_t>() + 4 * m, s[0], xmin, ymin, xmax, ymax);
-    if (want_rle) {
-      const at::Tensor col_major = mask_cpu.t().contiguous();
-      EncodeRle(col_major.data_ptr<uint8_t>(), col_major.numel(), rle);
-      rle_offsets.push_back(static_cast<int64_t>(rle.size()));
-    }
-    if (want_bitmask) {
-      bitmask.insert(bitmask.end(), px, px + mask_cpu.numel());
-      bitmask_offsets.push_back(static_cast<int64_t>(bitmask.size()));
-    }
+    first = last;
   }
   if (want_rle) {
     out.rle_counts = at::tensor(at::ArrayRef<int32_t>(rle), at::kInt);

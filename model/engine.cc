@@ -120,6 +120,14 @@ FastPathOptions FastPathOptions::Fast() {
   return f;
 }
 
+int CudaDeviceCount() {
+  try {
+    return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 std::pair<int, int> ResizedSize(int width, int height, int target) {
   // SAM's ResizeLongestSide.get_preprocess_shape: scale in double, round half up.
   const double scale = target * 1.0 / std::max(width, height);
@@ -745,12 +753,12 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
       at::Tensor geom = at::from_blob(geometry.data(), {M, 4}, at::kInt).clone();
       kernels::MaskPostprocessOutput r;
       if (gpu_post_) {
-        r = kernels::MaskPostprocess(all.contiguous(), geom.to(device_), config_.img_size,
+        r = kernels::MaskPostprocess(all.to(at::kFloat).contiguous(), geom.to(device_), config_.img_size,
                                      enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask);
       } else {
-        // The CPU path is the original's float32 arithmetic.
-        r = kernels::MaskPostprocess(all.to(at::kCPU, at::kFloat).contiguous(), geom, config_.img_size,
-                                     enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask);
+        // The original's float32 arithmetic in plain LibTorch, on the engine's device.
+        r = kernels::MaskPostprocessReference(all.to(at::kFloat).contiguous(), geom, config_.img_size,
+                                              enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask);
       }
       const at::Tensor area = r.area.to(at::kCPU).contiguous();
       const at::Tensor bbox = r.bbox.to(at::kCPU).contiguous();

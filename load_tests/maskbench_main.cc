@@ -1,0 +1,358 @@
+// maskbench: the offline, in-process benchmark of ../shared/WORKLOAD.md (no gRPC), as a waterfall of
+// cumulative optimisations, like segment-anything-fast's.
+//
+// Per image: a 1024 x 768 RGB image prepared up front (resized/normalised/padded, as the reference's
+// "already on the GPU" input), P ~ U{1..14} single foreground-point prompts (seeded), multimask,
+// masks upscaled to 1024 x 768 and thresholded (with area/bbox/stability; --output rle also encodes
+// COCO RLE). Throughput = images / s with all their prompts done, after a full untimed pass.
+// Accuracy columns compare with fp32 (plain arithmetic) on the same weights and prompts: on random
+// weights they bound numerical error only; they are not mIoU.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "model/engine.h"
+#include "model/golden.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using maskd::AttentionImpl;
+using maskd::Engine;
+using maskd::FastPathOptions;
+using maskd::Precision;
+
+struct Row {
+  std::string name;
+  Precision precision;
+  FastPathOptions fast;
+};
+
+// The waterfall: each row adds one step to the previous (int8 and 2:4 are alternatives on top of
+// the last dense row).
+std::vector<Row> Waterfall() {
+  std::vector<Row> rows;
+  FastPathOptions f;
+  f.attention = AttentionImpl::kMath;
+  rows.push_back({"fp32 baseline", Precision::kFloat32, f});
+  rows.push_back({"+ bf16", Precision::kBFloat16, f});
+  f.attention = AttentionImpl::kSdpa;
+  rows.push_back({"+ SDPA (bias as mask)", Precision::kBFloat16, f});
+  f.attention = AttentionImpl::kSdpaFolded;
+  rows.push_back({"+ rel-pos folded into q/k", Precision::kBFloat16, f});
+  f.attention = AttentionImpl::kFused;
+  rows.push_back({"+ fused rel-pos kernel", Precision::kBFloat16, f});
+  f.cuda_graphs = true;
+  rows.push_back({"+ CUDA graphs", Precision::kBFloat16, f});
+  f.gpu_preprocess = true;
+  f.gpu_postprocess = true;
+  rows.push_back({"+ GPU pre/post-processing", Precision::kBFloat16, f});
+  FastPathOptions q = f;
+  q.int8 = true;
+  rows.push_back({"+ int8 dynamic quant", Precision::kBFloat16, q});
+  FastPathOptions s = f;
+  s.sparse24 = true;
+  rows.push_back({"+ 2:4 sparsity (instead of int8)", Precision::kBFloat16, s});
+  return rows;
+}
+
+maskd::ImageRGB8 MakeImage(int w, int h, std::mt19937& rng) {
+  // Smooth gradients with a few flat shapes: something a segmenter can bite on, not noise.
+  maskd::ImageRGB8 im{w, h, std::vector<uint8_t>(static_cast<size_t>(w) * h * 3)};
+  std::uniform_int_distribution<int> c(0, 255), px(0, w - 1), py(0, h - 1), r(20, 200);
+  const int base[3] = {c(rng), c(rng), c(rng)};
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int k = 0; k < 3; ++k)
+        im.pixels[(static_cast<size_t>(y) * w + x) * 3 + k] = static_cast<uint8_t>((base[k] + x / 5 + y / 7 * (k + 1)) % 256);
+  for (int s = 0; s < 6; ++s) {
+    const int cx = px(rng), cy = py(rng), rad = r(rng), col[3] = {c(rng), c(rng), c(rng)};
+    for (int y = std::max(0, cy - rad); y < std::min(h, cy + rad); ++y)
+      for (int x = std::max(0, cx - rad); x < std::min(w, cx + rad); ++x)
+        if ((x - cx) * (x - cx) + (y - cy) * (y - cy) < rad * rad)
+          for (int k = 0; k < 3; ++k) im.pixels[(static_cast<size_t>(y) * w + x) * 3 + k] = static_cast<uint8_t>(col[k]);
+  }
+  return im;
+}
+
+struct Workload {
+  std::vector<maskd::ImageRGB8> images;
+  std::vector<std::vector<maskd::Point>> prompts;  // per image, one point per prompt
+};
+
+Workload MakeWorkload(int n, uint64_t seed) {
+  Workload w;
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_int_distribution<int> count(1, 14);
+  std::uniform_real_distribution<float> fx(0, 1024), fy(0, 768);
+  for (int i = 0; i < n; ++i) {
+    w.images.push_back(MakeImage(1024, 768, rng));
+    std::vector<maskd::Point> p;
+    const int k = count(rng);
+    for (int j = 0; j < k; ++j) p.push_back({fx(rng), fy(rng), 1});
+    w.prompts.push_back(p);
+  }
+  return w;
+}
+
+struct Outputs {
+  std::vector<std::vector<float>> logits;  // per prompt: 3 x 256 x 256
+  std::vector<std::vector<uint8_t>> masks; // per prompt: 3 masks at 1024 x 768 (bitmask)
+};
+
+// Runs images [first, first + n) through encode + jagged decode + post-processing in batches of bs.
+maskd::Status RunPass(Engine& e, const Workload& w, const std::vector<maskd::PreparedImage>& prepared,
+                      int first, int n, int bs, maskd::MaskEncoding enc, Outputs* keep) {
+  for (int start = first; start < first + n; start += bs) {
+    const int end = std::min(first + n, start + bs);
+    std::vector<maskd::PreparedImage> batch;
+    for (int i = start; i < end; ++i) batch.push_back(prepared[i % prepared.size()]);
+    auto embs = e.Encode(batch);
+    if (!embs.ok()) return embs.status();
+    std::vector<maskd::DecodeItem> items;
+    for (int i = start; i < end; ++i)
+      for (const auto& pt : w.prompts[i % w.prompts.size()]) {
+        maskd::PromptSpec p;
+        p.points = {pt};
+        p.multimask = true;
+        items.push_back({(*embs)[i - start], p});
+      }
+    auto dec = e.Decode(items);
+    if (!dec.ok()) return dec.status();
+    std::vector<maskd::PostprocessItem> post;
+    for (size_t k = 0; k < dec->size(); ++k) {
+      const auto& emb = *items[k].embedding;
+      post.push_back({(*dec)[k].logits, emb.original_width(), emb.original_height(), emb.input_width(),
+                      emb.input_height(), keep ? maskd::MaskEncoding::kBitmask : enc});
+    }
+    auto masks = e.Postprocess(post);
+    if (!masks.ok()) return masks.status();
+    if (keep) {
+      for (size_t k = 0; k < dec->size(); ++k) {
+        keep->logits.push_back((*dec)[k].logits->ToFloat());
+        std::vector<uint8_t> m;
+        for (const auto& md : (*masks)[k]) m.insert(m.end(), md.bitmask.begin(), md.bitmask.end());
+        keep->masks.push_back(std::move(m));
+      }
+    }
+  }
+  return maskd::Status::Ok();
+}
+
+struct Accuracy {
+  double max_logit_err = 0;
+  double mean_mask_iou = 1;
+};
+
+Accuracy Compare(const Outputs& got, const Outputs& ref) {
+  Accuracy a;
+  double iou_sum = 0;
+  size_t iou_n = 0;
+  const size_t hw = 1024 * 768;
+  for (size_t p = 0; p < ref.logits.size() && p < got.logits.size(); ++p) {
+    for (size_t i = 0; i < ref.logits[p].size(); ++i)
+      a.max_logit_err = std::max(a.max_logit_err, static_cast<double>(std::fabs(got.logits[p][i] - ref.logits[p][i])));
+    for (size_t m = 0; m * hw < ref.masks[p].size(); ++m) {
+      size_t inter = 0, uni = 0;
+      for (size_t i = m * hw; i < (m + 1) * hw; ++i) {
+        inter += ref.masks[p][i] & got.masks[p][i];
+        uni += ref.masks[p][i] | got.masks[p][i];
+      }
+      iou_sum += uni ? static_cast<double>(inter) / uni : 1.0;
+      ++iou_n;
+    }
+  }
+  a.mean_mask_iou = iou_n ? iou_sum / iou_n : 1.0;
+  return a;
+}
+
+double Percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"maskbench: offline SAM benchmark (WORKLOAD.md) as a waterfall of optimisations"};
+  std::vector<std::string> archs = {"vit_b", "vit_h"};
+  std::vector<int> batches = {1, 8, 32};
+  std::vector<int> fp32_batches = {1, 8};
+  std::vector<std::string> only_rows;
+  std::string device = "cuda", json_path, output = "threshold", golden;
+  int images = 32, accuracy_images = 2, latency_iters = 200;
+  uint64_t seed = 1;
+  bool latency = true;
+  app.add_option("--arch", archs, "Architectures (random weights, seeded)")->delimiter(',')->capture_default_str();
+  app.add_option("--batch", batches, "Encoder batch sizes")->delimiter(',')->capture_default_str();
+  app.add_option("--fp32-batch", fp32_batches, "Batch sizes for the fp32 baseline row (its materialised attention "
+                 "needs B x heads x 4096^2 floats)")->delimiter(',')->capture_default_str();
+  app.add_option("--rows", only_rows, "Only rows whose name contains one of these (default: all)")->delimiter(',');
+  app.add_option("--images", images, "Distinct images; the timed pass covers max(images, 2 x batch)")->capture_default_str();
+  app.add_option("--accuracy-images", accuracy_images, "Images compared with fp32 per row")->capture_default_str();
+  app.add_option("--seed", seed, "Seed of weights, images and prompts")->capture_default_str();
+  app.add_option("--device", device, "cuda, cuda:N or cpu")->capture_default_str();
+  app.add_option("--output", output, "threshold (masks + stats, as the reference) or rle (also COCO RLE)")
+      ->check(CLI::IsMember({"threshold", "rle"}))->capture_default_str();
+  app.add_option("--latency-iters", latency_iters, "Iterations of the one-click latency measurement")->capture_default_str();
+  app.add_flag("!--no-latency", latency, "Skip the decoder latency table");
+  app.add_option("--golden", golden, "Golden folder: also run verify-golden (tiny model) with each row's options");
+  app.add_option("--json", json_path, "Write every number as JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  const auto enc = output == "rle" ? maskd::MaskEncoding::kRle : maskd::MaskEncoding::kNone;
+  const Workload w = MakeWorkload(images, seed);
+  nlohmann::json results = nlohmann::json::array();
+  auto quiet = [](maskd::LogLevel l, std::string_view m) {
+    if (l >= maskd::LogLevel::kWarning && m.find("MEANINGLESS") == std::string_view::npos)
+      std::fprintf(stderr, "%.*s\n", static_cast<int>(m.size()), m.data());
+  };
+
+  std::printf("maskbench: %d images 1024x768, P~U{1..14} points/image (%zu prompts), multimask, output %s, seed %llu\n",
+              images, [&] { size_t n = 0; for (auto& p : w.prompts) n += p.size(); return n; }(), output.c_str(),
+              static_cast<unsigned long long>(seed));
+  std::printf("%-6s %-34s %5s %9s %9s %10s %9s %11s %9s %8s\n", "model", "configuration", "batch", "img/s", "ms/img",
+              "peak MiB", "prep ms", "max|dlogit|", "mask IoU", "golden");
+  for (const std::string& arch : archs) {
+    // Reference outputs: fp32, plain arithmetic, on the first accuracy_images images.
+    maskd::EngineOptions base;
+    base.random_arch = arch;
+    base.demo_seed = seed;
+    base.device = device;
+    base.encoder_batch_sizes = batches;
+    base.warmup = false;
+    base.log = quiet;
+    Outputs ref;
+    std::unique_ptr<Engine> engine;
+    Precision current = Precision::kFloat32;
+    for (const Row& row : Waterfall()) {
+      if (!only_rows.empty() && std::none_of(only_rows.begin(), only_rows.end(),
+                                             [&](const std::string& r) { return row.name.find(r) != std::string::npos; }) &&
+          !(row.precision == Precision::kFloat32 && ref.logits.empty()))
+        continue;
+      if (!engine || current != row.precision) {
+        engine.reset();
+        maskd::EngineOptions o = base;
+        o.precision = row.precision;
+        o.fast = row.fast;
+        if (row.precision == Precision::kFloat32) o.encoder_batch_sizes = fp32_batches;
+        auto e = Engine::Create(o);
+        if (!e.ok()) {
+          std::printf("%-6s %-34s  cannot create engine: %s\n", arch.c_str(), row.name.c_str(), e.status().ToString().c_str());
+          continue;
+        }
+        engine = std::move(*e);
+        current = row.precision;
+      } else {
+        maskd::Status s = engine->Reconfigure(row.fast);
+        if (!s.ok()) {
+          std::printf("%-6s %-34s  n/a: %s\n", arch.c_str(), row.name.c_str(), s.ToString().c_str());
+          continue;
+        }
+      }
+      // Preparation (resize/normalise/pad) once per row, timed separately.
+      std::vector<maskd::PreparedImage> prepared;
+      const auto p0 = Clock::now();
+      for (const auto& im : w.images) {
+        auto p = engine->Prepare(im);
+        if (!p.ok()) {
+          std::fprintf(stderr, "prepare: %s\n", p.status().ToString().c_str());
+          return 1;
+        }
+        prepared.push_back(*p);
+      }
+      const double prep_ms = std::chrono::duration<double, std::milli>(Clock::now() - p0).count() / images;
+      Outputs out;
+      maskd::Status s = RunPass(*engine, w, prepared, 0, accuracy_images, 1, enc, &out);
+      if (s.ok() && ref.logits.empty()) ref = out;
+      const std::vector<int>& bss = row.precision == Precision::kFloat32 ? fp32_batches : batches;
+      const bool report_row = only_rows.empty() || std::any_of(only_rows.begin(), only_rows.end(),
+                                     [&](const std::string& r) { return row.name.find(r) != std::string::npos; });
+      if (!report_row) continue;
+      const Accuracy acc = Compare(out, ref);
+      std::string golden_result = "-";
+      if (!golden.empty()) {
+        maskd::EngineOptions g;
+        g.checkpoint = golden + "/sam_tiny.pth";
+        g.device = device;
+        g.precision = row.precision;
+        g.fast = row.fast;
+        if (g.fast.attention == AttentionImpl::kFused) g.fast.attention = AttentionImpl::kAuto;  // head width 48
+        g.log = quiet;
+        auto ge = Engine::Create(g);
+        if (ge.ok()) {
+          const auto tol = row.precision == Precision::kFloat32 ? maskd::GoldenTolerances::Fp32()
+                                                                 : maskd::GoldenTolerances::Reduced(row.precision);
+          auto rep = maskd::RunGolden(**ge, {golden, {}, true}, tol);
+          golden_result = rep.ok() ? (rep->passed() ? "pass" : "FAIL") : "error";
+        } else {
+          golden_result = "n/a";
+        }
+      }
+      for (int bs : bss) {
+        if (!s.ok()) break;
+        // Untimed full pass (every jagged prompt count warm), then the timed pass.
+        const int n = std::max(images, 2 * bs);
+        s = RunPass(*engine, w, prepared, 0, n, bs, enc, nullptr);
+        if (!s.ok()) break;
+        engine->ResetPeakMemory();
+        const auto t0 = Clock::now();
+        s = RunPass(*engine, w, prepared, 0, n, bs, enc, nullptr);
+        const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (!s.ok()) break;
+        const double peak = engine->memory().peak_allocated / 1048576.0;
+        std::printf("%-6s %-34s %5d %9.1f %9.2f %10.0f %9.2f %11.3e %9.4f %8s\n", arch.c_str(), row.name.c_str(), bs,
+                    n / sec, 1000 * sec / n, peak, prep_ms, acc.max_logit_err, acc.mean_mask_iou, golden_result.c_str());
+        std::fflush(stdout);
+        std::string opts;
+        for (const auto& o : engine->optimisations()) opts += o + " ";
+        results.push_back({{"arch", arch}, {"row", row.name}, {"batch", bs}, {"images", n}, {"img_per_s", n / sec},
+                           {"ms_per_img", 1000 * sec / n}, {"peak_mib", peak}, {"prepare_ms", prep_ms},
+                           {"max_logit_err_vs_fp32", acc.max_logit_err}, {"mean_mask_iou_vs_fp32", acc.mean_mask_iou},
+                           {"golden", golden_result}, {"optimisations", opts}, {"device", engine->device_name()}});
+      }
+      if (!s.ok()) std::printf("%-6s %-34s  failed: %s\n", arch.c_str(), row.name.c_str(), s.ToString().c_str());
+    }
+    if (latency && engine) {
+      // The decoder as served: the last dense row's options (int8/2:4 touch only the encoder).
+      for (const Row& row : Waterfall())
+        if (row.name == "+ GPU pre/post-processing" && current == row.precision) (void)engine->Reconfigure(row.fast);
+      // One click on an already computed embedding: 1 point, multimask, masks at 1024 x 768 (RLE),
+      // in-process; then 64 prompts in one call.
+      auto emb = engine->Encode({*engine->Prepare(w.images[0])});
+      if (!emb.ok()) continue;
+      for (int prompts : {1, 64}) {
+        std::vector<double> ms;
+        for (int it = 0; it < latency_iters + 10; ++it) {
+          std::vector<maskd::DecodeItem> items;
+          for (int k = 0; k < prompts; ++k) {
+            maskd::PromptSpec p;
+            p.points = {{static_cast<float>((37 * (it + k)) % 1024), static_cast<float>((53 * (it + k)) % 768), 1}};
+            items.push_back({(*emb)[0], p});
+          }
+          const auto t0 = Clock::now();
+          auto dec = engine->Decode(items);
+          if (!dec.ok()) break;
+          std::vector<maskd::PostprocessItem> post;
+          for (auto& d : *dec) post.push_back({d.logits, 1024, 768, 1024, 768, maskd::MaskEncoding::kRle});
+          auto m = engine->Postprocess(post);
+          if (!m.ok()) break;
+          if (it >= 10) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        }
+        std::printf("%-6s decoder (last row's options): %2d prompt(s)/call: p50 %.2f ms p99 %.2f ms -> %.0f prompts/s\n",
+                    arch.c_str(), prompts, Percentile(ms, 0.5), Percentile(ms, 0.99), prompts * 1000.0 / Percentile(ms, 0.5));
+        results.push_back({{"arch", arch}, {"row", "decoder latency"}, {"prompts_per_call", prompts},
+                           {"p50_ms", Percentile(ms, 0.5)}, {"p99_ms", Percentile(ms, 0.99)}});
+      }
+    }
+  }
+  if (!json_path.empty()) std::ofstream(json_path) << results.dump(1) << "\n";
+  return 0;
+}
