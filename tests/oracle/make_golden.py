@@ -280,7 +280,7 @@ def main():
                 tensors[f"case{k}.iou_predictions"] = t(r["iou"], torch.float32)
                 tensors[f"case{k}.low_res_logits"] = t(r["low_res"], torch.float32)
 
-            boxes = np.array([random_box(rng, w, h) for _ in range(int(rng.integers(2, 6)))], dtype=np.float32)
+            boxes = np.array([random_box(rng, w, h) for _ in range(int(rng.integers(2, 5)))], dtype=np.float32)
             tb = torch.as_tensor(boxes)
             masks, iou, low_res = predictor.predict_torch(
                 point_coords=None, point_labels=None,
