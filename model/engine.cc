@@ -321,6 +321,16 @@ class EngineImpl final : public Engine {
   };
   std::mutex graph_mu_;
   std::map<int, EncoderGraph> graphs_;
+  // Decoder graphs by (padded prompt count, token count), captured on first use into a pool of
+  // their own (the encoder's replays run concurrently on another thread). decoder_graph_mu_ guards
+  // them and their static buffers from copy-in to clone-out.
+  struct DecoderGraph {
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+    at::Tensor src, sparse, masks, iou;
+  };
+  std::mutex decoder_graph_mu_;
+  std::map<std::pair<int64_t, int64_t>, DecoderGraph> decoder_graphs_;
+  std::optional<c10::MempoolId_t> decoder_pool_;
 #endif
 };
 
@@ -349,6 +359,10 @@ Status EngineImpl::Reconfigure(const FastPathOptions& fast) {
     {
       std::lock_guard<std::mutex> lock(graph_mu_);
       graphs_.clear();
+    }
+    {
+      std::lock_guard<std::mutex> lock(decoder_graph_mu_);
+      decoder_graphs_.clear();
     }
 #endif
     MASKD_RETURN_IF_ERROR(PrepareFastPath());
@@ -385,8 +399,10 @@ Status EngineImpl::Init() {
       at::globalContext().setAllowTF32CuBLAS(false);
       at::globalContext().setAllowTF32CuDNN(false);
     }
-    MASKD_RETURN_IF_ERROR(PrepareFastPath());
+    // The derived tables first: captured graphs hold their addresses, so they must not be
+    // recomputed after a capture.
     sam_->image_encoder->Prepare();
+    MASKD_RETURN_IF_ERROR(PrepareFastPath());
     if (options_.warmup) MASKD_RETURN_IF_ERROR(Warmup());
     return Status::Ok();
   });
@@ -410,6 +426,7 @@ Status EngineImpl::PrepareFastPath() {
   if (attn == AttentionImpl::kFused && options_.precision == Precision::kFloat32)
     return InvalidArgument("attention 'fused' runs in bf16 or fp16, not fp32");
   sam_->image_encoder->SetAttention(attn);
+  for (auto& b : sam_->image_encoder->block_list) b->attn->fold_pad_v = !cuda;
   if (attn != AttentionImpl::kMath) optimisations_.push_back(AttentionImplName(attn));
   if (cuda && options_.precision != Precision::kFloat32) sam_->mask_decoder->transformer->SetSdpa(true);
   if ((f.int8 || f.sparse24) && !cuda) {
@@ -445,7 +462,6 @@ Status EngineImpl::PrepareFastPath() {
 
 Status EngineImpl::CaptureEncoderGraphs() {
 #ifdef MASKD_WITH_CUDA
-  sam_->image_encoder->Prepare();
   const auto pool = at::cuda::graph_pool_handle();
   for (int bs : options_.encoder_batch_sizes) {
     CallStream cs(device_);
@@ -615,7 +631,51 @@ StatusOr<std::vector<std::shared_ptr<const Embedding>>> EngineImpl::Encode(
   });
 }
 
+// Prompt counts a decoder graph is captured for; larger batches run eagerly (launch overhead is
+// amortised there anyway). Token counts above kMaxGraphTokens run eagerly too.
+constexpr int64_t kDecoderGraphBuckets[] = {1, 2, 4, 8, 16, 32, 64};
+constexpr int64_t kMaxGraphTokens = 16;
+constexpr size_t kMaxDecoderGraphs = 64;
+
 MaskDecoderImpl::Output EngineImpl::RunDecoder(const at::Tensor& src, const at::Tensor& sparse) {
+#ifdef MASKD_WITH_CUDA
+  const int64_t G = sparse.size(0), T = sparse.size(1);
+  if (device_.is_cuda() && options_.fast.cuda_graphs && T <= kMaxGraphTokens) {
+    int64_t bucket = 0;
+    for (int64_t b : kDecoderGraphBuckets)
+      if (b >= G) {
+        bucket = b;
+        break;
+      }
+    if (bucket > 0) {
+      std::lock_guard<std::mutex> lock(decoder_graph_mu_);
+      auto it = decoder_graphs_.find({bucket, T});
+      if (it == decoder_graphs_.end() && decoder_graphs_.size() < kMaxDecoderGraphs) {
+        DecoderGraph g;
+        g.src = at::zeros({bucket, src.size(1), src.size(2), src.size(3)}, src.options());
+        g.sparse = at::zeros({bucket, T, sparse.size(2)}, sparse.options());
+        sam_->mask_decoder->forward(g.src, dense_pe_, g.sparse);  // warm-up outside the capture
+        c10::cuda::getCurrentCUDAStream().synchronize();
+        if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
+        g.graph = std::make_unique<at::cuda::CUDAGraph>();
+        g.graph->capture_begin(*decoder_pool_, cudaStreamCaptureModeThreadLocal);
+        auto out = sam_->mask_decoder->forward(g.src, dense_pe_, g.sparse);
+        g.graph->capture_end();
+        g.masks = out.masks;
+        g.iou = out.iou_predictions;
+        it = decoder_graphs_.emplace(std::make_pair(bucket, T), std::move(g)).first;
+      }
+      if (it != decoder_graphs_.end()) {
+        DecoderGraph& g = it->second;
+        // Rows past G keep whatever they held: every decoder operation is per row.
+        g.src.narrow(0, 0, G).copy_(src);
+        g.sparse.narrow(0, 0, G).copy_(sparse);
+        g.graph->replay();
+        return {g.masks.narrow(0, 0, G).clone(), g.iou.narrow(0, 0, G).clone()};
+      }
+    }
+  }
+#endif
   return sam_->mask_decoder->forward(src, dense_pe_, sparse);
 }
 

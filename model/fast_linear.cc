@@ -42,10 +42,16 @@ class Sparse24Linear final : public FastLinear {
 
   at::Tensor Forward(const at::Tensor& x) const override {
     const int64_t k = x.size(-1);
-    const at::Tensor x2 = x.reshape({-1, k});
+    at::Tensor x2 = x.reshape({-1, k});
+    const int64_t m = x2.size(0);
+    // cuSPARSELt wants the dense operand's dimensions in multiples of 16 (windowed attention gives
+    // B * 25 * 196 rows): pad with zero rows and drop them after.
+    const int64_t padded = (m + 15) / 16 * 16;
+    if (padded != m) x2 = at::constant_pad_nd(x2, {0, 0, 0, padded - m});
     // (W x^T)^T with the sparse operand first; transpose_result gives [M, N] row-major directly.
     at::Tensor y = at::_cslt_sparse_mm(packed_, x2.t(), bias_, std::nullopt, std::nullopt,
                                        /*transpose_result=*/true);
+    if (padded != m) y = y.narrow(0, 0, m);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = out_features_;
     return y.reshape(shape);

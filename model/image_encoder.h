@@ -58,8 +58,8 @@ struct RelPosAttentionImpl : torch::nn::Module {
   at::Tensor rel_pos_h, rel_pos_w;
   std::shared_ptr<FastLinear> qkv_fast, proj_fast;
   AttentionImpl impl = AttentionImpl::kMath;
-  // kSdpaFolded: zero-pad v to the augmented q/k width so the flash backend (which wants equal
-  // widths) applies.
+  // kSdpaFolded: zero-pad v to the augmented q/k width so that the generic SDPA dispatcher can
+  // use flash (which wants equal widths); false on CUDA calls cuDNN's attention with the narrow v.
   bool fold_pad_v = true;
   int64_t num_heads, head_dim, grid;
 

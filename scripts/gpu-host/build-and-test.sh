@@ -5,12 +5,12 @@
 #
 # Carried (ignored) paths: .gpu-debs (scripts in ../shared/gpu-host), .carry/golden/tiny (a copy of
 # ../shared/golden/tiny-one).
-#   scripts/gpu-host/build-and-test.sh [steps...]   steps: build tests golden kernels vit_h (default all)
+#   scripts/gpu-host/build-and-test.sh [steps...]   steps: build tests golden kernels vit_h bench (default all)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-steps=${*:-build tests golden kernels vit_h}
+steps=${*:-build tests golden kernels vit_h bench}
 build=${MASKD_GPU_BUILD:-/tmp/maskd-build}
 
 step() { printf '\n===== %s (%s)\n' "$1" "$(date +%T)"; }
@@ -61,10 +61,27 @@ if has kernels; then
 fi
 
 if has vit_h; then
-  step "vit_h random checkpoint: make, inspect, encode"
+  step "vit_h random checkpoint: make, inspect, serve a few requests"
   {
     time "$build/client/maskctl" make-checkpoint --arch vit_h --seed 1 /tmp/vit_h.pth
     "$build/client/maskctl" inspect-checkpoint /tmp/vit_h.pth
+    "$build/server/maskd" --checkpoint /tmp/vit_h.pth --device cuda --listen 127.0.0.1:50077 > "$out/maskd-vit_h.log" 2>&1 &
+    pid=$!
+    for i in $(seq 1 120); do "$build/client/maskctl" --server 127.0.0.1:50077 health > /dev/null 2>&1 && break; sleep 1; done
+    "$build/client/maskctl" --server 127.0.0.1:50077 health
+    img=.carry/golden/tiny/image0.png
+    "$build/client/maskctl" --server 127.0.0.1:50077 embed "$img"
+    "$build/client/maskctl" --server 127.0.0.1:50077 segment "$img" --point 320,240 --multimask --out-json /tmp/seg.json
+    "$build/client/maskctl" --server 127.0.0.1:50077 segment "$img" --box 100,60,500,330 --format png
+    "$build/client/maskctl" --server 127.0.0.1:50077 info
+    kill -INT $pid; wait $pid; echo "maskd exit $?"
   } > "$out/vit_h.log" 2>&1
-  tail -12 "$out/vit_h.log"
+  tail -40 "$out/vit_h.log"
+fi
+
+if has bench; then
+  step maskbench
+  timeout ${MASKBENCH_TIMEOUT:-300} "$build/load_tests/maskbench" --arch vit_b,vit_h --batch 1,8,32 --fp32-batch 1 \
+    --golden .carry/golden/tiny --json "$out/maskbench.json" ${MASKBENCH_ARGS:-} > "$out/maskbench.log" 2>&1
+  echo "maskbench rc=$?"; cat "$out/maskbench.log"
 fi
