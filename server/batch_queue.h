@@ -149,26 +149,28 @@ class BatchQueue {
 
   void RunBatch(std::vector<Item>& batch, Clock::time_point formed) {
     std::vector<Item> live;
+    std::vector<std::pair<Item, Status>> dead;
     live.reserve(batch.size());
-    uint64_t dropped = 0, items = 0;
+    uint64_t items = 0;
     for (auto& item : batch) {
       Status alive = item.Alive();
       if (alive.ok()) {
         items += std::max<size_t>(1, item.weight());
         live.push_back(std::move(item));
       } else {
-        ++dropped;
-        item.Fail(alive);
+        dead.emplace_back(std::move(item), std::move(alive));
       }
     }
+    // Counted before anyone hears of it, so that GetInfo never lags behind a reply.
     {
       std::lock_guard<std::mutex> lock(mu_);
-      dropped_ += dropped;
+      dropped_ += dead.size();
       if (!live.empty()) {
         ++batches_;
         items_ += items;
       }
     }
+    for (auto& [item, why] : dead) item.Fail(why);
     if (live.empty()) return;
     // The run function reports per item; this guard only keeps the thread alive on a bug.
     try {

@@ -129,8 +129,15 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
 
   void OnDone() override {
     if (service_->options_.access_log) {
+      std::string status;
+      uint64_t messages;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        status = final_status_name_;
+        messages = messages_;
+      }
       spdlog::info("[{}] access method=SegmentStream peer={} status={} latency_ms={:.3f} messages={}",
-                   rid_, peer_, final_status_name_, Millis(arrival_), messages_);
+                   rid_, peer_, status, Millis(arrival_), messages);
     }
     MaskService* s = service_;
     s->RemoveStream(this);

@@ -25,7 +25,8 @@ std::string ResultStore::Put(StoredResult result) {
   std::string id = NewIdLocked();
   if (result.bytes > capacity_bytes_) return id;
   while (bytes_ + result.bytes > capacity_bytes_ && !lru_.empty()) {
-    RemoveLocked(lru_.back());
+    const std::string victim = lru_.back();  // a copy: RemoveLocked erases the list node
+    RemoveLocked(victim);
     ++evictions_;
   }
   lru_.push_front(id);
