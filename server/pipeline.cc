@@ -145,6 +145,11 @@ void Pipeline::Resolve(const JobPtr& job) {
           Guarded(job, [&] { OnResolved(job, w, std::move(r), /*cached=*/false); });
         };
       });
+  static const char* kOutcome[] = {"hit", "joined another request's encode", "miss (encoding)",
+                                   "host-tier hit (promoting)", "not cached"};
+  spdlog::debug("[{}] image {} -> {}: {}", job->rid(), image_id,
+                routed.worker ? routed.worker->label() : std::string("no device"),
+                kOutcome[static_cast<int>(routed.acquired.outcome)]);
   switch (routed.acquired.outcome) {
     case EmbeddingCache::Outcome::kHit:
       return OnResolved(job, routed.worker, routed.acquired.entry, /*cached=*/true);

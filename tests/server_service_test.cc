@@ -6,6 +6,7 @@
 #include <future>
 #include <thread>
 
+#include <grpcpp/generic/generic_stub.h>
 #include <spdlog/spdlog.h>
 
 #include "client/client.h"
@@ -791,6 +792,49 @@ TEST(ServerService, GetInfoReportsModelLimitsStagesAndCalls) {
   std::vector<v1::Prompt> many(18, Click(1, 1));
   auto r = m.Segment(ByImage(Encoded(32, 24, 1), many));
   EXPECT_NE(r.status().message().find("expected 1 .. 17: limits.max_prompts_per_request"), std::string::npos);
+}
+
+// Server reflection (what grpcurl uses): ServerReflectionInfo with list_services, encoded by hand
+// (field 7, empty string) since the reflection protos are not installed for clients.
+TEST(ServerService, ReflectionListsTheServices) {
+  FakeMaskd m({});
+  grpc::CompletionQueue cq;
+  grpc::GenericStub stub(m.client().channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto call = stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                               &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  auto step = [&](intptr_t want) {
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(step(1));
+  grpc::Slice slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&slice, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(step(2));
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(step(3));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_NE(bytes.find("maskd.v1.MaskService"), std::string::npos);
+  EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+  call->WritesDone(reinterpret_cast<void*>(4));
+  step(4);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  step(5);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 }  // namespace
