@@ -12,24 +12,6 @@
 #include "server/logging.h"
 #include "server/server.h"
 
-// CudaDeviceCount is declared in engine.h and implemented by the model library. Referenced weakly
-// so that maskd still links against a model library that predates it; --device cuda then means
-// cuda:0 and auto means cpu (see ParseDevices with an unknown count).
-namespace maskd {
-int CudaDeviceCount() __attribute__((weak));
-}  // namespace maskd
-
-namespace {
-int VisibleCudaDevices() {
-  if (&maskd::CudaDeviceCount == nullptr) {
-    spdlog::warn("this model library cannot count CUDA devices: --device cuda means cuda:0, auto "
-                 "means cpu");
-    return -1;
-  }
-  return maskd::CudaDeviceCount();
-}
-}  // namespace
-
 int main(int argc, char** argv) {
   maskd::server::ConfigParseResult parsed = maskd::server::ParseConfig(argc, argv);
   if (parsed.exit) {
@@ -49,7 +31,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  maskd::server::MaskServer server(parsed.config, &maskd::Engine::Create, VisibleCudaDevices());
+  maskd::server::MaskServer server(parsed.config, &maskd::Engine::Create, maskd::CudaDeviceCount());
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&signals, &sig);
