@@ -107,15 +107,27 @@ struct Outputs {
   std::vector<std::vector<uint8_t>> masks; // per prompt: 3 masks at 1024 x 768 (bitmask)
 };
 
+// Seconds spent in each stage (every Engine call is synchronous, so host clocks time device work).
+struct StageTimes {
+  double encode = 0, decode = 0, post = 0;
+};
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
 // Runs images [first, first + n) through encode + jagged decode + post-processing in batches of bs.
 maskd::Status RunPass(Engine& e, const Workload& w, const std::vector<maskd::PreparedImage>& prepared,
-                      int first, int n, int bs, maskd::MaskEncoding enc, Outputs* keep) {
+                      int first, int n, int bs, maskd::MaskEncoding enc, Outputs* keep,
+                      StageTimes* times = nullptr) {
+  StageTimes local;
+  StageTimes& t = times ? *times : local;
   for (int start = first; start < first + n; start += bs) {
     const int end = std::min(first + n, start + bs);
     std::vector<maskd::PreparedImage> batch;
     for (int i = start; i < end; ++i) batch.push_back(prepared[i % prepared.size()]);
+    auto t0 = Clock::now();
     auto embs = e.Encode(batch);
     if (!embs.ok()) return embs.status();
+    t.encode += Since(t0);
     std::vector<maskd::DecodeItem> items;
     for (int i = start; i < end; ++i)
       for (const auto& pt : w.prompts[i % w.prompts.size()]) {
@@ -124,16 +136,20 @@ maskd::Status RunPass(Engine& e, const Workload& w, const std::vector<maskd::Pre
         p.multimask = true;
         items.push_back({(*embs)[i - start], p});
       }
+    t0 = Clock::now();
     auto dec = e.Decode(items);
     if (!dec.ok()) return dec.status();
+    t.decode += Since(t0);
     std::vector<maskd::PostprocessItem> post;
     for (size_t k = 0; k < dec->size(); ++k) {
       const auto& emb = *items[k].embedding;
       post.push_back({(*dec)[k].logits, emb.original_width(), emb.original_height(), emb.input_width(),
                       emb.input_height(), keep ? maskd::MaskEncoding::kBitmask : enc});
     }
+    t0 = Clock::now();
     auto masks = e.Postprocess(post);
     if (!masks.ok()) return masks.status();
+    t.post += Since(t0);
     if (keep) {
       for (size_t k = 0; k < dec->size(); ++k) {
         keep->logits.push_back((*dec)[k].logits->ToFloat());
@@ -218,8 +234,8 @@ int main(int argc, char** argv) {
   std::printf("maskbench: %d images 1024x768, P~U{1..14} points/image (%zu prompts), multimask, output %s, seed %llu\n",
               images, [&] { size_t n = 0; for (auto& p : w.prompts) n += p.size(); return n; }(), output.c_str(),
               static_cast<unsigned long long>(seed));
-  std::printf("%-6s %-34s %5s %9s %9s %10s %9s %11s %9s %8s\n", "model", "configuration", "batch", "img/s", "ms/img",
-              "peak MiB", "prep ms", "max|dlogit|", "mask IoU", "golden");
+  std::printf("%-6s %-34s %5s %9s %9s %10s %9s %11s %9s %8s  %s\n", "model", "configuration", "batch", "img/s", "ms/img",
+              "peak MiB", "prep ms", "max|dlogit|", "mask IoU", "golden", "ms/img: encode decode post");
   for (const std::string& arch : archs) {
     // Reference outputs: fp32, plain arithmetic, on the first accuracy_images images.
     maskd::EngineOptions base;
@@ -304,19 +320,23 @@ int main(int argc, char** argv) {
         if (!s.ok()) break;
         engine->ResetPeakMemory();
         const auto t0 = Clock::now();
-        s = RunPass(*engine, w, prepared, 0, n, bs, enc, nullptr);
+        StageTimes st;
+        s = RunPass(*engine, w, prepared, 0, n, bs, enc, nullptr, &st);
         const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
         if (!s.ok()) break;
         const double peak = engine->memory().peak_allocated / 1048576.0;
-        std::printf("%-6s %-34s %5d %9.1f %9.2f %10.0f %9.2f %11.3e %9.4f %8s\n", arch.c_str(), row.name.c_str(), bs,
-                    n / sec, 1000 * sec / n, peak, prep_ms, acc.max_logit_err, acc.mean_mask_iou, golden_result.c_str());
+        std::printf("%-6s %-34s %5d %9.1f %9.2f %10.0f %9.2f %11.3e %9.4f %8s  %6.2f %6.2f %6.2f\n", arch.c_str(),
+                    row.name.c_str(), bs, n / sec, 1000 * sec / n, peak, prep_ms, acc.max_logit_err, acc.mean_mask_iou,
+                    golden_result.c_str(), 1000 * st.encode / n, 1000 * st.decode / n, 1000 * st.post / n);
         std::fflush(stdout);
         std::string opts;
         for (const auto& o : engine->optimisations()) opts += o + " ";
         results.push_back({{"arch", arch}, {"row", row.name}, {"batch", bs}, {"images", n}, {"img_per_s", n / sec},
                            {"ms_per_img", 1000 * sec / n}, {"peak_mib", peak}, {"prepare_ms", prep_ms},
                            {"max_logit_err_vs_fp32", acc.max_logit_err}, {"mean_mask_iou_vs_fp32", acc.mean_mask_iou},
-                           {"golden", golden_result}, {"optimisations", opts}, {"device", engine->device_name()}});
+                           {"golden", golden_result}, {"optimisations", opts}, {"device", engine->device_name()},
+                           {"encode_ms_per_img", 1000 * st.encode / n}, {"decode_ms_per_img", 1000 * st.decode / n},
+                           {"postprocess_ms_per_img", 1000 * st.post / n}});
       }
       if (!s.ok()) std::printf("%-6s %-34s  failed: %s\n", arch.c_str(), row.name.c_str(), s.ToString().c_str());
     }

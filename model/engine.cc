@@ -136,6 +136,15 @@ std::pair<int, int> ResizedSize(int width, int height, int target) {
   return {w, h};
 }
 
+namespace {
+// Coordinates in messages as a person writes them: 700.5, not 700.500000.
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+}  // namespace
+
 Status ValidatePrompt(const PromptSpec& p, int w, int h, std::string_view prefix) {
   const std::string f(prefix);
   auto bad = [&](const std::string& m) { return InvalidArgument(m); };
@@ -147,10 +156,10 @@ Status ValidatePrompt(const PromptSpec& p, int w, int h, std::string_view prefix
     if (!std::isfinite(pt.x) || !std::isfinite(pt.y))
       return bad(n + " has a non-finite coordinate");
     if (pt.x < 0 || pt.x > w)
-      return bad(n + ".x = " + std::to_string(pt.x) + " is outside the image width [0, " +
+      return bad(n + ".x = " + Num(pt.x) + " is outside the image width [0, " +
                  std::to_string(w) + "]");
     if (pt.y < 0 || pt.y > h)
-      return bad(n + ".y = " + std::to_string(pt.y) + " is outside the image height [0, " +
+      return bad(n + ".y = " + Num(pt.y) + " is outside the image height [0, " +
                  std::to_string(h) + "]");
     if (pt.label != 0 && pt.label != 1)
       return bad(n + ".label = " + std::to_string(pt.label) + " must be 0 (background) or 1 (foreground)");
@@ -161,12 +170,12 @@ Status ValidatePrompt(const PromptSpec& p, int w, int h, std::string_view prefix
     if (!std::isfinite(b.x0) || !std::isfinite(b.y0) || !std::isfinite(b.x1) || !std::isfinite(b.y1))
       return bad(n + " has a non-finite coordinate");
     if (b.x0 > b.x1 || b.y0 > b.y1)
-      return bad(n + " = (" + std::to_string(b.x0) + ", " + std::to_string(b.y0) + ", " +
-                 std::to_string(b.x1) + ", " + std::to_string(b.y1) +
+      return bad(n + " = (" + Num(b.x0) + ", " + Num(b.y0) + ", " +
+                 Num(b.x1) + ", " + Num(b.y1) +
                  ") must have x0 <= x1 and y0 <= y1");
     if (b.x0 < 0 || b.y0 < 0 || b.x1 > w || b.y1 > h)
-      return bad(n + " = (" + std::to_string(b.x0) + ", " + std::to_string(b.y0) + ", " +
-                 std::to_string(b.x1) + ", " + std::to_string(b.y1) + ") is outside the image " +
+      return bad(n + " = (" + Num(b.x0) + ", " + Num(b.y0) + ", " +
+                 Num(b.x1) + ", " + Num(b.y1) + ") is outside the image " +
                  std::to_string(w) + "x" + std::to_string(h));
   }
   if (p.mask_input) {
@@ -363,6 +372,8 @@ Status EngineImpl::Reconfigure(const FastPathOptions& fast) {
     {
       std::lock_guard<std::mutex> lock(decoder_graph_mu_);
       decoder_graphs_.clear();
+      // The pool goes with its last graph; a new capture needs a new handle.
+      decoder_pool_.reset();
     }
 #endif
     MASKD_RETURN_IF_ERROR(PrepareFastPath());
@@ -769,7 +780,9 @@ StatusOr<std::vector<DecodedPrompt>> EngineImpl::Decode(const std::vector<Decode
         DecodedPrompt d;
         d.scores.assign(s + g * nt + first, s + g * nt + first + count);
         auto impl = std::make_shared<MaskLogits::Impl>();
-        impl->tensor = p.masks[static_cast<int64_t>(g)].narrow(0, first, count);
+        // A copy of its own: a view would keep the whole batch's [G, 4, 256, 256] alive for as long
+        // as any one result is stored, and bytes() would under-count it.
+        impl->tensor = p.masks[static_cast<int64_t>(g)].narrow(0, first, count).clone();
         d.logits = std::make_shared<const MaskLogits>(impl);
         out[p.idx[g]] = std::move(d);
       }
@@ -883,7 +896,9 @@ StatusOr<std::shared_ptr<const MaskLogits>> EngineImpl::MakeMaskLogits(const flo
   return Guarded("uploading mask logits", [&]() -> StatusOr<std::shared_ptr<const MaskLogits>> {
     CallStream cs(device_);
     auto impl = std::make_shared<MaskLogits::Impl>();
-    impl->tensor = at::from_blob(const_cast<float*>(v), {1, h, w}, at::kFloat).to(device_, dtype_);
+    // copy=true: on a CPU fp32 engine .to() would otherwise return the caller's buffer itself.
+    impl->tensor = at::from_blob(const_cast<float*>(v), {1, h, w}, at::kFloat)
+                       .to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true);
     cs.Sync();
     return std::make_shared<const MaskLogits>(impl);
   });

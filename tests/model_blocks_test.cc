@@ -268,3 +268,26 @@ TEST(Engine, DemoModelIsDeterministicPerSeed) {
 
 }  // namespace
 }  // namespace maskd
+
+namespace maskd {
+namespace {
+
+TEST(Engine, MaskLogitsOwnTheirValues) {
+  // Found by the differential test: on a CPU fp32 engine MakeMaskLogits returned a view of the
+  // caller's buffer, so a refinement prompt read freed memory once the buffer was gone.
+  EngineOptions o;
+  o.warmup = false;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok());
+  std::vector<float> buf(256 * 256, 1.5f);
+  auto logits = (*engine)->MakeMaskLogits(buf.data(), 256, 256);
+  ASSERT_TRUE(logits.ok());
+  std::fill(buf.begin(), buf.end(), -7.f);
+  const auto v = (*logits)->ToFloat();
+  ASSERT_EQ(v.size(), buf.size());
+  EXPECT_EQ(v.front(), 1.5f);
+  EXPECT_EQ(v.back(), 1.5f);
+}
+
+}  // namespace
+}  // namespace maskd
