@@ -439,7 +439,12 @@ Status EngineImpl::PrepareFastPath() {
   sam_->image_encoder->SetAttention(attn);
   for (auto& b : sam_->image_encoder->block_list) b->attn->fold_pad_v = !cuda;
   if (attn != AttentionImpl::kMath) optimisations_.push_back(AttentionImplName(attn));
-  if (cuda && options_.precision != Precision::kFloat32) sam_->mask_decoder->transformer->SetSdpa(true);
+  if (cuda && options_.precision != Precision::kFloat32) {
+    sam_->mask_decoder->transformer->SetSdpa(true);
+    sam_->mask_decoder->matmul_upscaling = true;
+    // Static shapes (per batch and bucket): let cuDNN pick its fastest kernels once per shape.
+    at::globalContext().setBenchmarkCuDNN(true);
+  }
   if ((f.int8 || f.sparse24) && !cuda) {
     Log(LogLevel::kWarning, "int8 and 2:4 sparsity are CUDA-only; ignored on " + device_.str());
   } else if (f.int8 || f.sparse24) {
@@ -826,7 +831,7 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
       at::Tensor geom = at::from_blob(geometry.data(), {M, 4}, at::kInt).clone();
       kernels::MaskPostprocessOutput r;
       if (gpu_post_) {
-        r = kernels::MaskPostprocess(all.to(at::kFloat).contiguous(), geom.to(device_), config_.img_size,
+        r = kernels::MaskPostprocess(all.to(at::kFloat).contiguous(), geom, config_.img_size,
                                      enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask);
       } else {
         // The original's float32 arithmetic in plain LibTorch, on the engine's device.

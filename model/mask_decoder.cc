@@ -163,15 +163,41 @@ MaskDecoderImpl::Output MaskDecoderImpl::forward(const at::Tensor& src, const at
   auto out = transformer->forward(src, pos_src, tokens);
   const at::Tensor iou_token_out = out.queries.select(1, 0);
   const at::Tensor mask_tokens_out = out.queries.slice(1, 1, 1 + num_mask_tokens);
-  const at::Tensor keys = out.keys.transpose(1, 2).reshape({b, c, h, w});
-  const at::Tensor upscaled = output_upscaling->forward(keys);
+  const at::Tensor keys_nhwc = out.keys.reshape({b, h, w, c});
   std::vector<at::Tensor> hyper;
   for (int64_t i = 0; i < num_mask_tokens; ++i)
     hyper.push_back(hypernetwork_list[i]->forward(mask_tokens_out.select(1, i)));
   const at::Tensor hyper_in = at::stack(hyper, 1);
-  const int64_t uc = upscaled.size(1), uh = upscaled.size(2), uw = upscaled.size(3);
-  const at::Tensor masks = at::matmul(hyper_in, upscaled.view({b, uc, uh * uw})).view({b, -1, uh, uw});
-  return {masks, iou_prediction_head->forward(iou_token_out)};
+  return {UpscaledMasks(keys_nhwc, hyper_in), iou_prediction_head->forward(iou_token_out)};
+}
+
+at::Tensor MaskDecoderImpl::UpscaledMasks(const at::Tensor& keys_nhwc, const at::Tensor& hyper_in) {
+  const int64_t b = keys_nhwc.size(0);
+  if (!matmul_upscaling) {
+    // The original: NCHW transposed convolutions.
+    const at::Tensor upscaled = output_upscaling->forward(keys_nhwc.permute({0, 3, 1, 2}).contiguous());
+    const int64_t uc = upscaled.size(1), uh = upscaled.size(2), uw = upscaled.size(3);
+    return at::matmul(hyper_in, upscaled.view({b, uc, uh * uw})).view({b, -1, uh, uw});
+  }
+  auto conv_t = [](const at::Tensor& x_nhwc, const torch::nn::ConvTranspose2dImpl& conv) {
+    // x [B, H, W, Cin] -> [B, 2H, 2W, Cout]: out[b, 2y+dy, 2x+dx, o] = bias[o] + x[b, y, x, :] . W[:, o, dy, dx]
+    const at::Tensor& w = conv.weight;  // [Cin, Cout, 2, 2]
+    const int64_t B = x_nhwc.size(0), H = x_nhwc.size(1), W = x_nhwc.size(2), cin = w.size(0), cout = w.size(1);
+    const at::Tensor wm = w.permute({0, 2, 3, 1}).reshape({cin, 4 * cout});  // columns (dy, dx, o)
+    const at::Tensor bias = conv.bias.repeat({4});
+    const at::Tensor y = at::addmm(bias, x_nhwc.reshape({-1, cin}), wm);  // [B*H*W, (dy, dx, o)]
+    return y.view({B, H, W, 2, 2, cout}).permute({0, 1, 3, 2, 4, 5}).reshape({B, 2 * H, 2 * W, cout});
+  };
+  const auto conv1 = output_upscaling->ptr<torch::nn::ConvTranspose2dImpl>(0);
+  const auto norm = output_upscaling->ptr<LayerNorm2dImpl>(1);
+  const auto conv2 = output_upscaling->ptr<torch::nn::ConvTranspose2dImpl>(3);
+  TORCH_CHECK(conv1 && norm && conv2, "unexpected output_upscaling layout");
+  at::Tensor x = conv_t(keys_nhwc, *conv1);
+  x = at::gelu(at::layer_norm(x, {x.size(3)}, norm->weight, norm->bias, norm->eps));
+  x = at::gelu(conv_t(x, *conv2));
+  const int64_t uh = x.size(1), uw = x.size(2), uc = x.size(3);
+  // [B, HW, C] @ [B, C, masks] -> [B, HW, masks] -> [B, masks, H, W]
+  return at::matmul(x.view({b, uh * uw, uc}), hyper_in.transpose(1, 2)).transpose(1, 2).reshape({b, -1, uh, uw});
 }
 
 }  // namespace maskd

@@ -90,6 +90,14 @@ struct MaskDecoderImpl : torch::nn::Module {
   std::vector<DecoderMlp> hypernetwork_list;
   DecoderMlp iou_prediction_head{nullptr};
   int64_t num_mask_tokens;
+  // Compute the two 2x2-stride transposed convolutions of the upscaling as channels-last matmuls
+  // (each output pixel of a k=2, s=2 transposed convolution is one input pixel times a weight slice),
+  // with the hypernetwork product on the channels-last result: the same arithmetic as cuDNN's
+  // transposed convolution up to summation order, without its slow kernels.
+  bool matmul_upscaling = false;
+
+ private:
+  at::Tensor UpscaledMasks(const at::Tensor& keys_nhwc, const at::Tensor& hyper_in);
 };
 TORCH_MODULE(MaskDecoder);
 

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cassert>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
@@ -62,15 +64,25 @@ class [[nodiscard]] StatusOr {
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
-  T& operator*() & { return *value_; }
-  const T& operator*() const& { return *value_; }
+  // Accessing the value of an error is a programming mistake: it aborts with the status instead of
+  // reading an empty optional.
+  T& value() & { return Checked(); }
+  const T& value() const& { return const_cast<StatusOr*>(this)->Checked(); }
+  T&& value() && { return std::move(Checked()); }
+  T* operator->() { return &Checked(); }
+  const T* operator->() const { return &const_cast<StatusOr*>(this)->Checked(); }
+  T& operator*() & { return Checked(); }
+  const T& operator*() const& { return const_cast<StatusOr*>(this)->Checked(); }
 
  private:
+  T& Checked() {
+    if (!value_) {
+      std::fprintf(stderr, "maskd: value of a failed StatusOr accessed: %s\n", status_.ToString().c_str());
+      std::abort();
+    }
+    return *value_;
+  }
+
   Status status_;
   std::optional<T> value_;
 };

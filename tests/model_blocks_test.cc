@@ -291,3 +291,25 @@ TEST(Engine, MaskLogitsOwnTheirValues) {
 
 }  // namespace
 }  // namespace maskd
+
+namespace maskd {
+namespace {
+
+TEST(Blocks, MatmulUpscalingEqualsTransposedConvolutions) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  SamConfig c = *SamPreset("tiny");
+  MaskDecoder dec(c);
+  RandomizeWeights(*dec, 5);
+  const at::Tensor src = torch::randn({2, 256, 64, 64});
+  const at::Tensor pos = torch::randn({1, 256, 64, 64});
+  const at::Tensor sparse = torch::randn({2, 3, 256});
+  const auto ref = dec->forward(src, pos, sparse);
+  dec->matmul_upscaling = true;
+  const auto got = dec->forward(src, pos, sparse);
+  EXPECT_LT(MaxAbs(got.masks, ref.masks), 1e-4);
+  EXPECT_TRUE(torch::equal(got.iou_predictions, ref.iou_predictions));
+}
+
+}  // namespace
+}  // namespace maskd

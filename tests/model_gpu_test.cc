@@ -133,11 +133,23 @@ TEST(EngineCuda, CudaGraphsAndGpuPreprocessingChangeNothing) {
   auto encode_all = [&](bool batched) {
     std::vector<std::vector<float>> out;
     std::vector<PreparedImage> prepared;
-    for (const auto& im : images) prepared.push_back(*e->Prepare(im));
+    for (const auto& im : images) {
+      auto p = e->Prepare(im);
+      EXPECT_TRUE(p.ok()) << p.status().ToString();
+      if (!p.ok()) return out;
+      prepared.push_back(*p);
+    }
     if (batched) {
-      for (auto& emb : *e->Encode(prepared)) out.push_back(emb->ToFloat());
+      auto embs = e->Encode(prepared);
+      EXPECT_TRUE(embs.ok()) << embs.status().ToString();
+      if (embs.ok())
+        for (auto& emb : *embs) out.push_back(emb->ToFloat());
     } else {
-      for (auto& p : prepared) out.push_back((*e->Encode({p}))[0]->ToFloat());
+      for (auto& p : prepared) {
+        auto embs = e->Encode({p});
+        EXPECT_TRUE(embs.ok()) << embs.status().ToString();
+        if (embs.ok()) out.push_back((*embs)[0]->ToFloat());
+      }
     }
     return out;
   };
@@ -147,32 +159,49 @@ TEST(EngineCuda, CudaGraphsAndGpuPreprocessingChangeNothing) {
   const auto eager_single = encode_all(false);
   const auto eager_batched = encode_all(true);  // 5 = a batch of 4 + a batch of 1 (padded)
   f.cuda_graphs = true;
-  ASSERT_TRUE(e->Reconfigure(f).ok());
+  {
+    Status st = e->Reconfigure(f);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
   const auto graph_batched = encode_all(true);
   f.gpu_preprocess = true;
   ASSERT_TRUE(e->Reconfigure(f).ok());
   const auto gpu_pre = encode_all(true);
   // Decoder graphs (prompt counts padded to a bucket) against eager decoding.
   auto decode = [&](bool graphs) {
+    std::vector<std::vector<float>> out;
     FastPathOptions d = f;
     d.cuda_graphs = graphs;
-    EXPECT_TRUE(e->Reconfigure(d).ok());
-    auto emb = e->Encode({*e->Prepare(images[0])});
+    Status st = e->Reconfigure(d);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    auto prep = e->Prepare(images[0]);
+    EXPECT_TRUE(prep.ok()) << prep.status().ToString();
+    if (!st.ok() || !prep.ok()) return out;
+    auto emb = e->Encode({*prep});
+    EXPECT_TRUE(emb.ok()) << emb.status().ToString();
+    if (!emb.ok()) return out;
     std::vector<DecodeItem> items;
     for (int k = 0; k < 3; ++k) {
       PromptSpec p;
       p.points = {{100.f + 50 * k, 80.f + 30 * k, 1}};
       items.push_back({(*emb)[0], p});
     }
-    std::vector<std::vector<float>> out;
-    for (int rep = 0; rep < 2; ++rep)  // the second call replays the captured graph
-      for (auto& d : *e->Decode(items)) out.push_back(d.logits->ToFloat());
+    for (int rep = 0; rep < 2; ++rep) {  // the second call replays the captured graph
+      auto dec = e->Decode(items);
+      EXPECT_TRUE(dec.ok()) << dec.status().ToString();
+      if (!dec.ok()) return out;
+      for (auto& r : *dec) out.push_back(r.logits->ToFloat());
+    }
     return out;
   };
   const auto eager_dec = decode(false);
   const auto graph_dec = decode(true);
   ASSERT_EQ(eager_dec.size(), graph_dec.size());
   for (size_t i = 0; i < eager_dec.size(); ++i) EXPECT_LT(RelL2(graph_dec[i], eager_dec[i]), 1e-2) << "decoder " << i;
+  ASSERT_EQ(eager_single.size(), images.size());
+  ASSERT_EQ(eager_batched.size(), images.size());
+  ASSERT_EQ(graph_batched.size(), images.size());
+  ASSERT_EQ(gpu_pre.size(), images.size());
   for (size_t i = 0; i < images.size(); ++i) {
     // Batching changes GEMM shapes (bf16 rounding); graphs replay the very same kernels; the GPU
     // resize is bit-exact with the CPU one.
