@@ -7,7 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "model/rle.h"
-#include "server/image_id.h"
+#include "model/image_id.h"
 
 namespace maskd::server {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "model/image_codec.h"
-#include "server/image_id.h"
+#include "model/image_id.h"
 
 namespace maskd::server {
 namespace {

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "server/embedding_cache.h"
-#include "server/image_id.h"
+#include "model/image_id.h"
 #include "server/result_store.h"
 #include "tests/server_fake_engine.h"
 
@@ -273,6 +273,17 @@ TEST(ServerImageId, ContentAddressesAreStableAndSeparated) {
   EXPECT_FALSE(LooksLikeImageId("ABC"));
   EXPECT_FALSE(LooksLikeImageId(std::string(64, 'g')));
   EXPECT_TRUE(LooksLikeImageId(std::string(64, 'f')));
+}
+
+TEST(ServerImageId, MatchesTheDocumentedScheme) {
+  // Pinned values of the scheme written in model/image_id.h and maskd.proto (framed fields, 8-byte
+  // little-endian lengths). client/python/tests/test_client_unit.py pins the same two values for the
+  // Python client's copy, so a change on either side fails a test.
+  EXPECT_EQ(ImageIdForEncoded("model-1", "bytes"),
+            "af36684893d54e81145bab43c7c0c21c187cb972722361bb50a564cc62373c10");
+  const std::string rgb = {0, 1, 2, 3, 4, 5};
+  EXPECT_EQ(ImageIdForRaw("m", 2, 1, rgb),
+            "dc2deb7c7aa88f6dd46f88656ab584bbc389fc99ec26fec9caff3c6d42f6a404");
 }
 
 }  // namespace

@@ -23,7 +23,7 @@
 #include "model/image_codec.h"
 #include "model/rle.h"
 #include "model/tensor_file.h"
-#include "server/image_id.h"
+#include "model/image_id.h"
 #include "server/server.h"
 #include "tests/golden_dir.h"
 

@@ -12,7 +12,7 @@
 #include "client/client.h"
 #include "model/image_codec.h"
 #include "model/rle.h"
-#include "server/image_id.h"
+#include "model/image_id.h"
 #include "server/server.h"
 #include "tests/server_fake_engine.h"
 

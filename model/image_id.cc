@@ -1,11 +1,11 @@
-#include "server/image_id.h"
+#include "model/image_id.h"
 
 #include <openssl/evp.h>
 
 #include <memory>
 #include <stdexcept>
 
-namespace maskd::server {
+namespace maskd {
 namespace {
 
 // The inputs are framed (tag, lengths) so that no two different (identity, kind, content) triples
@@ -90,4 +90,4 @@ std::string Sha256Hex(std::string_view bytes) {
   return h.HexDigest();
 }
 
-}  // namespace maskd::server
+}  // namespace maskd
