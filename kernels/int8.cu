@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/float_convert.cuh"
 #include "kernels/launchers.h"
 
 namespace maskd::kernels::detail {
@@ -86,18 +87,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename OutT>
-__device__ __forceinline__ OutT FromFloat(float v) {
-  return static_cast<OutT>(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float v) {
-  return __float2half_rn(v);
-}
 
 // 4 consecutive columns per thread (cols % 8 == 0 for the int8 GEMM, so 16-byte aligned rows).
 template <typename OutT>

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "kernels/float_convert.cuh"
 #include "kernels/launchers.h"
 
 namespace maskd::kernels::detail {
@@ -48,20 +49,6 @@ __global__ void PilHorizontalKernel(const uint8_t* __restrict__ in, int in_w,
   o[2] = Clip8(s2);
 }
 
-template <typename OutT>
-__device__ __forceinline__ OutT FromFloat(float v);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float v) {
-  return __float2half_rn(v);
-}
 
 // One thread per padded output pixel (x, y = blockIdx.y), all 3 planes.
 template <typename OutT>
