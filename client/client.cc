@@ -7,6 +7,9 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <type_traits>
+
+#include "model/image_id.h"
 
 namespace maskd::client {
 namespace {
@@ -156,6 +159,25 @@ v1::SegmentRequest BuildSegmentRequest(const SegmentArgs& args) {
   return request;
 }
 
+std::optional<std::string> AffinityKey(std::string_view model_identity, const v1::Image& image) {
+  if (model_identity.empty()) return std::nullopt;
+  switch (image.source_case()) {
+    case v1::Image::kEncoded:
+      return ImageIdForEncoded(model_identity, image.encoded());
+    case v1::Image::kRaw:
+      return ImageIdForRaw(model_identity, image.raw().width(), image.raw().height(), image.raw().rgb());
+    case v1::Image::SOURCE_NOT_SET:
+      break;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> AffinityKey(std::string_view model_identity, const v1::SegmentRequest& request) {
+  if (request.has_image()) return AffinityKey(model_identity, request.image());
+  if (!request.image_id().empty()) return request.image_id();
+  return std::nullopt;
+}
+
 Client::Client(const ClientOptions& options)
     : options_(options),
       channel_(grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(),
@@ -176,6 +198,49 @@ void Client::SetDeadline(grpc::ClientContext& context) const {
   context.set_deadline(DeadlineAfter(options_.timeout));
 }
 
+StatusOr<std::string> Client::ModelIdentity() {
+  std::lock_guard<std::mutex> lock(identity_mu_);
+  if (identity_) return *identity_;
+  if (identity_failed_at_ &&
+      std::chrono::steady_clock::now() - *identity_failed_at_ < options_.identity_retry) {
+    return Unavailable("model identity: GetInfo failed less than " +
+                       std::to_string(options_.identity_retry.count()) + " ms ago; not asking again yet");
+  }
+  StatusOr<v1::GetInfoResponse> info = GetInfo();
+  if (!info.ok()) {
+    identity_failed_at_ = std::chrono::steady_clock::now();
+    return Status(info.status().code(), "model identity: GetInfo: " + info.status().message());
+  }
+  // An empty identity (a server that does not report one) is kept too: asking again would not help.
+  identity_ = info->model().identity();
+  identity_failed_at_.reset();
+  return *identity_;
+}
+
+std::optional<std::string> Client::AffinityKeyFor(const v1::SegmentRequest& request) {
+  if (!options_.affinity_header) return std::nullopt;
+  if (!request.has_image()) return AffinityKey("", request);  // by id (or none): no identity needed
+  return AffinityKeyFor(request.image());
+}
+
+std::optional<std::string> Client::AffinityKeyFor(const v1::Image& image) {
+  if (!options_.affinity_header || image.source_case() == v1::Image::SOURCE_NOT_SET) return std::nullopt;
+  StatusOr<std::string> identity = ModelIdentity();
+  if (!identity.ok()) return std::nullopt;
+  return AffinityKey(*identity, image);
+}
+
+template <typename Request>
+void Client::AddAffinity(grpc::ClientContext& context, const Request& request) {
+  std::optional<std::string> key;
+  if constexpr (std::is_same_v<Request, v1::EmbedRequest>) {
+    key = AffinityKeyFor(request.image());
+  } else {
+    key = AffinityKeyFor(request);
+  }
+  if (key) context.AddMetadata(kAffinityHeader, *key);
+}
+
 StatusOr<v1::EmbedResponse> Client::Embed(const std::string& encoded_image) {
   v1::EmbedRequest request;
   request.mutable_image()->set_encoded(encoded_image);
@@ -184,6 +249,7 @@ StatusOr<v1::EmbedResponse> Client::Embed(const std::string& encoded_image) {
 
 StatusOr<v1::EmbedResponse> Client::Embed(const v1::EmbedRequest& request) {
   grpc::ClientContext context;
+  AddAffinity(context, request);  // first: a GetInfo for the identity must not eat this call's deadline
   SetDeadline(context);
   v1::EmbedResponse response;
   Status status = FromGrpcStatus(stub_->Embed(&context, request, &response));
@@ -197,6 +263,7 @@ StatusOr<v1::SegmentResponse> Client::Segment(const SegmentArgs& args) {
 
 StatusOr<v1::SegmentResponse> Client::Segment(const v1::SegmentRequest& request) {
   grpc::ClientContext context;
+  AddAffinity(context, request);
   SetDeadline(context);
   v1::SegmentResponse response;
   Status status = FromGrpcStatus(stub_->Segment(&context, request, &response));
@@ -241,16 +308,21 @@ StatusOr<ServingStatus> Client::Health(const std::string& service) {
 }
 
 std::unique_ptr<SegmentSession> Client::OpenSession(std::chrono::milliseconds stream_timeout) {
-  return std::make_unique<SegmentSession>(*stub_, stream_timeout);
+  return std::make_unique<SegmentSession>(*this, stream_timeout);
 }
 
-SegmentSession::SegmentSession(v1::MaskService::Stub& stub, std::chrono::milliseconds timeout) {
+SegmentSession::SegmentSession(v1::MaskService::Stub& stub, std::chrono::milliseconds timeout)
+    : stub_(stub) {
   if (timeout.count() > 0) context_.set_deadline(DeadlineAfter(timeout));
-  stream_ = stub.SegmentStream(&context_);
+}
+
+SegmentSession::SegmentSession(Client& client, std::chrono::milliseconds timeout)
+    : SegmentSession(client.stub(), timeout) {
+  client_ = &client;
 }
 
 SegmentSession::~SegmentSession() {
-  if (!finished_) {
+  if (!finished_ && stream_) {
     context_.TryCancel();
     (void)Finish();
   }
@@ -258,6 +330,15 @@ SegmentSession::~SegmentSession() {
 
 StatusOr<v1::SegmentResponse> SegmentSession::Send(const v1::SegmentRequest& request) {
   if (finished_) return FailedPrecondition("SegmentSession::Send after Finish");
+  if (!stream_) {
+    // Metadata goes out when the stream opens, so the stream opens here, keyed by its first image.
+    if (client_) {
+      if (std::optional<std::string> key = client_->AffinityKeyFor(request)) {
+        context_.AddMetadata(kAffinityHeader, *key);
+      }
+    }
+    stream_ = stub_.SegmentStream(&context_);
+  }
   v1::SegmentResponse response;
   if (!stream_->Write(request) || !stream_->Read(&response)) {
     Status status = Finish();
@@ -275,6 +356,7 @@ StatusOr<v1::SegmentResponse> SegmentSession::Send(const v1::SegmentRequest& req
 Status SegmentSession::Finish() {
   if (finished_) return final_status_;
   finished_ = true;
+  if (!stream_) return final_status_;  // never opened: nothing was sent
   stream_->WritesDone();
   v1::SegmentResponse ignored;
   while (stream_->Read(&ignored)) {

@@ -8,20 +8,33 @@
 //   server's message. A SegmentStream response carrying `error` is returned as that Status.
 // - A Client is thread-safe: its methods may be called concurrently (one HTTP/2 channel is shared).
 // - No exceptions, no output: this is library code, the caller decides what to print.
+// - Affinity (ClientOptions::affinity_header, on by default): Embed, Segment and SegmentStream carry
+//   the gRPC metadata `x-maskd-image-id: <image_id>` whenever the image_id is known, so that a proxy
+//   balancing on it (deploy/envoy/envoy.yaml, ring hash) sends every call about one image to the
+//   replica that cached its embedding. By-id calls send the id; calls with bytes send the id the
+//   server will compute (model/image_id.h), which needs the model identity: the Client asks GetInfo
+//   once, on the first call with bytes, and keeps ModelInfo.identity. Without it (GetInfo failed,
+//   or the server reports no identity) calls go out without the header, which is only a cache miss
+//   behind a proxy, never an error.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "maskd/v1/maskd.grpc.pb.h"
 #include "model/status.h"
 
 namespace maskd::client {
+
+// The request header Envoy hashes on (deploy/envoy/envoy.yaml); gRPC metadata keys are lowercase.
+inline constexpr char kAffinityHeader[] = "x-maskd-image-id";
 
 struct ClientOptions {
   // HOST:PORT (or any gRPC target string).
@@ -36,7 +49,19 @@ struct ClientOptions {
   int max_send_message_bytes = 64 << 20;
   // Extra channel args for load generators that want one TCP connection per channel.
   std::optional<int> channel_index;
+  // Send kAffinityHeader on Embed/Segment/SegmentStream (see the top of this file).
+  bool affinity_header = true;
+  // After a failed GetInfo for the model identity, calls with bytes go without the header for this
+  // long before the identity is asked for again (so that a client started while maskd was loading
+  // gets affinity later, without one extra GetInfo per call while the server is down).
+  std::chrono::milliseconds identity_retry{10000};
 };
+
+// The image_id the server will give the image of `request` when its ModelInfo.identity is
+// `model_identity`: the id itself for a by-id request; computed (model/image_id.h) for encoded or
+// raw bytes, if model_identity is not empty; nullopt otherwise (no image, or bytes and no identity).
+std::optional<std::string> AffinityKey(std::string_view model_identity, const v1::SegmentRequest& request);
+std::optional<std::string> AffinityKey(std::string_view model_identity, const v1::Image& image);
 
 // The grpc::Status -> maskd::Status conversion used for every call (codes are numerically equal; a
 // code maskd::StatusCode does not name becomes INTERNAL with the gRPC code name in the message).
@@ -106,10 +131,21 @@ class Client {
   // grpc.health.v1.Health/Check for `service` ("" = the whole server).
   StatusOr<ServingStatus> Health(const std::string& service = "maskd.v1.MaskService");
 
-  // Opens a SegmentStream. The stream's own deadline is `stream_timeout` (zero: none; interactive
-  // sessions last as long as the user clicks).
+  // A SegmentStream session. The stream's own deadline is `stream_timeout` from now (zero: none;
+  // interactive sessions last as long as the user clicks). The stream opens at the first Send, so
+  // that the affinity header can name that request's image: a stream stays on the replica chosen
+  // when it opens.
   std::unique_ptr<SegmentSession> OpenSession(
       std::chrono::milliseconds stream_timeout = std::chrono::milliseconds{0});
+
+  // ModelInfo.identity from one GetInfo, asked for on first use and then kept (see identity_retry
+  // for failures). Blocks for at most one call's deadline; concurrent first users wait for the same
+  // answer.
+  StatusOr<std::string> ModelIdentity();
+  // The affinity header value this client sends for `request` (nullopt: none; always nullopt when
+  // options().affinity_header is off). May call ModelIdentity.
+  std::optional<std::string> AffinityKeyFor(const v1::SegmentRequest& request);
+  std::optional<std::string> AffinityKeyFor(const v1::Image& image);
 
   const ClientOptions& options() const { return options_; }
   v1::MaskService::Stub& stub() { return *stub_; }
@@ -117,17 +153,29 @@ class Client {
 
  private:
   void SetDeadline(grpc::ClientContext& context) const;
+  template <typename Request>
+  void AddAffinity(grpc::ClientContext& context, const Request& request);
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::MaskService::Stub> stub_;
+
+  // Locking: identity_mu_ guards identity_ and identity_failed_at_, and is held across the one
+  // GetInfo that fills them, so that concurrent first callers make one call, not many. Callers by
+  // id never take it.
+  std::mutex identity_mu_;
+  std::optional<std::string> identity_;
+  std::optional<std::chrono::steady_clock::time_point> identity_failed_at_;
 };
 
 // One SegmentStream: each Send writes one request and reads its one response (the server answers in
 // order). Not thread-safe: one user, one session.
 class SegmentSession {
  public:
+  // Without affinity: the stream carries no kAffinityHeader.
   SegmentSession(v1::MaskService::Stub& stub, std::chrono::milliseconds timeout);
+  // With `client`'s affinity header for the first request's image (client must outlive the session).
+  SegmentSession(Client& client, std::chrono::milliseconds timeout);
   ~SegmentSession();
   SegmentSession(const SegmentSession&) = delete;
   SegmentSession& operator=(const SegmentSession&) = delete;
@@ -140,6 +188,8 @@ class SegmentSession {
   Status Finish();
 
  private:
+  v1::MaskService::Stub& stub_;
+  Client* client_ = nullptr;  // for the affinity header; null: none
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::SegmentRequest, v1::SegmentResponse>> stream_;
   bool finished_ = false;

@@ -14,6 +14,7 @@
 #include "client/maskctl_commands.h"
 #include "fake_maskd.h"
 #include "model/image_codec.h"
+#include "model/image_id.h"
 
 namespace maskd::client {
 namespace {
@@ -164,6 +165,129 @@ TEST(ClientFake, SegmentSessionKeepsImageAndSurvivesErrors) {
   EXPECT_EQ(session->Send(click).status().code(), StatusCode::kFailedPrecondition);
 }
 
+PromptArg ClickAt(float x, float y) { return PromptArg{{{x, y, true}}, std::nullopt, "", std::nullopt, false}; }
+
+// The last call the fake saw with `method`.
+FakeMaskService::SeenCall LastCall(FakeMaskd& server, const std::string& method) {
+  std::vector<FakeMaskService::SeenCall> seen = server.service.seen_calls();
+  for (auto it = seen.rbegin(); it != seen.rend(); ++it) {
+    if (it->method == method) return *it;
+  }
+  ADD_FAILURE() << "the fake saw no " << method << " call";
+  return {};
+}
+
+TEST(ClientFake, AffinityHeaderIsTheImageIdTheServerAnswers) {
+  FakeMaskd server;
+  auto client = ConnectTo(server);
+  ASSERT_TRUE(client);
+  ASSERT_TRUE(client->options().affinity_header);  // on by default
+  const std::string png = TestPng(40, 30);
+
+  // Bytes: the id computed on the client before the call equals the one the server answers.
+  StatusOr<v1::EmbedResponse> e = client->Embed(png);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(LastCall(server, "Embed").affinity, e->image_id());
+
+  SegmentArgs by_id;
+  by_id.image = ImageArg::Id(e->image_id());
+  by_id.prompts = {ClickAt(3, 4)};
+  StatusOr<v1::SegmentResponse> r = client->Segment(by_id);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(LastCall(server, "Segment").affinity, e->image_id());
+
+  SegmentArgs by_bytes;
+  by_bytes.image = ImageArg::Encoded(TestPng(41, 30));
+  by_bytes.prompts = {ClickAt(3, 4)};
+  StatusOr<v1::SegmentResponse> rb = client->Segment(by_bytes);
+  ASSERT_TRUE(rb.ok()) << rb.status().ToString();
+  EXPECT_EQ(LastCall(server, "Segment").affinity, rb->image_id());
+  EXPECT_NE(rb->image_id(), e->image_id());
+
+  // Streams carry the header of their first request's image (metadata is sent when they open).
+  {
+    std::unique_ptr<SegmentSession> session = client->OpenSession(std::chrono::milliseconds(10000));
+    SegmentArgs first;
+    first.image = ImageArg::Encoded(TestPng(42, 30));
+    first.prompts = {ClickAt(5, 5)};
+    StatusOr<v1::SegmentResponse> a = session->Send(first);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ(LastCall(server, "SegmentStream").affinity, a->image_id());
+    EXPECT_TRUE(session->Finish().ok());
+  }
+  {
+    std::unique_ptr<SegmentSession> session = client->OpenSession();
+    StatusOr<v1::SegmentResponse> a = session->Send(by_id);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ(LastCall(server, "SegmentStream").affinity, e->image_id());
+  }
+  // The identity came from one GetInfo, however many calls with bytes needed it.
+  EXPECT_EQ(server.service.infos.load(), 1u);
+  // A session that never sent anything opened no stream.
+  const size_t streams_before = server.service.seen_calls().size();
+  { client->OpenSession(); }
+  EXPECT_EQ(server.service.seen_calls().size(), streams_before);
+}
+
+TEST(ClientFake, NoAffinityHeaderWhenOffOrWithoutIdentity) {
+  FakeMaskd server;
+  const std::string png = TestPng(40, 30);
+  SegmentArgs by_bytes;
+  by_bytes.image = ImageArg::Encoded(png);
+  by_bytes.prompts = {ClickAt(3, 4)};
+  {
+    ClientOptions o;
+    o.target = server.target();
+    o.affinity_header = false;
+    Client client(o);
+    StatusOr<v1::EmbedResponse> e = client.Embed(png);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_EQ(LastCall(server, "Embed").affinity, std::nullopt);
+    SegmentArgs by_id = by_bytes;
+    by_id.image = ImageArg::Id(e->image_id());
+    ASSERT_TRUE(client.Segment(by_id).ok());
+    EXPECT_EQ(LastCall(server, "Segment").affinity, std::nullopt);
+    ASSERT_TRUE(client.OpenSession()->Send(by_bytes).ok());
+    EXPECT_EQ(LastCall(server, "SegmentStream").affinity, std::nullopt);
+    EXPECT_EQ(server.service.infos.load(), 0u);  // off: not even asked
+  }
+  // A server that reports no identity: bytes go without the header, ids still carry it.
+  server.service.report_identity.store(false);
+  auto client = ConnectTo(server);
+  ASSERT_TRUE(client);
+  StatusOr<v1::SegmentResponse> r = client->Segment(by_bytes);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(LastCall(server, "Segment").affinity, std::nullopt);
+  SegmentArgs by_id = by_bytes;
+  by_id.image = ImageArg::Id(r->image_id());
+  ASSERT_TRUE(client->Segment(by_id).ok());
+  EXPECT_EQ(LastCall(server, "Segment").affinity, r->image_id());
+  ASSERT_TRUE(client->Embed(png).ok());
+  EXPECT_EQ(server.service.infos.load(), 1u);  // the empty identity was kept, not asked for again
+}
+
+TEST(ClientFake, FailedIdentityLookupIsNotRepeatedAtOnce) {
+  ClientOptions o;
+  o.target = "127.0.0.1:1";
+  o.timeout = std::chrono::milliseconds(300);
+  Client client(o);
+  StatusOr<std::string> first = client.ModelIdentity();
+  ASSERT_FALSE(first.ok());
+  EXPECT_NE(first.status().message().find("GetInfo"), std::string::npos) << first.status().ToString();
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<std::string> second = client.ModelIdentity();
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("not asking again yet"), std::string::npos)
+      << second.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
+  // Without an identity a call with bytes still goes out (and here fails only for want of a server).
+  v1::SegmentRequest req;
+  req.mutable_image()->set_encoded("x");
+  EXPECT_EQ(client.AffinityKeyFor(req), std::nullopt);
+  req.set_image_id("abc");
+  EXPECT_EQ(client.AffinityKeyFor(req), "abc");
+}
+
 // maskctl's real command line, parsed by CLI11 and run against the fake.
 struct Maskctl {
   std::ostringstream out, err;
@@ -282,7 +406,8 @@ TEST_F(MaskctlFake, EmbedInfoHealth) {
   {
     Maskctl m;
     ASSERT_EQ(m.Run({"--server", server_.target(), "embed", image_}), 0) << m.err.str();
-    EXPECT_NE(m.out.str().find("image_id fake-"), std::string::npos);
+    const std::string id = ImageIdForEncoded(FakeMaskService::kIdentity, *ReadFileBytes(image_));
+    EXPECT_NE(m.out.str().find("image_id " + id), std::string::npos) << m.out.str();
     EXPECT_NE(m.out.str().find("80x60"), std::string::npos);
   }
   {

@@ -1,7 +1,10 @@
 // An in-process stand-in for maskd, for client and maskload tests that need a server but not a
 // model: it answers at once (so a load test measures the client's own cost), with masks that are a
 // pure function of the prompt (a square of side 2*kHalf around each point, clipped), so tests can
-// check what the client decoded. Health is grpc's default service, SERVING.
+// check what the client decoded. Health is grpc's default service, SERVING. Image ids are the real
+// scheme (model/image_id.h) over kIdentity, which GetInfo reports, and every Embed/Segment/
+// SegmentStream records the x-maskd-image-id header it arrived with, so that tests can check the
+// clients' affinity header against the id the server answers.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -12,11 +15,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "maskd/v1/maskd.grpc.pb.h"
 #include "model/image_codec.h"
+#include "model/image_id.h"
 #include "model/rle.h"
 
 namespace maskd::testing {
@@ -25,6 +30,19 @@ class FakeMaskService final : public v1::MaskService::CallbackService {
  public:
   static constexpr int kHalf = 8;
   static constexpr char kMissingId[] = "evicted-image";
+  static constexpr char kIdentity[] = "fake-model-identity";
+  static constexpr char kAffinityHeader[] = "x-maskd-image-id";
+
+  // One call as it arrived: the method ("Embed", "Segment", "SegmentStream") and its affinity
+  // header (nullopt: none).
+  struct SeenCall {
+    std::string method;
+    std::optional<std::string> affinity;
+  };
+  std::vector<SeenCall> seen_calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_;
+  }
 
   // The rectangle mask of a point on a width x height image, row-major.
   static std::vector<uint8_t> SquareMask(float x, float y, int width, int height) {
@@ -38,6 +56,7 @@ class FakeMaskService final : public v1::MaskService::CallbackService {
 
   grpc::ServerUnaryReactor* Embed(grpc::CallbackServerContext* ctx, const v1::EmbedRequest* req,
                                   v1::EmbedResponse* resp) override {
+    Note("Embed", *ctx);
     auto* reactor = ctx->DefaultReactor();
     int w = 0, h = 0;
     if (!SizeOf(req->image().encoded(), &w, &h)) {
@@ -54,13 +73,15 @@ class FakeMaskService final : public v1::MaskService::CallbackService {
 
   grpc::ServerUnaryReactor* Segment(grpc::CallbackServerContext* ctx, const v1::SegmentRequest* req,
                                     v1::SegmentResponse* resp) override {
+    Note("Segment", *ctx);
     auto* reactor = ctx->DefaultReactor();
     reactor->Finish(Answer(*req, resp));
     return reactor;
   }
 
   grpc::ServerBidiReactor<v1::SegmentRequest, v1::SegmentResponse>* SegmentStream(
-      grpc::CallbackServerContext*) override {
+      grpc::CallbackServerContext* ctx) override {
+    Note("SegmentStream", *ctx);
     class Stream : public grpc::ServerBidiReactor<v1::SegmentRequest, v1::SegmentResponse> {
      public:
       explicit Stream(FakeMaskService* s) : service_(s) { StartRead(&request_); }
@@ -105,6 +126,8 @@ class FakeMaskService final : public v1::MaskService::CallbackService {
                                     v1::GetInfoResponse* resp) override {
     resp->set_version("fake");
     resp->mutable_model()->set_arch("fake");
+    if (report_identity.load()) resp->mutable_model()->set_identity(kIdentity);
+    infos.fetch_add(1);
     resp->set_precision("fp32");
     resp->mutable_memory()->set_allocated_bytes(1 << 20);
     resp->mutable_memory()->set_peak_allocated_bytes(2 << 20);
@@ -175,7 +198,9 @@ class FakeMaskService final : public v1::MaskService::CallbackService {
     return grpc::Status::OK;
   }
 
-  std::atomic<uint64_t> segments{0}, embeds{0};
+  std::atomic<uint64_t> segments{0}, embeds{0}, infos{0};
+  // Off: GetInfo reports no model identity (an older server), so clients cannot compute ids.
+  std::atomic<bool> report_identity{true};
   v1::SegmentRequest last_request;  // guarded by mu_ (read after the call returned)
 
  private:
@@ -207,8 +232,17 @@ class FakeMaskService final : public v1::MaskService::CallbackService {
     return true;
   }
 
+  void Note(const char* method, const grpc::CallbackServerContext& ctx) {
+    SeenCall call{method, std::nullopt};
+    const auto& md = ctx.client_metadata();
+    auto it = md.find(kAffinityHeader);
+    if (it != md.end()) call.affinity = std::string(it->second.data(), it->second.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    seen_.push_back(std::move(call));
+  }
+
   std::string IdFor(const std::string& bytes) {
-    const std::string id = "fake-" + std::to_string(std::hash<std::string>()(bytes));
+    const std::string id = ImageIdForEncoded(kIdentity, bytes);
     int w = 0, h = 0;
     SizeOf(bytes, &w, &h);
     std::lock_guard<std::mutex> lock(mu_);
@@ -218,9 +252,10 @@ class FakeMaskService final : public v1::MaskService::CallbackService {
     return id;
   }
 
-  std::mutex mu_;  // guards known_, sizes_, last_request
+  std::mutex mu_;  // guards known_, sizes_, last_request, seen_
   std::vector<Known> known_;
   std::map<std::string, std::pair<int, int>> sizes_;
+  std::vector<SeenCall> seen_;
 };
 
 // The fake on an ephemeral loopback port.

@@ -652,6 +652,30 @@ TEST(ServerService, RawImagesAreContentAddressed) {
   EXPECT_FALSE(png->cached());
 }
 
+TEST(ServerService, ClientAffinityKeyIsTheServersImageId) {
+  // The value maskd_client puts in x-maskd-image-id (client_fake_server_test checks it reaches the
+  // wire) against this server's own image_id, with the identity the client fetched from GetInfo.
+  FakeMaskd m({});
+  const v1::Image png = Encoded(12, 9, 5);
+  v1::Image raw;
+  const ImageRGB8 pic = Picture(5, 3, 2);
+  raw.mutable_raw()->set_width(5);
+  raw.mutable_raw()->set_height(3);
+  raw.mutable_raw()->set_rgb(std::string(pic.pixels.begin(), pic.pixels.end()));
+  for (const v1::Image& image : {png, raw}) {
+    const std::optional<std::string> key = m.client().AffinityKeyFor(image);
+    ASSERT_TRUE(key.has_value());
+    auto e = m.Embed(image);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_EQ(*key, e->image_id());
+    auto s = m.Segment(ByImage(image, {Click(1, 1)}));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ(*m.client().AffinityKeyFor(ByImage(image, {Click(1, 1)})), s->image_id());
+    EXPECT_EQ(*m.client().AffinityKeyFor(ById(e->image_id(), {Click(1, 1)})), e->image_id());
+  }
+  EXPECT_EQ(*m.client().ModelIdentity(), m.identity());
+}
+
 // ---- SegmentStream -----------------------------------------------------------------------------
 
 TEST(ServerService, StreamAnswersEveryMessageInOrderWithErrorsInline) {
@@ -773,7 +797,9 @@ TEST(ServerService, GetInfoReportsModelLimitsStagesAndCalls) {
   EXPECT_EQ(info.optimisations(0), "fake");
   EXPECT_EQ(info.memory().allocated_bytes(), 1000u);
   EXPECT_GE(info.calls(), 1u);
-  EXPECT_EQ(info.calls_by_status().at("OK"), 1u);
+  // The Segment, and the GetInfo by which the client learnt the model identity for its affinity
+  // header (maskd_client asks once, before its first call with bytes).
+  EXPECT_EQ(info.calls_by_status().at("OK"), 2u);
   std::map<std::string, v1::StageTiming> stages;
   for (const auto& s : info.stages()) stages[s.stage()] = s;
   for (const char* name : {"decode_queue", "decode", "encoder_queue", "encoder_compute", "decoder_queue",
