@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -60,9 +61,13 @@ namespace {
 // immutable after Start, or guarded by the mutex named next to it.
 class Engine {
  public:
+  // `model_identity`: ModelInfo.identity, for the affinity header of calls with bytes (empty: those
+  // go without it).
   Engine(const LoadConfig& config, const std::vector<ImageAsset>& images,
-         std::vector<std::unique_ptr<client::Client>> clients, std::vector<std::string> image_ids)
+         std::vector<std::unique_ptr<client::Client>> clients, std::vector<std::string> image_ids,
+         std::string model_identity)
       : config_(config), images_(images), clients_(std::move(clients)),
+        model_identity_(std::move(model_identity)),
         image_ids_(std::move(image_ids)), resend_(images.size(), false),
         slot_seq_(static_cast<size_t>(std::max(1, config.concurrency)), 0), start_(Clock::now()) {
     std::random_device rd;
@@ -136,6 +141,13 @@ class Engine {
       BuildBatch(seq, *call);
     } else {
       BuildClick(seq, slot, *call);
+    }
+    if (config_.affinity_header) {
+      // The free function, not Client::AffinityKeyFor: this runs on gRPC callback threads, which
+      // must not block on the client's lazy GetInfo; the identity was fetched once at set-up.
+      if (std::optional<std::string> key = client::AffinityKey(model_identity_, call->request)) {
+        call->context.AddMetadata(client::kAffinityHeader, *key);
+      }
     }
     call->context.set_deadline(std::chrono::system_clock::now() +
                                std::chrono::microseconds(static_cast<int64_t>(config_.request_timeout_s * 1e6)));
@@ -263,6 +275,7 @@ class Engine {
   const LoadConfig& config_;
   const std::vector<ImageAsset>& images_;
   std::vector<std::unique_ptr<client::Client>> clients_;
+  const std::string model_identity_;
   uint64_t run_salt_ = 0;
 
   // Interactive image ids and whether the next click must re-send the image (after NOT_FOUND).
@@ -344,6 +357,7 @@ StatusOr<LoadResult> LoadRunner::Run() {
   if (config_.workload != Workload::kBatch) {
     client::ClientOptions embed_options = control_options;
     embed_options.timeout = call_timeout;
+    embed_options.affinity_header = config_.affinity_header;
     client::Client embedder(embed_options);
     for (size_t i = 0; i < images_.size(); ++i) {
       StatusOr<v1::EmbedResponse> r = embedder.Embed(images_[i].encoded);
@@ -364,7 +378,15 @@ StatusOr<LoadResult> LoadRunner::Run() {
     clients.push_back(std::make_unique<client::Client>(o));
   }
 
-  Engine engine(config_, images_, std::move(clients), std::move(image_ids));
+  // The identity from the GetInfo above (one more try if that one failed): without it batch calls
+  // go without the affinity header, by-id clicks still carry theirs.
+  std::string model_identity;
+  if (config_.affinity_header) {
+    const std::optional<v1::GetInfoResponse> info =
+        result.info_before ? result.info_before : TryGetInfo(**control);
+    if (info) model_identity = info->model().identity();
+  }
+  Engine engine(config_, images_, std::move(clients), std::move(image_ids), std::move(model_identity));
   const bool open_loop = config_.rate > 0;
   const RateUnit unit = config_.workload == Workload::kBatch ? RateUnit::kImages : RateUnit::kRequests;
 

@@ -62,6 +62,10 @@ struct LoadConfig {
   int clicks_per_image = 20;
   // Mixed: probability that a call is a batch image (else an interactive click).
   double batch_fraction = 0.2;
+  // Send x-maskd-image-id (maskd_client's affinity header) with every call, as maskd_client does, so
+  // that a run through Envoy (deploy/envoy/envoy.yaml) keeps each image on one replica. Batch calls
+  // hash their JPEG on the client for it (SHA-256, counted in the client CPU per call).
+  bool affinity_header = true;
 
   uint64_t seed = 1;
 };

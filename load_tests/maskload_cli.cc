@@ -78,6 +78,9 @@ void AddMaskloadFlags(CLI::App& app, MaskloadOptions& o) {
   app.add_flag("--unique-images,!--cached-images", c.unique_images,
                "batch: a unique JPEG comment per call so every image runs the encoder (default on); "
                "--cached-images lets repeats hit the server's embedding cache");
+  app.add_flag("--affinity-header,!--no-affinity-header", c.affinity_header,
+               "send x-maskd-image-id with every call, for image_id affinity behind Envoy (default on; "
+               "batch calls hash their image on the client for it)");
   app.add_option("--clicks-per-image", c.clicks_per_image,
                  "interactive: clicks a closed-loop client makes on one image before the next")
       ->check(CLI::PositiveNumber)

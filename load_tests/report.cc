@@ -150,6 +150,7 @@ nlohmann::json ReportJson(const LoadConfig& c, const LoadResult& r) {
         {"multimask", c.multimask},
         {"format", client::OutputFormatName(c.format)},
         {"unique_images", c.unique_images},
+        {"affinity_header", c.affinity_header},
         {"clicks_per_image", c.clicks_per_image},
         {"batch_fraction", c.batch_fraction},
         {"seed", c.seed}}},

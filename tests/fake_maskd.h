@@ -33,11 +33,12 @@ class FakeMaskService final : public v1::MaskService::CallbackService {
   static constexpr char kIdentity[] = "fake-model-identity";
   static constexpr char kAffinityHeader[] = "x-maskd-image-id";
 
-  // One call as it arrived: the method ("Embed", "Segment", "SegmentStream") and its affinity
-  // header (nullopt: none).
+  // One call as it arrived: the method ("Embed", "Segment", "SegmentStream"), its affinity header
+  // (nullopt: none) and, for Embed/Segment, the image_id this server gives the request's image.
   struct SeenCall {
     std::string method;
     std::optional<std::string> affinity;
+    std::string image_id;
   };
   std::vector<SeenCall> seen_calls() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -56,7 +57,7 @@ class FakeMaskService final : public v1::MaskService::CallbackService {
 
   grpc::ServerUnaryReactor* Embed(grpc::CallbackServerContext* ctx, const v1::EmbedRequest* req,
                                   v1::EmbedResponse* resp) override {
-    Note("Embed", *ctx);
+    Note("Embed", *ctx, ImageIdForEncoded(kIdentity, req->image().encoded()));
     auto* reactor = ctx->DefaultReactor();
     int w = 0, h = 0;
     if (!SizeOf(req->image().encoded(), &w, &h)) {
@@ -73,7 +74,8 @@ class FakeMaskService final : public v1::MaskService::CallbackService {
 
   grpc::ServerUnaryReactor* Segment(grpc::CallbackServerContext* ctx, const v1::SegmentRequest* req,
                                     v1::SegmentResponse* resp) override {
-    Note("Segment", *ctx);
+    Note("Segment", *ctx,
+         req->has_image() ? ImageIdForEncoded(kIdentity, req->image().encoded()) : req->image_id());
     auto* reactor = ctx->DefaultReactor();
     reactor->Finish(Answer(*req, resp));
     return reactor;
@@ -232,8 +234,8 @@ class FakeMaskService final : public v1::MaskService::CallbackService {
     return true;
   }
 
-  void Note(const char* method, const grpc::CallbackServerContext& ctx) {
-    SeenCall call{method, std::nullopt};
+  void Note(const char* method, const grpc::CallbackServerContext& ctx, std::string image_id = {}) {
+    SeenCall call{method, std::nullopt, std::move(image_id)};
     const auto& md = ctx.client_metadata();
     auto it = md.find(kAffinityHeader);
     if (it != md.end()) call.affinity = std::string(it->second.data(), it->second.size());

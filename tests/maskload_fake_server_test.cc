@@ -57,6 +57,42 @@ TEST(MaskloadFake, InteractiveClosedLoopIsCheapPerCall) {
   EXPECT_LT(r->client_cpu_us_per_call, 1000);
 }
 
+TEST(MaskloadFake, EveryCallCarriesTheAffinityHeaderOfItsImage) {
+  testing::FakeMaskd server;
+  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(3, 96, 64, 5);
+  ASSERT_TRUE(pool.ok());
+  LoadConfig c = ShortRun(server.target());
+  c.workload = Workload::kMixed;  // batch images (bytes, unique JPEGs) and clicks by id
+  c.concurrency = 4;
+  c.max_requests = 200;
+  c.max_duration_s = 20;
+  StatusOr<LoadResult> r = LoadRunner(c, *pool).Run();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->whole_run.errors, 0u);
+  for (const auto& call : server.service.seen_calls()) {
+    ASSERT_TRUE(call.affinity.has_value()) << call.method << " without x-maskd-image-id";
+    EXPECT_EQ(*call.affinity, call.image_id) << call.method;
+  }
+  EXPECT_GT(server.service.seen_calls().size(), 200u);  // 3 set-up Embeds + 200 Segments
+  EXPECT_GT(r->whole_run.images, 0u);                   // both kinds really ran
+  EXPECT_GT(r->whole_run.ok, r->whole_run.images);
+
+  // --no-affinity-header: none at all.
+  testing::FakeMaskd plain;
+  LoadConfig off = ShortRun(plain.target());
+  off.workload = Workload::kMixed;
+  off.concurrency = 2;
+  off.max_requests = 40;
+  off.affinity_header = false;
+  StatusOr<LoadResult> q = LoadRunner(off, *pool).Run();
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->whole_run.errors, 0u);
+  for (const auto& call : plain.service.seen_calls()) {
+    EXPECT_FALSE(call.affinity.has_value()) << call.method;
+  }
+  EXPECT_GT(plain.service.seen_calls().size(), 40u);
+}
+
 TEST(MaskloadFake, BatchSendsUniqueImagesWithJaggedPrompts) {
   testing::FakeMaskd server;
   StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(2, 160, 120, 3);
