@@ -4,16 +4,27 @@ Coordinates are original image pixels. Points are (x, y) or (x, y, label) with l
 (default), 0 = background, as in SAM. Masks come back as `Mask` objects holding the server's data in
 the requested format; `Mask.decode()` turns COCO RLE (via pycocotools) or PNG (via Pillow) into a
 numpy uint8 array of shape (height, width).
+
+Affinity: by default every Embed, Segment and SegmentStream call carries the gRPC metadata
+`x-maskd-image-id: <image_id>` (see maskd_client.image_id), so that a proxy balancing on it
+(deploy/envoy/envoy.yaml) sends all calls about one image to the replica that cached its embedding.
+By-id calls send the id; calls with bytes send the id computed here, which needs the model identity:
+the client asks GetInfo once, on the first call with bytes, and keeps it. Without an identity (GetInfo
+failed, or the server reports none) calls go out without the header: behind a proxy that is only a
+cache miss, never an error. `MaskdClient(..., affinity_header=False)` turns it off.
 """
 from __future__ import annotations
 
 import io
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
 
+from . import image_id as _image_id
 from .v1 import maskd_pb2, maskd_pb2_grpc
 
 OUTPUT_FORMATS = {
@@ -137,12 +148,25 @@ def build_segment_request(image: Union[bytes, str, None], prompts: Sequence[mask
 
 
 class MaskdClient:
-    """A connection to one maskd server. Thread-safe (gRPC channels are)."""
+    """A connection to one maskd server (or a proxy in front of several). Thread-safe.
+
+    affinity_header: send x-maskd-image-id on Embed/Segment/SegmentStream (see the module's doc).
+    identity_retry: after a failed GetInfo for the model identity, seconds during which calls with
+    bytes go without the header before the identity is asked for again.
+    """
 
     def __init__(self, target: str = "localhost:50051", timeout: float = 30.0,
-                 max_message_bytes: int = 512 << 20):
+                 max_message_bytes: int = 512 << 20, affinity_header: bool = True,
+                 identity_retry: float = 10.0):
         self.target = target
         self.timeout = timeout
+        self.affinity_header = affinity_header
+        self.identity_retry = identity_retry
+        # Held across the one GetInfo that fills _identity, so that concurrent first callers make one
+        # call; by-id calls never take it.
+        self._identity_lock = threading.Lock()
+        self._identity: Optional[str] = None
+        self._identity_failed_at: Optional[float] = None
         self._channel = grpc.insecure_channel(target, options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -162,9 +186,42 @@ class MaskdClient:
         """Blocks until connected; grpc.FutureTimeoutError after `timeout` seconds."""
         grpc.channel_ready_future(self._channel).result(timeout=timeout)
 
+    def model_identity(self) -> Optional[str]:
+        """GetInfoResponse.model.identity from one GetInfo, asked for on first use and kept; None
+        while unavailable (a failed GetInfo is retried after identity_retry seconds)."""
+        with self._identity_lock:
+            if self._identity is not None:
+                return self._identity
+            if (self._identity_failed_at is not None
+                    and time.monotonic() - self._identity_failed_at < self.identity_retry):
+                return None
+            try:
+                info = self.info()
+            except grpc.RpcError:
+                self._identity_failed_at = time.monotonic()
+                return None
+            # An empty identity (a server that reports none) is kept too: asking again won't help.
+            self._identity = info.model.identity
+            self._identity_failed_at = None
+            return self._identity
+
+    def affinity_key(self, request) -> Optional[str]:
+        """The x-maskd-image-id value this client sends with `request` (a SegmentRequest or
+        EmbedRequest); None: no header."""
+        if not self.affinity_header:
+            return None
+        if not request.HasField("image"):
+            return _image_id.affinity_key("", request)  # by id: no identity needed
+        identity = self.model_identity()
+        return _image_id.affinity_key(identity, request) if identity else None
+
+    def _metadata(self, request):
+        key = self.affinity_key(request)
+        return [(_image_id.AFFINITY_HEADER, key)] if key else None
+
     def embed(self, image: bytes) -> maskd_pb2.EmbedResponse:
-        return self.stub.Embed(maskd_pb2.EmbedRequest(image=maskd_pb2.Image(encoded=image)),
-                               timeout=self.timeout)
+        req = maskd_pb2.EmbedRequest(image=maskd_pb2.Image(encoded=image))
+        return self.stub.Embed(req, timeout=self.timeout, metadata=self._metadata(req))
 
     def segment(self, image: Union[bytes, str], points: Sequence[PointLike] = (),
                 box: Optional[BoxLike] = None, mask_from: Optional[str] = None,
@@ -178,7 +235,8 @@ class MaskdClient:
                         format: str = "rle", request_tag: str = "") -> SegmentResult:
         """Several prompts (see build_prompt) on one image in one call."""
         req = build_segment_request(image, prompts, format, request_tag)
-        return _result_from_proto(self.stub.Segment(req, timeout=self.timeout))
+        md = self._metadata(req)
+        return _result_from_proto(self.stub.Segment(req, timeout=self.timeout, metadata=md))
 
     def info(self) -> maskd_pb2.GetInfoResponse:
         return self.stub.GetInfo(maskd_pb2.GetInfoRequest(), timeout=self.timeout)
@@ -191,8 +249,10 @@ class MaskdClient:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
     def session(self) -> "SegmentSession":
-        """An interactive SegmentStream: send() one request, get its one response."""
-        return SegmentSession(self.stub)
+        """An interactive SegmentStream: send() one request, get its one response. The stream opens
+        at the first send(), with the affinity header of that request's image (a stream stays on
+        the replica chosen when it opens)."""
+        return SegmentSession(self.stub, self.affinity_key if self.affinity_header else None)
 
 
 class SegmentSession:
@@ -204,10 +264,19 @@ class SegmentSession:
             self.code = code
             self.message = message
 
-    def __init__(self, stub: maskd_pb2_grpc.MaskServiceStub):
+    def __init__(self, stub: maskd_pb2_grpc.MaskServiceStub, affinity_key=None):
+        """affinity_key: request -> x-maskd-image-id value or None (None: never send the header)."""
         import queue
+        self._stub = stub
+        self._affinity_key = affinity_key
         self._queue: "queue.Queue[Optional[maskd_pb2.SegmentRequest]]" = queue.Queue()
-        self._responses: Iterator[maskd_pb2.SegmentResponse] = stub.SegmentStream(self._requests())
+        self._responses: Optional[Iterator[maskd_pb2.SegmentResponse]] = None
+
+    def _open(self, first: maskd_pb2.SegmentRequest) -> None:
+        # Metadata goes out when the stream opens, so it opens here, keyed by its first image.
+        key = self._affinity_key(first) if self._affinity_key else None
+        md = [(_image_id.AFFINITY_HEADER, key)] if key else None
+        self._responses = self._stub.SegmentStream(self._requests(), metadata=md)
 
     def _requests(self) -> Iterable[maskd_pb2.SegmentRequest]:
         while True:
@@ -221,16 +290,22 @@ class SegmentSession:
              mask_index: Optional[int] = None, multimask: bool = False,
              format: str = "rle") -> SegmentResult:
         prompt = build_prompt(points, box, mask_from, mask_index, multimask)
-        self._queue.put(build_segment_request(image, [prompt], format))
+        req = build_segment_request(image, [prompt], format)
+        if self._responses is None:
+            self._open(req)
+        self._queue.put(req)
         r = next(self._responses)
         if r.HasField("error"):
             raise SegmentSession.StreamError(grpc.StatusCode(_code_tuple(r.error.code)), r.error.message)
         return _result_from_proto(r)
 
     def close(self) -> None:
+        if self._responses is None:
+            return  # never opened: nothing was sent
         self._queue.put(None)
         for _ in self._responses:
             pass
+        self._responses = iter(())
 
     def __enter__(self) -> "SegmentSession":
         return self

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from maskd_client import MaskdClient
+from maskd_client import AFFINITY_HEADER, MaskdClient, maskd_pb2_grpc
 
 
 def _manifest(golden_dir):
@@ -128,6 +128,45 @@ def test_session_keeps_the_image(client, golden_dir):
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
         third = s.send(None, points=[(10, 10, 1)])  # the stream survived the bad message
         assert len(third.prompts) == 1
+
+
+class _HeaderRecorder(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Records the metadata each call leaves the client with."""
+
+    def __init__(self):
+        self.calls = []  # (method, x-maskd-image-id or None)
+
+    def _note(self, details):
+        md = dict(details.metadata or ())
+        self.calls.append((details.method.rsplit("/", 1)[-1], md.get(AFFINITY_HEADER)))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        self._note(details)
+        return continuation(details, request)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        self._note(details)
+        return continuation(details, request_iterator)
+
+
+def test_affinity_header_is_the_servers_image_id(maskd_target, golden_dir):
+    im = _manifest(golden_dir)["images"][1]
+    data = _image_bytes(golden_dir, im["name"])
+    rec = _HeaderRecorder()
+    with MaskdClient(maskd_target, timeout=120) as c:
+        c.stub = maskd_pb2_grpc.MaskServiceStub(grpc.intercept_channel(c._channel, rec))
+        e = c.embed(data)
+        assert rec.calls[-1] == ("Embed", e.image_id)
+        assert rec.calls[-2] == ("GetInfo", None)  # the identity, asked for once
+        r = c.segment(e.image_id, points=[(10, 10, 1)])
+        assert rec.calls[-1] == ("Segment", r.image_id) and r.image_id == e.image_id
+        other = _image_bytes(golden_dir, _manifest(golden_dir)["images"][2]["name"])
+        r = c.segment(other, points=[(10, 10, 1)])  # other bytes: another id
+        assert rec.calls[-1] == ("Segment", r.image_id) and r.image_id != e.image_id
+        with c.session() as s:
+            first = s.send(data, points=[(5, 5, 1)])
+        assert rec.calls[-1] == ("SegmentStream", first.image_id) and first.image_id == e.image_id
+        assert [m for m, _ in rec.calls].count("GetInfo") == 1
 
 
 @pytest.mark.parametrize("what", ["unknown_image_id", "unknown_result_id", "point_outside", "no_prompt",
