@@ -6,12 +6,15 @@ must carry the same value, including the first one that sends the bytes, or the 
 computed on one replica and looked up on another. The image_id itself is that value: it is what a
 client has for by-id calls anyway, and this computes it from the bytes before the first call.
 
-It reimplements server/image_id.cc (ImageIdForEncoded / ImageIdForRaw): lowercase hex SHA-256
+It reimplements model/image_id.cc (ImageIdForEncoded / ImageIdForRaw, shared by the server and
+maskd_client; maskd_client.image_id in client/python is the Python client's copy): lowercase hex SHA-256
 over length-framed fields (8-byte little-endian length, then the bytes) in this order: the domain
 "maskd.image_id.v1", the model identity (GetInfoResponse.model.identity), the kind ("encoded" or
 "raw"), then the content (the encoded file's bytes as sent; for raw: width and height as 8-byte
-little-endian integers, then the framed RGB bytes). If the server changes that scheme this file
-must follow; deploy/validate.py compares it with a live maskd when one is given.
+little-endian integers, then the framed RGB bytes); written out at EmbedResponse.image_id in
+proto/maskd/v1/maskd.proto. If the server changes that scheme this file must follow;
+deploy/validate.py compares it with a live maskd when one is given, and
+client/python/tests/test_client_affinity.py compares it with the Python client's copy.
 
 Usage:
   image_id.py --identity IDENTITY IMAGE_FILE          # encoded JPEG/PNG/WebP file
