@@ -296,7 +296,8 @@ int main(int argc, char** argv) {
       std::string golden_result = "-";
       if (!golden.empty()) {
         maskd::EngineOptions g;
-        g.checkpoint = golden + "/sam_tiny.pth";
+        auto golden_ckpt = maskd::GoldenCheckpoint(golden);  // the checkpoint its manifest names
+        g.checkpoint = golden_ckpt.ok() ? *golden_ckpt : golden + "/sam_tiny.pth";
         g.device = device;
         g.precision = row.precision;
         g.fast = row.fast;
