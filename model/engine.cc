@@ -7,7 +7,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>

@@ -96,13 +96,11 @@ void RelPosAttentionImpl::Prepare() {
 }
 
 // rel_h[b, h, i, k] = sum_c q[b, h, i, c] R_h[row(i), k, c] (and rel_w by column), from the unscaled q.
-at::Tensor RelPosAttentionImpl::RelTables(const at::Tensor& q, at::Tensor* rel_h,
-                                          at::Tensor* rel_w) const {
+void RelPosAttentionImpl::RelTables(const at::Tensor& q, at::Tensor* rel_h, at::Tensor* rel_w) const {
   const int64_t bh = q.size(0) * q.size(1);
   const at::Tensor r_q = q.reshape({bh, grid, grid, head_dim});
   *rel_h = at::einsum("bhwc,hkc->bhwk", {r_q, Rh_}).reshape({q.size(0), q.size(1), grid * grid, grid});
   *rel_w = at::einsum("bhwc,wkc->bhwk", {r_q, Rw_}).reshape({q.size(0), q.size(1), grid * grid, grid});
-  return r_q;
 }
 
 at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
@@ -119,14 +117,14 @@ at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
     case AttentionImpl::kAuto:
     case AttentionImpl::kMath: {
       // The original: scores, + decomposed rel-pos, softmax, @ v.
+      at::Tensor rel_h, rel_w;
+      RelTables(q, &rel_h, &rel_w);
       q = q.reshape({B * num_heads, N, head_dim});
       k = k.reshape({B * num_heads, N, head_dim});
       v = v.reshape({B * num_heads, N, head_dim});
       at::Tensor attn = at::matmul(q * scale, k.transpose(-2, -1));
-      const at::Tensor r_q = q.reshape({B * num_heads, H, W, head_dim});
-      const at::Tensor rel_h = at::einsum("bhwc,hkc->bhwk", {r_q, Rh_});
-      const at::Tensor rel_w = at::einsum("bhwc,wkc->bhwk", {r_q, Rw_});
-      attn = (attn.view({B * num_heads, H, W, H, W}) + rel_h.unsqueeze(4) + rel_w.unsqueeze(3))
+      attn = (attn.view({B * num_heads, H, W, H, W}) + rel_h.view({B * num_heads, H, W, H}).unsqueeze(4) +
+              rel_w.view({B * num_heads, H, W, W}).unsqueeze(3))
                  .view({B * num_heads, N, N});
       attn = attn.softmax(-1);
       out = at::matmul(attn, v).view({B, num_heads, H, W, head_dim}).permute({0, 2, 3, 1, 4});

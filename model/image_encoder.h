@@ -64,7 +64,8 @@ struct RelPosAttentionImpl : torch::nn::Module {
   int64_t num_heads, head_dim, grid;
 
  private:
-  at::Tensor RelTables(const at::Tensor& q, at::Tensor* rel_h, at::Tensor* rel_w) const;
+  // q . R_h and q . R_w of the unscaled q [B, heads, N, hd] -> [B, heads, N, grid] each.
+  void RelTables(const at::Tensor& q, at::Tensor* rel_h, at::Tensor* rel_w) const;
   at::Tensor Rh_, Rw_;       // [grid, grid, head_dim] in the module dtype
   at::Tensor key_onehot_;    // [grid*grid, padded extra] for kSdpaFolded
   int64_t folded_width_ = 0;
