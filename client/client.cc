@@ -9,7 +9,7 @@
 #include <mutex>
 #include <type_traits>
 
-#include "model/image_id.h"
+#include "model/io/image_id.h"
 
 namespace maskd::client {
 namespace {

@@ -12,7 +12,7 @@
 //   the gRPC metadata `x-maskd-image-id: <image_id>` whenever the image_id is known, so that a proxy
 //   balancing on it (deploy/envoy/envoy.yaml, ring hash) sends every call about one image to the
 //   replica that cached its embedding. By-id calls send the id; calls with bytes send the id the
-//   server will compute (model/image_id.h), which needs the model identity: the Client asks GetInfo
+//   server will compute (model/io/image_id.h), which needs the model identity: the Client asks GetInfo
 //   once, on the first call with bytes, and keeps ModelInfo.identity. Without it (GetInfo failed,
 //   or the server reports no identity) calls go out without the header, which is only a cache miss
 //   behind a proxy, never an error.
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "maskd/v1/maskd.grpc.pb.h"
-#include "model/status.h"
+#include "model/api/status.h"
 
 namespace maskd::client {
 
@@ -58,7 +58,7 @@ struct ClientOptions {
 };
 
 // The image_id the server will give the image of `request` when its ModelInfo.identity is
-// `model_identity`: the id itself for a by-id request; computed (model/image_id.h) for encoded or
+// `model_identity`: the id itself for a by-id request; computed (model/io/image_id.h) for encoded or
 // raw bytes, if model_identity is not empty; nullopt otherwise (no image, or bytes and no identity).
 std::optional<std::string> AffinityKey(std::string_view model_identity, const v1::SegmentRequest& request);
 std::optional<std::string> AffinityKey(std::string_view model_identity, const v1::Image& image);

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "model/image_codec.h"
-#include "model/rle.h"
+#include "model/io/image_codec.h"
+#include "model/io/rle.h"
 
 namespace maskd::client {
 

@@ -1,6 +1,6 @@
 // Turning what the server returns into pixels, for clients: a MaskResult (COCO RLE or PNG) to a
 // row-major 0/1 mask, and image files to and from RGB pixels. Thin glue over maskd_imageio's codecs
-// (model/image_codec.h, model/rle.h), so that the clients decode exactly what the server encodes.
+// (model/io/image_codec.h, model/io/rle.h), so that the clients decode exactly what the server encodes.
 #pragma once
 
 #include <cstdint>
@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "maskd/v1/maskd.pb.h"
-#include "model/engine.h"  // ImageRGB8 only
-#include "model/status.h"
+#include "model/api/image.h"
+#include "model/api/status.h"
 
 namespace maskd::client {
 

@@ -6,7 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/engine.h"
+#include "model/api/engine.h"
+#include "model/engine_create.h"
 #include "model/golden.h"
 
 namespace {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "client/client.h"
-#include "model/engine.h"  // ImageRGB8 only: a plain struct, no engine linkage needed
+#include "model/api/image.h"
 
 namespace maskd::client {
 

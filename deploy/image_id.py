@@ -6,7 +6,7 @@ must carry the same value, including the first one that sends the bytes, or the 
 computed on one replica and looked up on another. The image_id itself is that value: it is what a
 client has for by-id calls anyway, and this computes it from the bytes before the first call.
 
-It reimplements model/image_id.cc (ImageIdForEncoded / ImageIdForRaw, shared by the server and
+It reimplements model/io/image_id.cc (ImageIdForEncoded / ImageIdForRaw, shared by the server and
 maskd_client; maskd_client.image_id in client/python is the Python client's copy): lowercase hex SHA-256
 over length-framed fields (8-byte little-endian length, then the bytes) in this order: the domain
 "maskd.image_id.v1", the model identity (GetInfoResponse.model.identity), the kind ("encoded" or

@@ -3,7 +3,7 @@
 
 #include "kernels/internal.h"
 #include "kernels/kernels.h"
-#include "model/pil_resize.h"
+#include "model/io/pil_resize.h"
 
 namespace maskd::kernels {
 namespace {

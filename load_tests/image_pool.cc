@@ -6,7 +6,7 @@
 
 #include "client/mask_codec.h"
 #include "load_tests/workload.h"
-#include "model/image_codec.h"
+#include "model/io/image_codec.h"
 
 namespace maskd::load {
 

@@ -16,7 +16,7 @@
 
 #include "load_tests/latency_stats.h"
 #include "maskd/v1/maskd.pb.h"
-#include "model/status.h"
+#include "model/api/status.h"
 
 namespace maskd::load {
 

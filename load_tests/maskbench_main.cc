@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "model/engine.h"
+#include "model/api/engine.h"
 #include "model/golden.h"
 
 namespace {

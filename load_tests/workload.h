@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/engine.h"  // ImageRGB8 only
+#include "model/api/image.h"
 
 namespace maskd::load {
 

@@ -1,5 +1,7 @@
 // The Engine implementation: SAM in LibTorch with the fast path on CUDA.
-#include "model/engine.h"
+#include "model/api/engine.h"
+#include "model/engine_create.h"
+#include "model/engine_handles.h"
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -16,7 +18,7 @@
 #include "kernels/kernels.h"
 #include "model/checkpoint.h"
 #include "model/fast_linear.h"
-#include "model/pil_resize.h"
+#include "model/io/pil_resize.h"
 #include "model/sam.h"
 #include "model/sam_config.h"
 
@@ -31,158 +33,12 @@
 
 namespace maskd {
 
-// ---------------------------------------------------------------------------------------------------
-// Opaque handles
-
-struct PreparedImage::Impl {
-  at::Tensor input;  // [3, S, S] normalised and padded, engine dtype, engine device
-  int original_width, original_height, input_width, input_height;
-};
-int PreparedImage::original_width() const { return impl_->original_width; }
-int PreparedImage::original_height() const { return impl_->original_height; }
-int PreparedImage::input_width() const { return impl_->input_width; }
-int PreparedImage::input_height() const { return impl_->input_height; }
-
-struct Embedding::Impl {
-  at::Tensor tensor;  // [C, h, w]
-  bool host_tier = false;  // moved off a CUDA device by ToHost
-  int original_width, original_height, input_width, input_height;
-};
-int Embedding::original_width() const { return impl_->original_width; }
-int Embedding::original_height() const { return impl_->original_height; }
-int Embedding::input_width() const { return impl_->input_width; }
-int Embedding::input_height() const { return impl_->input_height; }
-size_t Embedding::bytes() const { return impl_->tensor.nbytes(); }
-bool Embedding::on_host() const { return impl_->host_tier; }
-std::vector<int64_t> Embedding::shape() const { return impl_->tensor.sizes().vec(); }
-std::vector<float> Embedding::ToFloat() const {
-  at::Tensor t = impl_->tensor.to(at::kCPU, at::kFloat).contiguous();
-  return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
-}
-
-struct MaskLogits::Impl {
-  at::Tensor tensor;  // [N, 256, 256], possibly a view into a decoded batch
-};
-int MaskLogits::num_masks() const { return static_cast<int>(impl_->tensor.size(0)); }
-int MaskLogits::height() const { return static_cast<int>(impl_->tensor.size(1)); }
-int MaskLogits::width() const { return static_cast<int>(impl_->tensor.size(2)); }
-size_t MaskLogits::bytes() const { return impl_->tensor.nbytes(); }
-std::vector<float> MaskLogits::ToFloat() const {
-  at::Tensor t = impl_->tensor.to(at::kCPU, at::kFloat).contiguous();
-  return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Names
-
-const char* PrecisionName(Precision p) {
-  switch (p) {
-    case Precision::kFloat32: return "fp32";
-    case Precision::kBFloat16: return "bf16";
-    case Precision::kFloat16: return "fp16";
-  }
-  return "?";
-}
-
-StatusOr<Precision> ParsePrecision(std::string_view name) {
-  if (name == "fp32" || name == "float32") return Precision::kFloat32;
-  if (name == "bf16" || name == "bfloat16") return Precision::kBFloat16;
-  if (name == "fp16" || name == "float16") return Precision::kFloat16;
-  return InvalidArgument("precision '" + std::string(name) + "' is not one of fp32, bf16, fp16");
-}
-
-const char* AttentionImplName(AttentionImpl a) {
-  switch (a) {
-    case AttentionImpl::kAuto: return "auto";
-    case AttentionImpl::kMath: return "math";
-    case AttentionImpl::kSdpa: return "sdpa";
-    case AttentionImpl::kSdpaFolded: return "sdpa-folded";
-    case AttentionImpl::kFused: return "fused";
-  }
-  return "?";
-}
-
-StatusOr<AttentionImpl> ParseAttentionImpl(std::string_view name) {
-  for (auto a : {AttentionImpl::kAuto, AttentionImpl::kMath, AttentionImpl::kSdpa,
-                 AttentionImpl::kSdpaFolded, AttentionImpl::kFused})
-    if (name == AttentionImplName(a)) return a;
-  return InvalidArgument("attention '" + std::string(name) +
-                         "' is not one of auto, math, sdpa, sdpa-folded, fused");
-}
-
-FastPathOptions FastPathOptions::Fast() {
-  FastPathOptions f;
-  f.attention = AttentionImpl::kAuto;
-  f.cuda_graphs = true;
-  f.gpu_preprocess = true;
-  f.gpu_postprocess = true;
-  return f;
-}
-
 int CudaDeviceCount() {
   try {
     return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
   } catch (const std::exception&) {
     return 0;
   }
-}
-
-std::pair<int, int> ResizedSize(int width, int height, int target) {
-  // SAM's ResizeLongestSide.get_preprocess_shape: scale in double, round half up.
-  const double scale = target * 1.0 / std::max(width, height);
-  const int w = static_cast<int>(width * scale + 0.5);
-  const int h = static_cast<int>(height * scale + 0.5);
-  return {w, h};
-}
-
-namespace {
-// Coordinates in messages as a person writes them: 700.5, not 700.500000.
-std::string Num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-}  // namespace
-
-Status ValidatePrompt(const PromptSpec& p, int w, int h, std::string_view prefix) {
-  const std::string f(prefix);
-  auto bad = [&](const std::string& m) { return InvalidArgument(m); };
-  if (p.points.empty() && !p.box)
-    return bad(f + " has no points and no box; at least one point or a box is required");
-  for (size_t i = 0; i < p.points.size(); ++i) {
-    const auto& pt = p.points[i];
-    const std::string n = f + ".points[" + std::to_string(i) + "]";
-    if (!std::isfinite(pt.x) || !std::isfinite(pt.y))
-      return bad(n + " has a non-finite coordinate");
-    if (pt.x < 0 || pt.x > w)
-      return bad(n + ".x = " + Num(pt.x) + " is outside the image width [0, " +
-                 std::to_string(w) + "]");
-    if (pt.y < 0 || pt.y > h)
-      return bad(n + ".y = " + Num(pt.y) + " is outside the image height [0, " +
-                 std::to_string(h) + "]");
-    if (pt.label != 0 && pt.label != 1)
-      return bad(n + ".label = " + std::to_string(pt.label) + " must be 0 (background) or 1 (foreground)");
-  }
-  if (p.box) {
-    const Box& b = *p.box;
-    const std::string n = f + ".box";
-    if (!std::isfinite(b.x0) || !std::isfinite(b.y0) || !std::isfinite(b.x1) || !std::isfinite(b.y1))
-      return bad(n + " has a non-finite coordinate");
-    if (b.x0 > b.x1 || b.y0 > b.y1)
-      return bad(n + " = (" + Num(b.x0) + ", " + Num(b.y0) + ", " +
-                 Num(b.x1) + ", " + Num(b.y1) +
-                 ") must have x0 <= x1 and y0 <= y1");
-    if (b.x0 < 0 || b.y0 < 0 || b.x1 > w || b.y1 > h)
-      return bad(n + " = (" + Num(b.x0) + ", " + Num(b.y0) + ", " +
-                 Num(b.x1) + ", " + Num(b.y1) + ") is outside the image " +
-                 std::to_string(w) + "x" + std::to_string(h));
-  }
-  if (p.mask_input) {
-    if (p.mask_input_index < 0 || p.mask_input_index >= p.mask_input->num_masks())
-      return bad(f + ".mask_input index " + std::to_string(p.mask_input_index) + " is outside its " +
-                 std::to_string(p.mask_input->num_masks()) + " masks");
-  }
-  return Status::Ok();
 }
 
 namespace {
@@ -538,11 +394,8 @@ StatusOr<PreparedImage> EngineImpl::Prepare(const ImageRGB8& image) {
   const auto [rw, rh] = ResizedSize(image.width, image.height, config_.img_size);
   return Guarded("preparing the image", [&]() -> StatusOr<PreparedImage> {
     torch::NoGradGuard no_grad;
-    auto impl = std::make_shared<PreparedImage::Impl>();
-    impl->original_width = image.width;
-    impl->original_height = image.height;
-    impl->input_width = rw;
-    impl->input_height = rh;
+    auto impl = std::make_shared<TorchPreparedImage>();
+    const ImageGeometry geometry{image.width, image.height, rw, rh};
     if (gpu_pre_) {
       CallStream cs(device_);
       const at::Tensor host = at::from_blob(const_cast<uint8_t*>(image.pixels.data()),
@@ -557,7 +410,7 @@ StatusOr<PreparedImage> EngineImpl::Prepare(const ImageRGB8& image) {
       impl->input = Normalize(host.to(device_), rh, rw);
       cs.Sync();
     }
-    return PreparedImage(impl);
+    return PreparedImage(geometry, impl);
   });
 }
 
@@ -573,15 +426,12 @@ StatusOr<PreparedImage> EngineImpl::PrepareResized(const ImageRGB8& resized, int
   return Guarded("preparing the image", [&]() -> StatusOr<PreparedImage> {
     torch::NoGradGuard no_grad;
     CallStream cs(device_);
-    auto impl = std::make_shared<PreparedImage::Impl>();
-    impl->original_width = ow;
-    impl->original_height = oh;
-    impl->input_width = rw;
-    impl->input_height = rh;
+    auto impl = std::make_shared<TorchPreparedImage>();
+    const ImageGeometry geometry{ow, oh, rw, rh};
     const at::Tensor host = at::from_blob(const_cast<uint8_t*>(resized.pixels.data()), {rh, rw, 3}, at::kByte);
     impl->input = Normalize(host.to(device_), rh, rw);
     cs.Sync();
-    return PreparedImage(impl);
+    return PreparedImage(geometry, impl);
   });
 }
 
@@ -621,7 +471,7 @@ StatusOr<std::vector<std::shared_ptr<const Embedding>>> EngineImpl::Encode(
         }
       const size_t n = std::min<size_t>(left, bs);
       std::vector<at::Tensor> inputs;
-      for (size_t i = 0; i < n; ++i) inputs.push_back(images[start + i].impl()->input);
+      for (size_t i = 0; i < n; ++i) inputs.push_back(PayloadOf(images[start + i]).input);
       at::Tensor batch = at::stack(inputs);
       if (static_cast<int>(n) < bs && device_.is_cuda()) {
         // Pad to the static batch size (graph shapes); padded rows are discarded.
@@ -630,14 +480,7 @@ StatusOr<std::vector<std::shared_ptr<const Embedding>>> EngineImpl::Encode(
       }
       const at::Tensor emb = RunEncoder(batch);
       for (size_t i = 0; i < n; ++i) {
-        const auto& src = *images[start + i].impl();
-        auto impl = std::make_shared<Embedding::Impl>();
-        impl->tensor = emb[static_cast<int64_t>(i)].clone();
-        impl->original_width = src.original_width;
-        impl->original_height = src.original_height;
-        impl->input_width = src.input_width;
-        impl->input_height = src.input_height;
-        out.push_back(std::make_shared<const Embedding>(impl));
+        out.push_back(WrapEmbedding(images[start + i].geometry(), emb[static_cast<int64_t>(i)].clone()));
       }
       start += n;
     }
@@ -751,10 +594,10 @@ StatusOr<std::vector<DecodedPrompt>> EngineImpl::Decode(const std::vector<Decode
         } else {
           ++t;  // the "not a point" token: coordinates (0, 0), label -1
         }
-        embs.push_back(e.impl()->tensor);
+        embs.push_back(PayloadOf(e).tensor);
         if (item.prompt.mask_input) {
           mask_rows.push_back(g);
-          mask_inputs.push_back(item.prompt.mask_input->impl()->tensor[item.prompt.mask_input_index]);
+          mask_inputs.push_back(PayloadOf(*item.prompt.mask_input).tensor[item.prompt.mask_input_index]);
         }
       }
       const at::Tensor c = at::from_blob(coords.data(), {G, T, 2}, at::kFloat).to(device_);
@@ -783,11 +626,9 @@ StatusOr<std::vector<DecodedPrompt>> EngineImpl::Decode(const std::vector<Decode
         const int64_t first = multi ? 1 : 0, count = multi ? nt - 1 : 1;
         DecodedPrompt d;
         d.scores.assign(s + g * nt + first, s + g * nt + first + count);
-        auto impl = std::make_shared<MaskLogits::Impl>();
         // A copy of its own: a view would keep the whole batch's [G, 4, 256, 256] alive for as long
         // as any one result is stored, and bytes() would under-count it.
-        impl->tensor = p.masks[static_cast<int64_t>(g)].narrow(0, first, count).clone();
-        d.logits = std::make_shared<const MaskLogits>(impl);
+        d.logits = WrapMaskLogits(p.masks[static_cast<int64_t>(g)].narrow(0, first, count).clone());
         out[p.idx[g]] = std::move(d);
       }
     }
@@ -817,7 +658,7 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
       for (size_t i = 0; i < items.size(); ++i) {
         const auto& it = items[i];
         if (it.encoding != enc) continue;
-        const at::Tensor& t = it.logits->impl()->tensor;
+        const at::Tensor& t = PayloadOf(*it.logits).tensor;
         logits.push_back(t);
         for (int64_t m = 0; m < t.size(0); ++m) {
           geometry.insert(geometry.end(), {it.input_height, it.input_width, it.original_height, it.original_width});
@@ -864,30 +705,26 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
 
 StatusOr<std::shared_ptr<const Embedding>> EngineImpl::ToHost(const Embedding& e) {
   return Guarded("moving an embedding to host memory", [&]() -> StatusOr<std::shared_ptr<const Embedding>> {
-    auto impl = std::make_shared<Embedding::Impl>(*e.impl());
-    if (!impl->tensor.is_cpu()) {
-      impl->host_tier = true;
-      CallStream cs(device_);
-      at::Tensor host = at::empty(impl->tensor.sizes(),
-                                  impl->tensor.options().device(at::kCPU).pinned_memory(device_.is_cuda()));
-      host.copy_(impl->tensor);
-      cs.Sync();
-      impl->tensor = host;
-    }
-    return std::make_shared<const Embedding>(impl);
+    const TorchEmbedding& src = PayloadOf(e);
+    if (src.tensor.is_cpu()) return WrapEmbedding(e.geometry(), src.tensor, src.host_tier);
+    CallStream cs(device_);
+    at::Tensor host = at::empty(src.tensor.sizes(),
+                                src.tensor.options().device(at::kCPU).pinned_memory(device_.is_cuda()));
+    host.copy_(src.tensor);
+    cs.Sync();
+    return WrapEmbedding(e.geometry(), host, /*host_tier=*/true);
   });
 }
 
 StatusOr<std::shared_ptr<const Embedding>> EngineImpl::ToDevice(const Embedding& e) {
   return Guarded("moving an embedding to the device", [&]() -> StatusOr<std::shared_ptr<const Embedding>> {
-    auto impl = std::make_shared<Embedding::Impl>(*e.impl());
-    impl->host_tier = false;
-    if (impl->tensor.device() != device_) {
+    at::Tensor tensor = PayloadOf(e).tensor;
+    if (tensor.device() != device_) {
       CallStream cs(device_);
-      impl->tensor = impl->tensor.to(device_);
+      tensor = tensor.to(device_);
       cs.Sync();
     }
-    return std::make_shared<const Embedding>(impl);
+    return WrapEmbedding(e.geometry(), tensor);
   });
 }
 
@@ -899,12 +736,11 @@ StatusOr<std::shared_ptr<const MaskLogits>> EngineImpl::MakeMaskLogits(const flo
                            " low-res logits");
   return Guarded("uploading mask logits", [&]() -> StatusOr<std::shared_ptr<const MaskLogits>> {
     CallStream cs(device_);
-    auto impl = std::make_shared<MaskLogits::Impl>();
     // copy=true: on a CPU fp32 engine .to() would otherwise return the caller's buffer itself.
-    impl->tensor = at::from_blob(const_cast<float*>(v), {1, h, w}, at::kFloat)
-                       .to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true);
+    at::Tensor tensor = at::from_blob(const_cast<float*>(v), {1, h, w}, at::kFloat)
+                            .to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true);
     cs.Sync();
-    return std::make_shared<const MaskLogits>(impl);
+    return WrapMaskLogits(tensor);
   });
 }
 

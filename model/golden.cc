@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/image_codec.h"
-#include "model/pil_resize.h"
+#include "model/io/image_codec.h"
+#include "model/io/pil_resize.h"
 #include "model/tensor_file.h"
 
 namespace maskd {

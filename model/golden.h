@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "model/engine.h"
+#include "model/api/engine.h"
 
 namespace maskd {
 

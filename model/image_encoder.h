@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "model/engine.h"
+#include "model/api/enums.h"
 #include "model/fast_linear.h"
 #include "model/sam_config.h"
 

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/status.h"
+#include "model/api/status.h"
 
 namespace maskd {
 

@@ -24,7 +24,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "model/status.h"
+#include "model/api/status.h"
 #include "server/call_control.h"
 
 namespace maskd::server {

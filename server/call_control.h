@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "model/status.h"
+#include "model/api/status.h"
 
 namespace maskd::server {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "model/engine.h"
-#include "model/status.h"
+#include "model/api/engine.h"
+#include "model/api/status.h"
 
 namespace maskd::server {
 

@@ -7,7 +7,7 @@
 #include <functional>
 #include <vector>
 
-#include "model/engine.h"
+#include "model/api/engine.h"
 #include "server/batch_queue.h"
 #include "server/stage_stats.h"
 

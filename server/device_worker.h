@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "model/engine.h"
+#include "model/api/engine.h"
 #include "server/batch_queue.h"
 #include "server/decoder_batcher.h"
 #include "server/embedding_cache.h"

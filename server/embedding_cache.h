@@ -23,8 +23,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "model/engine.h"
-#include "model/status.h"
+#include "model/api/engine.h"
+#include "model/api/status.h"
 #include "server/call_control.h"
 
 namespace maskd::server {

@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "model/engine.h"
+#include "model/api/engine.h"
 #include "server/batch_queue.h"
 #include "server/stage_stats.h"
 

@@ -4,7 +4,7 @@
 
 #include <grpcpp/support/status.h>
 
-#include "model/status.h"
+#include "model/api/status.h"
 
 namespace maskd::server {
 

@@ -7,7 +7,8 @@
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
-#include "model/engine.h"
+#include "model/api/engine.h"
+#include "model/engine_create.h"
 #include "server/config.h"
 #include "server/logging.h"
 #include "server/server.h"

@@ -6,8 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "model/rle.h"
-#include "model/image_id.h"
+#include "model/io/rle.h"
+#include "model/io/image_id.h"
 
 namespace maskd::server {
 

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "maskd/v1/maskd.pb.h"
-#include "model/image_codec.h"
-#include "model/status.h"
+#include "model/io/image_codec.h"
+#include "model/api/status.h"
 #include "server/call_control.h"
 #include "server/request_validation.h"
 #include "server/router.h"

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "model/image_codec.h"
-#include "model/image_id.h"
+#include "model/io/image_codec.h"
+#include "model/io/image_id.h"
 
 namespace maskd::server {
 namespace {

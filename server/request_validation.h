@@ -11,19 +11,14 @@
 #include <vector>
 
 #include "maskd/v1/maskd.pb.h"
-#include "model/engine.h"
-#include "model/status.h"
+#include "model/api/engine.h"
+#include "model/api/limits.h"
+#include "model/api/status.h"
 
 namespace maskd::server {
 
-struct RequestLimits {
-  uint64_t max_image_bytes = uint64_t{32} << 20;
-  uint64_t max_image_pixels = 64'000'000;
-  uint32_t max_prompts_per_request = 256;
-  uint32_t max_points_per_prompt = 64;
-  int max_image_side = 16384;
-  size_t max_request_tag_bytes = 128;
-};
+// The api's limits (model/api/limits.h): one struct, one set of defaults.
+using RequestLimits = Limits;
 
 // A prompt whose structure has been checked; geometry and mask inputs are resolved later.
 struct PromptDraft {
@@ -46,8 +41,5 @@ StatusOr<std::vector<PromptDraft>> ValidatePrompts(
     bool allow_empty);
 // output_format and request_tag.
 Status ValidateSegmentOptions(const v1::SegmentRequest& request, const RequestLimits& limits);
-
-// SAM's low-res mask side (MaskInput.logits and OUTPUT_FORMAT_LOW_RES_LOGITS are 256 x 256 in v1).
-inline constexpr int kLowResSide = 256;
 
 }  // namespace maskd::server

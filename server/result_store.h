@@ -12,8 +12,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "model/engine.h"
-#include "model/status.h"
+#include "model/api/engine.h"
+#include "model/api/status.h"
 
 namespace maskd::server {
 

@@ -12,8 +12,8 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "model/engine.h"
-#include "model/status.h"
+#include "model/api/engine.h"
+#include "model/api/status.h"
 #include "server/config.h"
 #include "server/device_worker.h"
 #include "server/mask_service.h"

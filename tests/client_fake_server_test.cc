@@ -13,8 +13,8 @@
 #include "client/mask_codec.h"
 #include "client/maskctl_commands.h"
 #include "fake_maskd.h"
-#include "model/image_codec.h"
-#include "model/image_id.h"
+#include "model/io/image_codec.h"
+#include "model/io/image_id.h"
 
 namespace maskd::client {
 namespace {

@@ -1,129 +1,61 @@
-#include "tests/server_fake_engine.h"
+#include "tests/fake_engine.h"
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <thread>
 
-#include "model/rle.h"
+#include "model/io/rle.h"
 
-namespace maskd {
-
-// ---- The handle classes of engine.h, for the fake (the real ones live in maskd_model). ----------
-
-struct PreparedImage::Impl {
-  int original_width = 0, original_height = 0, input_width = 0, input_height = 0;
-  uint64_t content = 0;
-};
-int PreparedImage::original_width() const { return impl_->original_width; }
-int PreparedImage::original_height() const { return impl_->original_height; }
-int PreparedImage::input_width() const { return impl_->input_width; }
-int PreparedImage::input_height() const { return impl_->input_height; }
-
-struct Embedding::Impl {
-  int original_width = 0, original_height = 0, input_width = 0, input_height = 0;
-  uint64_t content = 0;
-  size_t bytes = 0;
-  bool on_host = false;
-};
-int Embedding::original_width() const { return impl_->original_width; }
-int Embedding::original_height() const { return impl_->original_height; }
-int Embedding::input_width() const { return impl_->input_width; }
-int Embedding::input_height() const { return impl_->input_height; }
-size_t Embedding::bytes() const { return impl_->bytes; }
-bool Embedding::on_host() const { return impl_->on_host; }
-std::vector<float> Embedding::ToFloat() const { return {static_cast<float>(impl_->content % 1000)}; }
-std::vector<int64_t> Embedding::shape() const { return {1}; }
-
-struct MaskLogits::Impl {
-  int n = 0, h = 0, w = 0;
-  std::vector<float> values;  // n x h x w
-};
-int MaskLogits::num_masks() const { return impl_->n; }
-int MaskLogits::height() const { return impl_->h; }
-int MaskLogits::width() const { return impl_->w; }
-size_t MaskLogits::bytes() const { return impl_->values.size() * sizeof(float); }
-std::vector<float> MaskLogits::ToFloat() const { return impl_->values; }
-
-// ---- Free functions of engine.h the server uses. -------------------------------------------------
-
-const char* PrecisionName(Precision p) {
-  switch (p) {
-    case Precision::kFloat32: return "fp32";
-    case Precision::kBFloat16: return "bf16";
-    case Precision::kFloat16: return "fp16";
-  }
-  return "?";
-}
-
-StatusOr<Precision> ParsePrecision(std::string_view name) {
-  if (name == "fp32") return Precision::kFloat32;
-  if (name == "bf16") return Precision::kBFloat16;
-  if (name == "fp16") return Precision::kFloat16;
-  return InvalidArgument("precision '" + std::string(name) + "' is not one of fp32, bf16, fp16");
-}
-
-const char* AttentionImplName(AttentionImpl a) {
-  switch (a) {
-    case AttentionImpl::kAuto: return "auto";
-    case AttentionImpl::kMath: return "math";
-    case AttentionImpl::kSdpa: return "sdpa";
-    case AttentionImpl::kSdpaFolded: return "sdpa-folded";
-    case AttentionImpl::kFused: return "fused";
-  }
-  return "?";
-}
-
-StatusOr<AttentionImpl> ParseAttentionImpl(std::string_view name) {
-  for (auto a : {AttentionImpl::kAuto, AttentionImpl::kMath, AttentionImpl::kSdpa,
-                 AttentionImpl::kSdpaFolded, AttentionImpl::kFused}) {
-    if (name == AttentionImplName(a)) return a;
-  }
-  return InvalidArgument("attention '" + std::string(name) + "' is unknown");
-}
-
-FastPathOptions FastPathOptions::Fast() {
-  FastPathOptions f;
-  f.cuda_graphs = true;
-  f.gpu_preprocess = true;
-  f.gpu_postprocess = true;
-  return f;
-}
-
-std::pair<int, int> ResizedSize(int width, int height, int target) {
-  const double scale = target * 1.0 / std::max(width, height);
-  return {static_cast<int>(width * scale + 0.5), static_cast<int>(height * scale + 0.5)};
-}
-
-// A stand-in with the same rules as the real one (its messages are the real engine's business and
-// are checked by the end-to-end tests, not here).
-Status ValidatePrompt(const PromptSpec& p, int w, int h, std::string_view prefix) {
-  const std::string f(prefix);
-  if (p.points.empty() && !p.box) return InvalidArgument(f + " has no points and no box");
-  for (size_t i = 0; i < p.points.size(); ++i) {
-    const auto& pt = p.points[i];
-    if (!std::isfinite(pt.x) || !std::isfinite(pt.y) || pt.x < 0 || pt.x > w || pt.y < 0 || pt.y > h) {
-      return InvalidArgument(f + ".points[" + std::to_string(i) + "] is outside the image");
-    }
-  }
-  if (p.box) {
-    const Box& b = *p.box;
-    if (!(b.x0 <= b.x1 && b.y0 <= b.y1 && b.x0 >= 0 && b.y0 >= 0 && b.x1 <= w && b.y1 <= h)) {
-      return InvalidArgument(f + ".box is outside the image or not ordered");
-    }
-  }
-  if (p.mask_input && (p.mask_input_index < 0 || p.mask_input_index >= p.mask_input->num_masks())) {
-    return InvalidArgument(f + ".mask_input index is outside its masks");
-  }
-  return Status::Ok();
-}
-
-int CudaDeviceCount() { return 0; }
-
-namespace fake {
+namespace maskd::fake {
 namespace {
 
 constexpr int kLowRes = 256;
 constexpr int kImageSize = 1024;
+
+// The fake's payloads: numbers instead of tensors.
+struct FakePrepared final : HandlePayload {
+  uint64_t content = 0;
+};
+
+struct FakeEmbedding final : Embedding::Payload {
+  uint64_t content = 0;
+  size_t size = 0;
+  bool host = false;
+  size_t bytes() const override { return size; }
+  bool on_host() const override { return host; }
+  std::vector<float> ToFloat() const override { return {static_cast<float>(content % 1000)}; }
+  std::vector<int64_t> shape() const override { return {1}; }
+};
+
+struct FakeLogits final : MaskLogits::Payload {
+  int n = 0, h = 0, w = 0;
+  std::vector<float> values;  // n x h x w
+  int num_masks() const override { return n; }
+  int height() const override { return h; }
+  int width() const override { return w; }
+  size_t bytes() const override { return values.size() * sizeof(float); }
+  std::vector<float> ToFloat() const override { return values; }
+};
+
+// Handles from another engine are a test bug; say so instead of reading garbage.
+template <typename T, typename P>
+const T& As(const P* payload) {
+  const T* t = dynamic_cast<const T*>(payload);
+  if (t == nullptr) throw std::logic_error("FakeEngine was given a handle it did not make");
+  return *t;
+}
+const FakeEmbedding& Payload(const Embedding& e) { return As<FakeEmbedding>(&e.payload()); }
+const FakeLogits& Payload(const MaskLogits& l) { return As<FakeLogits>(&l.payload()); }
+
+std::shared_ptr<const Embedding> Wrap(const ImageGeometry& g, uint64_t content, size_t bytes,
+                                      bool on_host) {
+  auto p = std::make_shared<FakeEmbedding>();
+  p->content = content;
+  p->size = bytes;
+  p->host = on_host;
+  return std::make_shared<const Embedding>(g, std::move(p));
+}
 
 }  // namespace
 
@@ -193,21 +125,23 @@ StatusOr<PreparedImage> FakeEngine::Prepare(const ImageRGB8& image) {
       image.pixels.size() != static_cast<size_t>(image.width) * image.height * 3) {
     return InvalidArgument("fake Prepare: bad image");
   }
-  auto impl = std::make_shared<PreparedImage::Impl>();
-  impl->original_width = image.width;
-  impl->original_height = image.height;
-  std::tie(impl->input_width, impl->input_height) = ResizedSize(image.width, image.height, kImageSize);
-  impl->content = Checksum(image);
-  return PreparedImage(impl);
+  ImageGeometry g;
+  g.original_width = image.width;
+  g.original_height = image.height;
+  std::tie(g.input_width, g.input_height) = ResizedSize(image.width, image.height, kImageSize);
+  auto payload = std::make_shared<FakePrepared>();
+  payload->content = Checksum(image);
+  return PreparedImage(g, payload);
 }
 
 StatusOr<PreparedImage> FakeEngine::PrepareResized(const ImageRGB8& resized, int ow, int oh) {
   auto p = Prepare(resized);
   if (!p.ok()) return p;
-  auto impl = std::make_shared<PreparedImage::Impl>(*p->impl());
-  impl->original_width = ow;
-  impl->original_height = oh;
-  return PreparedImage(impl);
+  ImageGeometry g = p->geometry();
+  g.original_width = ow;
+  g.original_height = oh;
+  return PreparedImage(g, std::static_pointer_cast<const HandlePayload>(
+                              std::make_shared<FakePrepared>(As<FakePrepared>(p->payload()))));
 }
 
 StatusOr<std::vector<std::shared_ptr<const Embedding>>> FakeEngine::Encode(
@@ -227,14 +161,7 @@ StatusOr<std::vector<std::shared_ptr<const Embedding>>> FakeEngine::Encode(
   encoded_images += static_cast<int>(images.size());
   std::vector<std::shared_ptr<const Embedding>> out;
   for (const auto& p : images) {
-    auto impl = std::make_shared<Embedding::Impl>();
-    impl->original_width = p.original_width();
-    impl->original_height = p.original_height();
-    impl->input_width = p.input_width();
-    impl->input_height = p.input_height();
-    impl->content = p.impl()->content;
-    impl->bytes = o_.embedding_bytes;
-    out.push_back(std::make_shared<const Embedding>(impl));
+    out.push_back(Wrap(p.geometry(), As<FakePrepared>(p.payload()).content, o_.embedding_bytes, false));
   }
   return out;
 }
@@ -274,9 +201,9 @@ StatusOr<std::vector<DecodedPrompt>> FakeEngine::Decode(const std::vector<Decode
     cx *= sx;
     cy *= sy;
     const int n = p.multimask ? 3 : 1;
-    const double base = 4.0 + static_cast<double>(e.impl()->content % 5) + (p.points.size() % 3);
+    const double base = 4.0 + static_cast<double>(Payload(e).content % 5) + (p.points.size() % 3);
     const bool background = !p.points.empty() && p.points[0].label == 0;
-    auto impl = std::make_shared<MaskLogits::Impl>();
+    auto impl = std::make_shared<FakeLogits>();
     impl->n = n;
     impl->h = kLowRes;
     impl->w = kLowRes;
@@ -300,7 +227,7 @@ StatusOr<std::vector<DecodedPrompt>> FakeEngine::Decode(const std::vector<Decode
         }
       }
       // Scores differ per mask so that best_index is not always 0.
-      d.scores.push_back(static_cast<float>(0.5 + 0.1 * ((m + e.impl()->content) % 3)));
+      d.scores.push_back(static_cast<float>(0.5 + 0.1 * ((m + Payload(e).content) % 3)));
     }
     d.logits = std::make_shared<const MaskLogits>(impl);
     out.push_back(std::move(d));
@@ -318,7 +245,7 @@ StatusOr<std::vector<std::vector<MaskData>>> FakeEngine::Postprocess(
     const int W = it.original_width, H = it.original_height;
     std::vector<MaskData> masks;
     for (int m = 0; m < l.num_masks(); ++m) {
-      const float* plane = l.impl()->values.data() + static_cast<size_t>(m) * l.height() * l.width();
+      const float* plane = Payload(l).values.data() + static_cast<size_t>(m) * l.height() * l.width();
       std::vector<uint8_t> mask(static_cast<size_t>(W) * H);
       uint64_t hi = 0, lo = 0;
       uint32_t x0 = W, y0 = H, x1 = 0, y1 = 0;
@@ -356,21 +283,17 @@ StatusOr<std::vector<std::vector<MaskData>>> FakeEngine::Postprocess(
 
 StatusOr<std::shared_ptr<const Embedding>> FakeEngine::ToHost(const Embedding& e) {
   ++to_host_calls;
-  auto impl = std::make_shared<Embedding::Impl>(*e.impl());
-  impl->on_host = true;
-  return std::make_shared<const Embedding>(impl);
+  return Wrap(e.geometry(), Payload(e).content, e.bytes(), true);
 }
 
 StatusOr<std::shared_ptr<const Embedding>> FakeEngine::ToDevice(const Embedding& e) {
   ++to_device_calls;
-  auto impl = std::make_shared<Embedding::Impl>(*e.impl());
-  impl->on_host = false;
-  return std::make_shared<const Embedding>(impl);
+  return Wrap(e.geometry(), Payload(e).content, e.bytes(), false);
 }
 
 StatusOr<std::shared_ptr<const MaskLogits>> FakeEngine::MakeMaskLogits(const float* v, int h, int w) {
   if (h != kLowRes || w != kLowRes) return InvalidArgument("fake MakeMaskLogits: expected 256 x 256");
-  auto impl = std::make_shared<MaskLogits::Impl>();
+  auto impl = std::make_shared<FakeLogits>();
   impl->n = 1;
   impl->h = h;
   impl->w = w;
@@ -389,18 +312,9 @@ DeviceMemoryStats FakeEngine::memory() const {
 
 std::shared_ptr<const Embedding> FakeEngine::MakeEmbedding(size_t bytes, uint64_t content,
                                                            bool on_host) {
-  auto impl = std::make_shared<Embedding::Impl>();
-  impl->original_width = 64;
-  impl->original_height = 48;
-  impl->input_width = 1024;
-  impl->input_height = 768;
-  impl->content = content;
-  impl->bytes = bytes;
-  impl->on_host = on_host;
-  return std::make_shared<const Embedding>(impl);
+  return Wrap(ImageGeometry{64, 48, 1024, 768}, content, bytes, on_host);
 }
 
-uint64_t FakeEngine::ContentOf(const Embedding& e) { return e.impl()->content; }
+uint64_t FakeEngine::ContentOf(const Embedding& e) { return Payload(e).content; }
 
-}  // namespace fake
-}  // namespace maskd
+}  // namespace maskd::fake

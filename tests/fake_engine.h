@@ -1,9 +1,8 @@
 // A fake maskd::Engine for the server's unit tests: deterministic, torch-free, with controllable
 // latency, failures and a gate that holds Encode calls, and counters of everything it was asked.
 //
-// It comes with its own definitions of the engine.h handle classes (PreparedImage, Embedding,
-// MaskLogits) and free functions, so a test binary links it INSTEAD of maskd_model (never both:
-// the real handles hold LibTorch tensors that only the real engine can make).
+// It implements the abstract maskd::Engine of model/api/engine.h like the real engine does, with
+// payloads of its own behind the handles; it follows the api's prompt rules (ValidatePrompt).
 //
 // Its "model": the embedding of an image is a checksum of its pixels; a prompt's mask m is a disc
 // around the first point (or the box centre) in the low-res frame, radius growing with m, plus half
@@ -19,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "model/engine.h"
+#include "model/api/engine.h"
 
 namespace maskd::fake {
 

@@ -2,7 +2,7 @@
 // model: it answers at once (so a load test measures the client's own cost), with masks that are a
 // pure function of the prompt (a square of side 2*kHalf around each point, clipped), so tests can
 // check what the client decoded. Health is grpc's default service, SERVING. Image ids are the real
-// scheme (model/image_id.h) over kIdentity, which GetInfo reports, and every Embed/Segment/
+// scheme (model/io/image_id.h) over kIdentity, which GetInfo reports, and every Embed/Segment/
 // SegmentStream records the x-maskd-image-id header it arrived with, so that tests can check the
 // clients' affinity header against the id the server answers.
 #pragma once
@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "maskd/v1/maskd.grpc.pb.h"
-#include "model/image_codec.h"
-#include "model/image_id.h"
-#include "model/rle.h"
+#include "model/io/image_codec.h"
+#include "model/io/image_id.h"
+#include "model/io/rle.h"
 
 namespace maskd::testing {
 

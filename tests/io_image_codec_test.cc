@@ -14,7 +14,7 @@
 #define MASKD_TEST_HAS_WEBP_ENCODER 1
 #endif
 
-#include "model/image_codec.h"
+#include "model/io/image_codec.h"
 
 namespace maskd {
 namespace {

@@ -5,7 +5,7 @@
 #include <random>
 #include <vector>
 
-#include "model/rle.h"
+#include "model/io/rle.h"
 
 namespace maskd {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "kernels/bilinear.h"
 #include "kernels/kernels.h"
-#include "model/pil_resize.h"
+#include "model/io/pil_resize.h"
 
 namespace mk = maskd::kernels;
 

@@ -7,7 +7,7 @@
 
 #include "load_tests/latency_stats.h"
 #include "load_tests/workload.h"
-#include "model/image_codec.h"
+#include "model/io/image_codec.h"
 
 namespace maskd::load {
 namespace {

@@ -5,10 +5,10 @@
 
 #include <cmath>
 
-#include "model/engine.h"
+#include "model/api/engine.h"
 #include "model/image_encoder.h"
 #include "model/mask_decoder.h"
-#include "model/pil_resize.h"
+#include "model/io/pil_resize.h"
 #include "model/prompt_encoder.h"
 #include "model/sam.h"
 

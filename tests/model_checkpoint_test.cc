@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/checkpoint.h"
-#include "model/engine.h"
+#include "model/api/engine.h"
 #include "model/sam.h"
 #include "model/sam_config.h"
 #include "tests/golden_dir.h"

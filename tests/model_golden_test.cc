@@ -3,7 +3,7 @@
 // README's tolerances. Uses only the public, torch-free engine API.
 #include <gtest/gtest.h>
 
-#include "model/engine.h"
+#include "model/api/engine.h"
 #include "model/golden.h"
 #include "tests/golden_dir.h"
 

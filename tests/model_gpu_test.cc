@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "model/engine.h"
+#include "model/api/engine.h"
 #include "model/golden.h"
 #include "tests/golden_dir.h"
 

@@ -11,7 +11,7 @@
 
 #include "server/decoder_batcher.h"
 #include "server/encoder_batcher.h"
-#include "tests/server_fake_engine.h"
+#include "tests/fake_engine.h"
 
 namespace maskd::server {
 namespace {

@@ -6,9 +6,9 @@
 #include <thread>
 
 #include "server/embedding_cache.h"
-#include "model/image_id.h"
+#include "model/io/image_id.h"
 #include "server/result_store.h"
-#include "tests/server_fake_engine.h"
+#include "tests/fake_engine.h"
 
 namespace maskd::server {
 namespace {
@@ -276,7 +276,7 @@ TEST(ServerImageId, ContentAddressesAreStableAndSeparated) {
 }
 
 TEST(ServerImageId, MatchesTheDocumentedScheme) {
-  // Pinned values of the scheme written in model/image_id.h and maskd.proto (framed fields, 8-byte
+  // Pinned values of the scheme written in model/io/image_id.h and maskd.proto (framed fields, 8-byte
   // little-endian lengths). client/python/tests/test_client_unit.py pins the same two values for the
   // Python client's copy, so a change on either side fails a test.
   EXPECT_EQ(ImageIdForEncoded("model-1", "bytes"),

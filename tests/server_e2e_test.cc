@@ -20,10 +20,10 @@
 #include <spdlog/spdlog.h>
 
 #include "client/client.h"
-#include "model/image_codec.h"
-#include "model/rle.h"
+#include "model/io/image_codec.h"
+#include "model/io/rle.h"
 #include "model/tensor_file.h"
-#include "model/image_id.h"
+#include "model/io/image_id.h"
 #include "server/server.h"
 #include "tests/golden_dir.h"
 

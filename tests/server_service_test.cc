@@ -10,11 +10,11 @@
 #include <spdlog/spdlog.h>
 
 #include "client/client.h"
-#include "model/image_codec.h"
-#include "model/rle.h"
-#include "model/image_id.h"
+#include "model/io/image_codec.h"
+#include "model/io/rle.h"
+#include "model/io/image_id.h"
 #include "server/server.h"
-#include "tests/server_fake_engine.h"
+#include "tests/fake_engine.h"
 
 namespace maskd::server {
 namespace {

@@ -1,19 +1,19 @@
 # Tests of server/ (maskd_server), included by tests/CMakeLists.txt.
 #
-# Unit tests run the server against a fake engine: server_fake_engine defines the engine.h handle
+# Unit tests run the server against a fake engine: maskd_fake_engine defines the engine.h handle
 # classes itself, so these binaries link it INSTEAD of maskd_model (never both). The end-to-end test
 # links the real engine.
-add_library(server_fake_engine STATIC server_fake_engine.cc)
-target_include_directories(server_fake_engine PUBLIC ${PROJECT_SOURCE_DIR})
-target_link_libraries(server_fake_engine PUBLIC maskd_imageio)
+add_library(maskd_fake_engine STATIC fake_engine.cc)
+target_include_directories(maskd_fake_engine PUBLIC ${PROJECT_SOURCE_DIR})
+target_link_libraries(maskd_fake_engine PUBLIC maskd_io)
 
-maskd_add_test(server_cache_test SOURCES server_cache_test.cc LIBS maskd_server server_fake_engine)
-maskd_add_test(server_batcher_test SOURCES server_batcher_test.cc LIBS maskd_server server_fake_engine)
-maskd_add_test(server_config_test SOURCES server_config_test.cc LIBS maskd_server server_fake_engine)
+maskd_add_test(server_cache_test SOURCES server_cache_test.cc LIBS maskd_server maskd_fake_engine)
+maskd_add_test(server_batcher_test SOURCES server_batcher_test.cc LIBS maskd_server maskd_fake_engine)
+maskd_add_test(server_config_test SOURCES server_config_test.cc LIBS maskd_server maskd_fake_engine)
 maskd_add_test(server_validation_test SOURCES server_validation_test.cc
-               LIBS maskd_server server_fake_engine)
+               LIBS maskd_server maskd_fake_engine)
 maskd_add_test(server_service_test SOURCES server_service_test.cc
-               LIBS maskd_server maskd_client server_fake_engine)
+               LIBS maskd_server maskd_client maskd_fake_engine)
 
 # End to end with the real engine and the golden tiny model (skips loudly without the golden data,
 # fails under CI=true). Runs the maskd binary too, so it depends on it.

@@ -2,7 +2,7 @@
 // expected.
 #include <gtest/gtest.h>
 
-#include "model/image_codec.h"
+#include "model/io/image_codec.h"
 #include "server/grpc_status.h"
 #include "server/request_validation.h"
 

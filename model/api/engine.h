@@ -1,17 +1,17 @@
-// The SAM inference engine: the one public, torch-free interface of libmaskd_model.
+// The SAM inference engine as an abstract interface: what the server, the tools and every test
+// engine program against. Torch-free (the server, clients and tools use spdlog, protobuf and gRPC,
+// whose headers clash with those bundled in LibTorch), and free of link-time tricks: the real engine
+// (libmaskd_model, model/engine_create.h) and each fake derive from Engine and nothing else.
 //
-// Everything LibTorch stays inside the shared library; this header uses plain structs so that the
-// server, clients and tools (which use spdlog, protobuf and gRPC, whose headers clash with those
-// bundled in LibTorch) can include it.
-//
-// What a caller may rely on:
+// What a caller may rely on, whichever engine it holds:
 // - No exception leaves an Engine method: failures come back as Status (INVALID_ARGUMENT for bad
 //   prompts or images, INTERNAL for unexpected LibTorch/CUDA errors, with the cause in the message).
 // - Every method is synchronous: when it returns, its device work is complete and its results can be
 //   used from any thread. Methods may be called concurrently from different threads; each call runs
 //   on a stream of its own (CUDA), so an encoder batch, a decoder batch and post-processing overlap.
-// - Opaque handles (PreparedImage, Embedding, MaskLogits) are immutable once returned and may be
-//   shared between threads; they keep their device memory until the last reference goes away.
+// - Handles (PreparedImage, Embedding, MaskLogits) are values: a geometry and an immutable payload
+//   that only the engine which made it reads. They may be shared between threads and keep their
+//   device memory until the last copy goes away. Handing a handle to another engine is an error.
 // - Coordinates are in original image pixels; masks come back at the original image size.
 #pragma once
 
@@ -24,28 +24,15 @@
 #include <string_view>
 #include <vector>
 
-#include "model/status.h"
+#include "model/api/enums.h"
+#include "model/api/image.h"
+#include "model/api/prompt.h"
+#include "model/api/status.h"
 
 namespace maskd {
 
-enum class LogLevel { kDebug, kInfo, kWarning, kError };
 // Where the engine's log lines go. The server routes them to spdlog; the default writes to stderr.
 using LogFn = std::function<void(LogLevel, std::string_view)>;
-
-enum class Precision { kFloat32, kBFloat16, kFloat16 };
-const char* PrecisionName(Precision p);  // "fp32", "bf16", "fp16"
-StatusOr<Precision> ParsePrecision(std::string_view name);
-
-// How the image encoder computes attention.
-enum class AttentionImpl {
-  kAuto,        // kFused on CUDA (kSdpaFolded where the kernel does not apply), kMath on CPU
-  kMath,        // the original's arithmetic: materialised scores + rel-pos bias, softmax, matmul
-  kSdpa,        // scaled_dot_product_attention with the rel-pos bias as an additive mask
-  kSdpaFolded,  // SDPA with rel-pos folded into augmented q/k: no bias tensor at all
-  kFused,       // maskd's CUDA kernel: flash attention with the decomposed rel-pos added in-kernel
-};
-const char* AttentionImplName(AttentionImpl a);  // "math", "sdpa", "sdpa-folded", "fused", "auto"
-StatusOr<AttentionImpl> ParseAttentionImpl(std::string_view name);
 
 // Encoder/decoder optimisations. Each can be switched on its own (maskbench's waterfall does); the
 // CUDA-only ones are ignored on CPU, which always runs the exact original arithmetic in fp32 unless
@@ -106,90 +93,88 @@ struct ModelDescription {
   std::string identity;
 };
 
-// 8-bit RGB pixels, rows top to bottom, 3 bytes per pixel.
-struct ImageRGB8 {
-  int width = 0;
-  int height = 0;
-  std::vector<uint8_t> pixels;  // width * height * 3
-};
-
-struct Point {
-  float x = 0, y = 0;
-  int label = 1;  // 1 foreground, 0 background (SAM's labels)
-};
-
-struct Box {
-  float x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+// What an engine keeps behind a handle (its tensors, or a fake's numbers). Each engine derives its
+// own payload types and reads back only the payloads it made (EngineImpl: model/engine_handles.h).
+class HandlePayload {
+ public:
+  virtual ~HandlePayload() = default;
 };
 
 // An image ready for the encoder: resized so its longest side is the model's input size
 // (Pillow-exact antialiased bilinear), normalised and padded; or, with gpu_preprocess, the uint8
-// pixels on the device, resized there. Opaque.
+// pixels on the device, resized there.
 class PreparedImage {
  public:
-  struct Impl;
-  explicit PreparedImage(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-  int original_width() const;
-  int original_height() const;
+  PreparedImage(ImageGeometry geometry, std::shared_ptr<const HandlePayload> payload)
+      : geometry_(geometry), payload_(std::move(payload)) {}
+  const ImageGeometry& geometry() const { return geometry_; }
+  int original_width() const { return geometry_.original_width; }
+  int original_height() const { return geometry_.original_height; }
   // Size after the longest-side resize, before padding.
-  int input_width() const;
-  int input_height() const;
-  const std::shared_ptr<Impl>& impl() const { return impl_; }
+  int input_width() const { return geometry_.input_width; }
+  int input_height() const { return geometry_.input_height; }
+  const HandlePayload* payload() const { return payload_.get(); }
 
  private:
-  std::shared_ptr<Impl> impl_;
+  ImageGeometry geometry_;
+  std::shared_ptr<const HandlePayload> payload_;
 };
 
 // The image encoder's output for one image (256 x 64 x 64 for SAM) on the engine's device (or in host
-// memory after Engine::ToHost). Opaque.
+// memory after Engine::ToHost).
 class Embedding {
  public:
-  struct Impl;
-  explicit Embedding(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-  int original_width() const;
-  int original_height() const;
-  int input_width() const;
-  int input_height() const;
+  class Payload : public HandlePayload {
+   public:
+    virtual size_t bytes() const = 0;
+    virtual bool on_host() const = 0;
+    virtual std::vector<float> ToFloat() const = 0;
+    virtual std::vector<int64_t> shape() const = 0;
+  };
+  Embedding(ImageGeometry geometry, std::shared_ptr<const Payload> payload)
+      : geometry_(geometry), payload_(std::move(payload)) {}
+  const ImageGeometry& geometry() const { return geometry_; }
+  int original_width() const { return geometry_.original_width; }
+  int original_height() const { return geometry_.original_height; }
+  int input_width() const { return geometry_.input_width; }
+  int input_height() const { return geometry_.input_height; }
   // Bytes of tensor memory held.
-  size_t bytes() const;
+  size_t bytes() const { return payload_->bytes(); }
   // True when ToHost moved it off a CUDA device (the cache's host tier); never for CPU engines,
   // whose embeddings live in host memory as their device memory.
-  bool on_host() const;
+  bool on_host() const { return payload_->on_host(); }
   // The values as float32, C x H x W (for tests and verification tools; copies).
-  std::vector<float> ToFloat() const;
-  std::vector<int64_t> shape() const;
-  const std::shared_ptr<Impl>& impl() const { return impl_; }
+  std::vector<float> ToFloat() const { return payload_->ToFloat(); }
+  std::vector<int64_t> shape() const { return payload_->shape(); }
+  const Payload& payload() const { return *payload_; }
 
  private:
-  std::shared_ptr<Impl> impl_;
+  ImageGeometry geometry_;
+  std::shared_ptr<const Payload> payload_;
 };
 
-// Low-resolution mask logits (N x 256 x 256) of one prompt's masks, on the engine's device. Opaque.
+// Low-resolution mask logits (N x 256 x 256) of one prompt's masks, on the engine's device.
 class MaskLogits {
  public:
-  struct Impl;
-  explicit MaskLogits(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-  int num_masks() const;
-  int height() const;  // 256
-  int width() const;   // 256
-  size_t bytes() const;
+  class Payload : public HandlePayload {
+   public:
+    virtual int num_masks() const = 0;
+    virtual int height() const = 0;
+    virtual int width() const = 0;
+    virtual size_t bytes() const = 0;
+    virtual std::vector<float> ToFloat() const = 0;
+  };
+  explicit MaskLogits(std::shared_ptr<const Payload> payload) : payload_(std::move(payload)) {}
+  int num_masks() const { return payload_->num_masks(); }
+  int height() const { return payload_->height(); }  // 256
+  int width() const { return payload_->width(); }    // 256
+  size_t bytes() const { return payload_->bytes(); }
   // Values as float32, N x H x W, row-major (copies).
-  std::vector<float> ToFloat() const;
-  const std::shared_ptr<Impl>& impl() const { return impl_; }
+  std::vector<float> ToFloat() const { return payload_->ToFloat(); }
+  const Payload& payload() const { return *payload_; }
 
  private:
-  std::shared_ptr<Impl> impl_;
-};
-
-// One prompt on one image for Engine::Decode.
-struct PromptSpec {
-  std::vector<Point> points;
-  std::optional<Box> box;
-  // SAM's mask_input: one mask of low-res logits (MaskLogits with num_masks() == 1, or use
-  // mask_input_index to pick one mask of a multi-mask result).
-  std::shared_ptr<const MaskLogits> mask_input;
-  int mask_input_index = 0;
-  bool multimask = true;
+  std::shared_ptr<const Payload> payload_;
 };
 
 struct DecodeItem {
@@ -202,12 +187,6 @@ struct DecodedPrompt {
   std::vector<float> scores;
   // The masks' low-res logits (same order as scores).
   std::shared_ptr<const MaskLogits> logits;
-};
-
-enum class MaskEncoding {
-  kNone,     // only stats (bbox, area, stability)
-  kRle,      // COCO RLE counts, column-major, first run = zeros
-  kBitmask,  // one byte per pixel (0 / 1), row-major, original size
 };
 
 struct PostprocessItem {
@@ -233,8 +212,10 @@ struct DeviceMemoryStats {
 
 class Engine {
  public:
-  // Loads the checkpoint (or builds the demo model), moves it to the device, prepares the fast path
-  // and warms it up.
+  // The real engine: loads the checkpoint (or builds the demo model), moves it to the device,
+  // prepares the fast path and warms it up. Declared here so that programs keep one spelling;
+  // defined by libmaskd_model (model/engine_create.cc), so only programs linking it may call it.
+  // Test engines are constructed directly.
   static StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
   virtual ~Engine() = default;
 
@@ -290,26 +271,5 @@ class Engine {
   virtual DeviceMemoryStats memory() const = 0;
   virtual void ResetPeakMemory() = 0;
 };
-
-// Checks a prompt against an image's size (finite coordinates inside the image, box corners ordered,
-// at least one point or a box, labels 0/1, mask input shape). The message names the field.
-Status ValidatePrompt(const PromptSpec& prompt, int image_width, int image_height,
-                      std::string_view field_prefix = "prompt");
-
-// CUDA devices this process can use (0 without a CUDA build, driver or device). The server expands
-// --device cuda (and auto) to cuda:0 .. cuda:N-1 with it.
-int CudaDeviceCount();
-
-// The shape SAM's longest-side resize gives: (width, height) scaled so max(width, height) == target,
-// rounded as the original.
-std::pair<int, int> ResizedSize(int width, int height, int target);
-
-// Bytes (zip archive of torch.save, or safetensors) to a file in the official SAM format.
-struct CheckpointSpec {
-  std::string arch;  // vit_b | vit_l | vit_h | tiny (the golden encoder shape)
-  uint64_t seed = 0;
-};
-// Writes a random-weight checkpoint in the official format (torch.save(state_dict) layout).
-Status MakeRandomCheckpoint(const CheckpointSpec& spec, const std::string& path);
 
 }  // namespace maskd

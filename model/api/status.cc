@@ -1,4 +1,4 @@
-#include "model/status.h"
+#include "model/api/status.h"
 
 namespace maskd {
 

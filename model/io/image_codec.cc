@@ -1,4 +1,4 @@
-#include "model/image_codec.h"
+#include "model/io/image_codec.h"
 
 #include <csetjmp>
 #include <cstdio>

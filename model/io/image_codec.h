@@ -21,8 +21,8 @@
 #include <string_view>
 #include <vector>
 
-#include "model/engine.h"
-#include "model/status.h"
+#include "model/api/image.h"
+#include "model/api/status.h"
 
 namespace maskd {
 

@@ -1,4 +1,4 @@
-#include "model/image_id.h"
+#include "model/io/image_id.h"
 
 #include <openssl/evp.h>
 

@@ -1,4 +1,4 @@
-#include "model/pil_resize.h"
+#include "model/io/pil_resize.h"
 
 #include <algorithm>
 #include <cmath>

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/engine.h"
+#include "model/api/image.h"
 
 namespace maskd {
 

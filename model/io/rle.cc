@@ -1,4 +1,4 @@
-#include "model/rle.h"
+#include "model/io/rle.h"
 
 #include <string>
 

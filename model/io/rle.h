@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/status.h"
+#include "model/api/status.h"
 
 namespace maskd {
 

@@ -3,7 +3,7 @@
 Behind a proxy that balances on that header (deploy/envoy/envoy.yaml, ring hash), every call about
 one image must carry the same value, including the first one that sends the bytes, or the embedding
 is computed on one replica and looked up on another. The value is the image's image_id, which this
-module computes before any call, exactly as the server does (model/image_id.h, the one C++
+module computes before any call, exactly as the server does (model/io/image_id.h, the one C++
 implementation; the scheme is also written at EmbedResponse.image_id in proto/maskd/v1/maskd.proto):
 
     lowercase hex SHA-256 over length-framed fields, each an 8-byte little-endian length followed by

@@ -17,7 +17,7 @@ PNG = b"\x89PNG\r\n\x1a\nnot really a picture, the fake does not decode"
 
 
 def test_image_ids_match_the_servers_pinned_values():
-    # The same two values tests/server_cache_test.cc pins for model/image_id.cc (the server's and
+    # The same two values tests/server_cache_test.cc pins for model/io/image_id.cc (the server's and
     # the C++ client's implementation): a change of scheme on either side fails a test.
     assert image_id_for_encoded("model-1", b"bytes") == \
         "af36684893d54e81145bab43c7c0c21c187cb972722361bb50a564cc62373c10"
