@@ -14,17 +14,17 @@ Status DecoderBatcher::Submit(Request request) {
   return queue_.Submit(Item{std::move(request), {}});
 }
 
-StatusOr<std::vector<DecodedPrompt>> DecoderBatcher::Decode(const std::vector<DecodeItem>& items) {
-  StatusOr<std::vector<DecodedPrompt>> result = Internal("Engine::Decode did not return");
+StatusOr<std::vector<StatusOr<DecodedPrompt>>> DecoderBatcher::Decode(const std::vector<DecodeItem>& items) {
+  StatusOr<std::vector<StatusOr<DecodedPrompt>>> result = Internal("Engine::DecodeEach did not return");
   try {
-    result = engine_->Decode(items);
+    result = engine_->DecodeEach(items);
   } catch (const std::exception& e) {
-    return Internal(std::string("Engine::Decode threw: ") + e.what());
+    return Internal(std::string("Engine::DecodeEach threw: ") + e.what());
   } catch (...) {
-    return Internal("Engine::Decode threw a non-standard exception");
+    return Internal("Engine::DecodeEach threw a non-standard exception");
   }
   if (result.ok() && result->size() != items.size()) {
-    return Internal("Engine::Decode returned " + std::to_string(result->size()) + " results for " +
+    return Internal("Engine::DecodeEach returned " + std::to_string(result->size()) + " results for " +
                     std::to_string(items.size()) + " prompts");
   }
   return result;
@@ -36,26 +36,34 @@ void DecoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
     all.insert(all.end(), item.request.prompts.begin(), item.request.prompts.end());
   }
   const Clock::time_point t0 = Clock::now();
-  StatusOr<std::vector<DecodedPrompt>> result = Decode(all);
-  uint64_t compute_us = MicrosSince(t0);
-  // One bad prompt must not fail the other requests of its batch: on INVALID_ARGUMENT, decode each
-  // request alone so that only the offending one gets the error.
-  const bool isolate = !result.ok() && result.status().code() == StatusCode::kInvalidArgument &&
-                       batch.size() > 1;
+  StatusOr<std::vector<StatusOr<DecodedPrompt>>> result = Decode(all);
+  const uint64_t compute_us = MicrosSince(t0);
+  // The engine answers per prompt, so one bad prompt fails its own request only, without a second
+  // pass; an error of the whole pass fails every request of the batch.
   size_t offset = 0;
   for (auto& item : batch) {
     const size_t n = item.request.prompts.size();
-    DecodeTiming timing{MicrosSince(item.arrival, formed), compute_us, all.size()};
+    const DecodeTiming timing{MicrosSince(item.arrival, formed), compute_us, all.size()};
     StatusOr<std::vector<DecodedPrompt>> mine = Internal("unset");
-    if (isolate) {
-      const Clock::time_point t1 = Clock::now();
-      mine = Decode(item.request.prompts);
-      timing.compute_us = MicrosSince(t1);
-      timing.batch_prompts = n;
-    } else if (result.ok()) {
-      mine = std::vector<DecodedPrompt>(result->begin() + offset, result->begin() + offset + n);
-    } else {
+    if (!result.ok()) {
       mine = result.status();
+    } else {
+      std::vector<DecodedPrompt> prompts;
+      prompts.reserve(n);
+      Status first_error;
+      for (size_t k = offset; k < offset + n; ++k) {
+        StatusOr<DecodedPrompt>& r = (*result)[k];
+        if (!r.ok()) {
+          first_error = r.status();
+          break;
+        }
+        prompts.push_back(std::move(*r));
+      }
+      if (first_error.ok()) {
+        mine = std::move(prompts);
+      } else {
+        mine = first_error;
+      }
     }
     offset += n;
     if (stages_) {

@@ -1,6 +1,7 @@
 // The prompt-encoder + mask-decoder stage of one device, jagged: prompts of many requests and many
-// images go into one Engine::Decode call (the engine buckets by token count internally and
-// guarantees the results equal one-at-a-time decoding). A batch holds at most max_prompts prompts
+// images go into one Engine::DecodeEach call (the engine buckets by token count internally,
+// guarantees the results equal one-at-a-time decoding, and answers each prompt on its own, so a bad
+// prompt fails only its request). A batch holds at most max_prompts prompts
 // and leaves after max_queue_delay; the queue is bounded in prompts.
 #pragma once
 
@@ -46,7 +47,7 @@ class DecoderBatcher {
     void Fail(const Status& s) { request.done(s, DecodeTiming{MicrosSince(arrival), 0, 0}); }
   };
   void Run(std::vector<Item>& batch, Clock::time_point formed);
-  StatusOr<std::vector<DecodedPrompt>> Decode(const std::vector<DecodeItem>& items);
+  StatusOr<std::vector<StatusOr<DecodedPrompt>>> Decode(const std::vector<DecodeItem>& items);
 
   Engine* const engine_;
   StageSet* const stages_;

@@ -166,7 +166,7 @@ StatusOr<std::vector<std::shared_ptr<const Embedding>>> FakeEngine::Encode(
   return out;
 }
 
-StatusOr<std::vector<DecodedPrompt>> FakeEngine::Decode(const std::vector<DecodeItem>& items) {
+StatusOr<std::vector<StatusOr<DecodedPrompt>>> FakeEngine::DecodeEach(const std::vector<DecodeItem>& items) {
   ++decode_calls;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -177,17 +177,26 @@ StatusOr<std::vector<DecodedPrompt>> FakeEngine::Decode(const std::vector<Decode
       return s;
     }
   }
-  for (size_t i = 0; i < items.size(); ++i) {
-    const Embedding& e = *items[i].embedding;
-    if (e.on_host()) return FailedPrecondition("fake Decode: host-tier embedding");
-    MASKD_RETURN_IF_ERROR(ValidatePrompt(items[i].prompt, e.original_width(), e.original_height(),
-                                         "prompts[" + std::to_string(i) + "]"));
-  }
   if (o_.decode_delay.count() > 0) std::this_thread::sleep_for(o_.decode_delay);
-  decoded_prompts += static_cast<int>(items.size());
-  std::vector<DecodedPrompt> out;
-  for (const auto& item : items) {
+  std::vector<StatusOr<DecodedPrompt>> out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const DecodeItem& item = items[i];
+    if (!item.embedding) {
+      out.push_back(InvalidArgument("fake Decode: item " + std::to_string(i) + " has no embedding"));
+      continue;
+    }
     const Embedding& e = *item.embedding;
+    if (e.on_host()) {
+      out.push_back(FailedPrecondition("fake Decode: host-tier embedding"));
+      continue;
+    }
+    if (Status s = ValidatePrompt(item.prompt, e.original_width(), e.original_height(),
+                                  "prompts[" + std::to_string(i) + "]");
+        !s.ok()) {
+      out.push_back(std::move(s));
+      continue;
+    }
+    ++decoded_prompts;
     const PromptSpec& p = item.prompt;
     // The prompt's centre in the low-res frame (input frame / 4).
     double cx, cy;

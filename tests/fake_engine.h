@@ -61,7 +61,7 @@ class FakeEngine final : public Engine {
   StatusOr<PreparedImage> PrepareResized(const ImageRGB8& resized, int ow, int oh) override;
   StatusOr<std::vector<std::shared_ptr<const Embedding>>> Encode(
       const std::vector<PreparedImage>& images) override;
-  StatusOr<std::vector<DecodedPrompt>> Decode(const std::vector<DecodeItem>& items) override;
+  StatusOr<std::vector<StatusOr<DecodedPrompt>>> DecodeEach(const std::vector<DecodeItem>& items) override;
   StatusOr<std::vector<std::vector<MaskData>>> Postprocess(
       const std::vector<PostprocessItem>& items) override;
   StatusOr<std::shared_ptr<const Embedding>> ToHost(const Embedding& e) override;

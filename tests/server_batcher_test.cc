@@ -283,6 +283,9 @@ TEST(ServerBatcher, OneBadRequestDoesNotFailItsBatchMates) {
   auto g2 = good2->promise.get_future().get();
   ASSERT_TRUE(g2.ok());
   EXPECT_EQ(g2->size(), 5u);
+  // 2 + 1 + 5 prompts fill one batch of 8, and the bad prompt is answered without a second pass.
+  EXPECT_EQ(engine.decode_calls.load(), 1);
+  EXPECT_EQ(engine.decode_batches(), std::vector<int>{8});
   batcher.Stop();
 }
 

@@ -11,4 +11,16 @@ FastPathOptions FastPathOptions::Fast() {
   return f;
 }
 
+StatusOr<std::vector<DecodedPrompt>> Engine::Decode(const std::vector<DecodeItem>& items) {
+  StatusOr<std::vector<StatusOr<DecodedPrompt>>> each = DecodeEach(items);
+  if (!each.ok()) return each.status();
+  std::vector<DecodedPrompt> out;
+  out.reserve(each->size());
+  for (auto& r : *each) {
+    if (!r.ok()) return r.status();
+    out.push_back(std::move(*r));
+  }
+  return out;
+}
+
 }  // namespace maskd

@@ -57,6 +57,12 @@ struct FastPathOptions {
   static FastPathOptions Fast();
 };
 
+// One prepared encoder batch size and the seconds a pass of it takes (<= 0: unknown).
+struct EncoderBatchCost {
+  int batch_size = 0;
+  double seconds = 0;
+};
+
 struct EngineOptions {
   // A SAM checkpoint: official .pth (torch.save of the state dict) or .safetensors. Empty: seeded
   // random weights of `random_arch` (its masks are meaningless).
@@ -68,9 +74,13 @@ struct EngineOptions {
   std::string device = "cpu";
   Precision precision = Precision::kFloat32;
   FastPathOptions fast;
-  // Encoder batch sizes prepared (CUDA graphs) up front; Encode pads a batch up to the next one.
-  // Larger batches are split. Must be ascending, >= 1.
+  // Encoder batch sizes prepared (CUDA graphs) up front; Encode covers a batch with them at the
+  // least cost (see encoder_batch_seconds), padding the last pass on CUDA. Must be >= 1; sorted and
+  // deduplicated by the engine.
   std::vector<int> encoder_batch_sizes = {1};
+  // Seconds per pass of each encoder_batch_sizes entry (in ascending size order) to plan with; empty:
+  // measured at warm-up on CUDA with graphs, else every pass counts the same (the fewest passes).
+  std::vector<double> encoder_batch_seconds;
   // Seed of the demo model's weights.
   uint64_t demo_seed = 0x5eed;
   // fp32 on CUDA: TF32 off for matmuls and cuDNN, so fp32 means fp32 (golden parity needs it).
@@ -252,8 +262,17 @@ class Engine {
 
   // Prompt encoder + mask decoder over a jagged batch: prompts of any number of images, any point
   // counts, boxes, mask inputs and multimask flags, in one pass per token-count bucket. Results are
-  // in item order and equal (within floating-point tolerance) decoding each prompt alone.
-  virtual StatusOr<std::vector<DecodedPrompt>> Decode(const std::vector<DecodeItem>& items) = 0;
+  // in item order and equal (within floating-point tolerance) decoding each prompt alone. An item
+  // the engine refuses (no embedding, a host-tier embedding, a prompt ValidatePrompt rejects) gets
+  // its own error and the others still decode; the outer status fails the whole pass (device errors).
+  virtual StatusOr<std::vector<StatusOr<DecodedPrompt>>> DecodeEach(const std::vector<DecodeItem>& items) = 0;
+  // DecodeEach, all or nothing: the first item's error, else every result.
+  StatusOr<std::vector<DecodedPrompt>> Decode(const std::vector<DecodeItem>& items);
+
+  // The prepared encoder batch sizes with the seconds one pass of each takes (measured at warm-up on
+  // CUDA with graphs, or as given in EngineOptions::encoder_batch_seconds; 0 = not measured). Encode
+  // splits a batch by the cheapest cover (model/batch_plan.h).
+  virtual std::vector<EncoderBatchCost> encoder_batch_costs() const { return {}; }
 
   // Upscales, crops and thresholds masks to the original size and encodes them; one MaskData per
   // mask of every item, in order.

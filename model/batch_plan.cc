@@ -1,0 +1,49 @@
+#include "model/batch_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace maskd {
+
+std::vector<int> PlanEncoderBatches(int n, const std::vector<EncoderBatchCost>& costs) {
+  if (n <= 0 || costs.empty()) return {};
+  int largest = 0;
+  for (const auto& c : costs) largest = std::max(largest, c.batch_size);
+  if (largest < 1) return {};
+  // Unbounded knapsack over "rows covered", up to n + largest - 1 (no cheapest cover pads more than
+  // one largest batch). best[k]: the cheapest way to cover exactly k rows.
+  struct Best {
+    double cost = std::numeric_limits<double>::infinity();
+    int passes = 0;
+    int last = 0;  // the size added last (0: unreachable)
+  };
+  const int limit = n + largest - 1;
+  std::vector<Best> best(static_cast<size_t>(limit) + 1);
+  best[0].cost = 0;
+  for (int k = 1; k <= limit; ++k) {
+    for (const auto& c : costs) {
+      const int s = c.batch_size;
+      if (s < 1 || s > k || best[k - s].cost == std::numeric_limits<double>::infinity()) continue;
+      const double cost = best[k - s].cost + (c.seconds > 0 ? c.seconds : 1.0);
+      const int passes = best[k - s].passes + 1;
+      // Costs are compared with a relative tolerance: measured times that differ by noise only must
+      // not decide against fewer passes.
+      const double eps = 1e-9 * std::max(1.0, std::abs(cost));
+      Best& b = best[k];
+      if (cost < b.cost - eps || (std::abs(cost - b.cost) <= eps && passes < b.passes)) b = {cost, passes, s};
+    }
+  }
+  int pick = -1;
+  for (int k = n; k <= limit; ++k) {
+    if (best[k].cost == std::numeric_limits<double>::infinity()) continue;
+    // Fewer padded rows wins a tie: k grows with the padding, so only a strictly cheaper cover moves on.
+    if (pick < 0 || best[k].cost < best[pick].cost - 1e-9 * std::max(1.0, std::abs(best[k].cost))) pick = k;
+  }
+  std::vector<int> plan;
+  for (int k = pick; k > 0; k -= best[k].last) plan.push_back(best[k].last);
+  std::sort(plan.rbegin(), plan.rend());
+  return plan;
+}
+
+}  // namespace maskd

@@ -1,0 +1,126 @@
+// EngineImpl's image encoder runner: a batch of prepared images is split into passes of the
+// prepared batch sizes (the cheapest cover by the cost table, model/batch_plan.h), each pass replays
+// the CUDA graph captured for its size (one graph per size, sharing one memory pool) or runs eagerly.
+#include "model/engine_impl.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace maskd {
+
+Status EngineImpl::CaptureEncoderGraphs() {
+#ifdef MASKD_WITH_CUDA
+  const auto pool = at::cuda::graph_pool_handle();
+  for (int bs : options_.encoder_batch_sizes) {
+    CallStream cs(device_);
+    EncoderGraph g;
+    g.input = at::randn({bs, 3, config_.img_size, config_.img_size},
+                        at::TensorOptions().dtype(dtype_).device(device_));
+    // Warm up outside the capture: cuBLAS/cuDNN handles and workspaces, kernel selection.
+    for (int i = 0; i < 2; ++i) sam_->image_encoder->forward(g.input);
+    cs.Sync();
+    g.graph = std::make_unique<at::cuda::CUDAGraph>();
+    g.graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    g.output = sam_->image_encoder->forward(g.input);
+    g.graph->capture_end();
+    cs.Sync();
+    graphs_.emplace(bs, std::move(g));
+  }
+  return Status::Ok();
+#else
+  return InvalidArgument("CUDA graphs need a CUDA build");
+#endif
+}
+
+
+at::Tensor EngineImpl::RunEncoder(const at::Tensor& batch) {
+#ifdef MASKD_WITH_CUDA
+  {
+    std::lock_guard<std::mutex> lock(graph_mu_);
+    auto it = graphs_.find(static_cast<int>(batch.size(0)));
+    if (it != graphs_.end()) {
+      it->second.input.copy_(batch);
+      it->second.graph->replay();
+      return it->second.output.clone();
+    }
+  }
+#endif
+  return sam_->image_encoder->forward(batch);
+}
+
+
+StatusOr<std::vector<std::shared_ptr<const Embedding>>> EngineImpl::Encode(
+    const std::vector<PreparedImage>& images) {
+  if (images.empty()) return std::vector<std::shared_ptr<const Embedding>>{};
+  return Guarded("running the image encoder",
+                 [&]() -> StatusOr<std::vector<std::shared_ptr<const Embedding>>> {
+    torch::NoGradGuard no_grad;
+    CallStream cs(device_);
+    std::vector<std::shared_ptr<const Embedding>> out;
+    // The cheapest cover of the batch by the prepared sizes, largest passes first.
+    const std::vector<int> plan = PlanEncoderBatches(static_cast<int>(images.size()), encoder_costs_);
+    size_t start = 0;
+    for (const int bs : plan) {
+      const size_t left = images.size() - start;
+      const size_t n = std::min<size_t>(left, bs);
+      std::vector<at::Tensor> inputs;
+      for (size_t i = 0; i < n; ++i) inputs.push_back(PayloadOf(images[start + i]).input);
+      at::Tensor batch = at::stack(inputs);
+      if (static_cast<int>(n) < bs && device_.is_cuda()) {
+        // Pad to the static batch size (graph shapes); padded rows are discarded.
+        batch = at::cat({batch, at::zeros({bs - static_cast<int64_t>(n), batch.size(1), batch.size(2),
+                                           batch.size(3)}, batch.options())});
+      }
+      const at::Tensor emb = RunEncoder(batch);
+      for (size_t i = 0; i < n; ++i) {
+        out.push_back(WrapEmbedding(images[start + i].geometry(), emb[static_cast<int64_t>(i)].clone()));
+      }
+      start += n;
+      if (start == images.size()) break;
+    }
+    cs.Sync();
+    return out;
+  });
+}
+
+std::vector<EncoderBatchCost> EngineImpl::encoder_batch_costs() const { return encoder_costs_; }
+
+Status EngineImpl::ResetEncoderCosts() {
+  const auto& sizes = options_.encoder_batch_sizes;
+  const auto& seconds = options_.encoder_batch_seconds;
+  if (!seconds.empty() && seconds.size() != sizes.size())
+    return InvalidArgument("encoder_batch_seconds has " + std::to_string(seconds.size()) +
+                           " entries for " + std::to_string(sizes.size()) +
+                           " encoder_batch_sizes (expected one per size)");
+  encoder_costs_.clear();
+  for (size_t i = 0; i < sizes.size(); ++i)
+    encoder_costs_.push_back({sizes[i], seconds.empty() ? 0.0 : seconds[i]});
+  return Status::Ok();
+}
+
+Status EngineImpl::MeasureEncoderCosts() {
+  // Only where the choice matters and the numbers are stable: replays of captured graphs. Eager
+  // CPU passes are neither padded nor planned beyond "fewest passes".
+  if (!options_.encoder_batch_seconds.empty() || !device_.is_cuda() || !options_.fast.cuda_graphs)
+    return Status::Ok();
+  torch::NoGradGuard no_grad;
+  for (auto& c : encoder_costs_) {
+    CallStream cs(device_);
+    const at::Tensor batch = at::zeros({c.batch_size, 3, config_.img_size, config_.img_size},
+                                       at::TensorOptions().dtype(dtype_).device(device_));
+    std::vector<double> times;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      RunEncoder(batch);
+      cs.Sync();
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    c.seconds = times[1];
+    Log(LogLevel::kInfo, "encoder batch " + std::to_string(c.batch_size) + ": " +
+                             std::to_string(c.seconds * 1e3) + " ms per pass");
+  }
+  return Status::Ok();
+}
+
+}  // namespace maskd

@@ -1,0 +1,125 @@
+// Engine::Create, the real engine's factory: the device, the weights (checkpoint or seeded random),
+// the weight hash that goes into the model identity, and random checkpoints for tests and tools.
+#include "model/engine_create.h"
+
+#include <torch/cuda.h>
+#include <xxhash.h>
+
+#include <sstream>
+
+#include "model/checkpoint.h"
+#include "model/engine_impl.h"
+
+namespace maskd {
+
+int CudaDeviceCount() {
+  try {
+    return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+namespace {
+
+StatusOr<at::Device> ParseDevice(const std::string& name) {
+  if (name == "cpu" || name.rfind("cpu:", 0) == 0) return at::Device(at::kCPU);
+  if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
+    int index = 0;
+    if (name.size() > 5) {
+      try {
+        index = std::stoi(name.substr(5));
+      } catch (...) {
+        return InvalidArgument("device '" + name + "' is not cpu, cuda or cuda:N");
+      }
+    }
+    if (!torch::cuda::is_available())
+      return InvalidArgument("device '" + name + "' requested but no CUDA device is available");
+    if (index < 0 || index >= static_cast<int>(torch::cuda::device_count()))
+      return InvalidArgument("device '" + name + "': only " + std::to_string(torch::cuda::device_count()) +
+                             " CUDA device(s) visible");
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  return InvalidArgument("device '" + name + "' is not cpu, cuda or cuda:N");
+}
+
+std::string WeightsDigest(const StateDict& sd) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  for (const auto& [name, t] : sd) {
+    XXH3_128bits_update(st, name.data(), name.size());
+    const at::Tensor c = t.contiguous();
+    XXH3_128bits_update(st, c.data_ptr(), c.nbytes());
+  }
+  const XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  return Hex(h.high64, h.low64);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options_in) {
+  EngineOptions options = options_in;
+  if (!options.log) options.log = DefaultLog;
+  auto device = ParseDevice(options.device);
+  if (!device.ok()) return device.status();
+  return Guarded("creating the engine", [&]() -> StatusOr<std::unique_ptr<Engine>> {
+    SamConfig config;
+    StateDict sd;
+    std::optional<Sam> model;
+    if (options.checkpoint.empty()) {
+      auto preset = SamPreset(options.random_arch);
+      if (!preset.ok()) return preset.status();
+      config = *preset;
+      model.emplace(config);
+      RandomizeWeights(**model, options.demo_seed);
+      sd = ModelStateDict(**model);
+      options.log(LogLevel::kWarning,
+                  "NO CHECKPOINT GIVEN: serving " +
+                      (options.random_arch == "tiny" ? std::string("the built-in demo model (small encoder, ")
+                                                     : "a " + options.random_arch + " model (") +
+                      "random weights, "
+                  "seed " + std::to_string(options.demo_seed) + "). ITS MASKS ARE MEANINGLESS. Download an "
+                  "official SAM checkpoint (vit_b: sam_vit_b_01ec64.pth, vit_l: sam_vit_l_0b3195.pth, "
+                  "vit_h: sam_vit_h_4b8939.pth from "
+                  "https://github.com/facebookresearch/segment-anything#model-checkpoints) and pass it with "
+                  "--checkpoint, $MASKD_CHECKPOINT, or put it in ./models/.");
+    } else {
+      auto read = ReadStateDict(options.checkpoint);
+      if (!read.ok()) return read.status();
+      sd = std::move(*read);
+      auto cfg = InferSamConfig(sd, options.checkpoint);
+      if (!cfg.ok()) return cfg.status();
+      config = *cfg;
+      model.emplace(config);
+      MASKD_RETURN_IF_ERROR(LoadStateDict(**model, sd, options.checkpoint));
+    }
+    uint64_t params = 0;
+    for (const auto& p : (*model)->parameters()) params += static_cast<uint64_t>(p.numel());
+    const std::string digest = WeightsDigest(sd);
+    sd.clear();
+    std::ostringstream os;
+    os << "SAM " << config.arch << " (embed " << config.embed_dim << ", depth " << config.depth << ", heads "
+       << config.num_heads << ", " << params << " parameters) from "
+       << (options.checkpoint.empty() ? "random weights" : options.checkpoint) << " on "
+       << device->str() << " in " << PrecisionName(options.precision);
+    options.log(LogLevel::kInfo, os.str());
+    auto engine = std::make_unique<EngineImpl>(options, config, *model, *device, digest, params);
+    MASKD_RETURN_IF_ERROR(engine->Init());
+    return std::unique_ptr<Engine>(std::move(engine));
+  });
+}
+
+Status MakeRandomCheckpoint(const CheckpointSpec& spec, const std::string& path) {
+  auto config = SamPreset(spec.arch);
+  if (!config.ok()) return config.status();
+  return Guarded("making a checkpoint", [&]() -> Status {
+    torch::NoGradGuard no_grad;
+    Sam model(*config);
+    RandomizeWeights(*model, spec.seed);
+    return WriteStateDict(ModelStateDict(*model), path);
+  });
+}
+
+
+}  // namespace maskd

@@ -1,0 +1,208 @@
+// EngineImpl: the real Engine, SAM in LibTorch with the fast path on CUDA. One class (its state is
+// shared: the model, the device, the graph caches), its methods in one file per job:
+//
+//   engine.cc             lifecycle: construction, Init, Reconfigure, warm-up, identity, cache-tier
+//                         moves (ToHost/ToDevice), mask-logit uploads, memory stats
+//   fast_path.cc          the fast-path policy: which attention, precision paths, int8/2:4, graphs
+//   image_preparation.cc  Prepare/PrepareResized: longest-side resize, normalisation, padding
+//   encoder_runner.cc     Encode: batch planning by measured cost, the encoder graph cache per batch size
+//   decoder_runner.cc     DecodeEach: the jagged decode, token-count buckets, the decoder graph cache
+//                         per prompt bucket, a status per item
+//   mask_postprocess.cc   Postprocess: upscale, crop, threshold, stats, RLE/bitmask
+//   engine_create.cc      Engine::Create: device parsing, checkpoint loading, the weight hash
+//
+// Internal to libmaskd_model (sees torch); nothing outside model/ includes it.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/types.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/api/engine.h"
+#include "model/batch_plan.h"
+#include "model/engine_handles.h"
+#include "model/sam.h"
+#include "model/sam_config.h"
+
+#ifdef MASKD_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace maskd {
+
+inline void DefaultLog(LogLevel level, std::string_view msg) {
+  static const char* kNames[] = {"debug", "info", "warning", "error"};
+  std::fprintf(stderr, "[maskd engine] [%s] %.*s\n", kNames[static_cast<int>(level)],
+               static_cast<int>(msg.size()), msg.data());
+}
+
+inline at::ScalarType DtypeOf(Precision p) {
+  switch (p) {
+    case Precision::kFloat32: return at::kFloat;
+    case Precision::kBFloat16: return at::kBFloat16;
+    case Precision::kFloat16: return at::kHalf;
+  }
+  return at::kFloat;
+}
+
+// Runs `fn`, turning LibTorch/CUDA exceptions into a Status that names the operation.
+template <typename Fn>
+auto Guarded(const char* what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    return Internal(std::string(what) + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Internal(std::string(what) + ": " + e.what());
+  }
+}
+
+inline std::string Hex(uint64_t hi, uint64_t lo) {
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(hi),
+                static_cast<unsigned long long>(lo));
+  return buf;
+}
+
+// Per-call stream (CUDA): each Engine call runs on a pool stream of its own and synchronises it
+// before returning, which is what makes every method synchronous and safe to call concurrently.
+class CallStream {
+ public:
+  explicit CallStream(const at::Device& device) {
+#ifdef MASKD_WITH_CUDA
+    if (device.is_cuda()) {
+      stream_.emplace(c10::cuda::getStreamFromPool(false, device.index()));
+      guard_.emplace(*stream_);
+    }
+#endif
+  }
+  void Sync() {
+#ifdef MASKD_WITH_CUDA
+    if (stream_) stream_->synchronize();
+#endif
+  }
+  ~CallStream() = default;
+
+ private:
+#ifdef MASKD_WITH_CUDA
+  std::optional<c10::cuda::CUDAStream> stream_;
+  std::optional<c10::cuda::CUDAStreamGuard> guard_;
+#endif
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(EngineOptions options, SamConfig config, Sam model, at::Device device, std::string weights_digest,
+             uint64_t params)
+      : options_(std::move(options)), config_(std::move(config)), sam_(std::move(model)),
+        device_(device), dtype_(DtypeOf(options_.precision)), weights_digest_(std::move(weights_digest)) {
+    if (!options_.log) options_.log = DefaultLog;
+    desc_.arch = config_.arch;
+    desc_.checkpoint = !options_.checkpoint.empty()         ? options_.checkpoint
+                       : options_.random_arch == "tiny" ? std::string("builtin-demo")
+                                                        : "builtin-random-" + options_.random_arch;
+    desc_.demo = options_.checkpoint.empty();
+    desc_.embed_dim = config_.embed_dim;
+    desc_.depth = config_.depth;
+    desc_.num_heads = config_.num_heads;
+    desc_.patch_size = config_.patch_size;
+    desc_.window_size = config_.window_size;
+    desc_.image_size = config_.img_size;
+    desc_.mlp_dim = config_.mlp_dim;
+    desc_.out_chans = config_.out_chans;
+    desc_.global_attn_indexes = config_.global_attn_indexes;
+    desc_.parameter_count = params;
+    desc_.identity = Identity();
+  }
+
+  Status Init();
+
+  const ModelDescription& description() const override { return desc_; }
+  const EngineOptions& options() const override { return options_; }
+  std::string device() const override { return device_.str(); }
+  std::string device_name() const override;
+  std::vector<std::string> optimisations() const override { return optimisations_; }
+  int max_encoder_batch() const override { return options_.encoder_batch_sizes.back(); }
+  Status Reconfigure(const FastPathOptions& fast) override;
+
+  StatusOr<PreparedImage> Prepare(const ImageRGB8& image) override;
+  StatusOr<PreparedImage> PrepareResized(const ImageRGB8& resized, int ow, int oh) override;
+  StatusOr<std::vector<std::shared_ptr<const Embedding>>> Encode(
+      const std::vector<PreparedImage>& images) override;
+  StatusOr<std::vector<StatusOr<DecodedPrompt>>> DecodeEach(const std::vector<DecodeItem>& items) override;
+  std::vector<EncoderBatchCost> encoder_batch_costs() const override;
+  StatusOr<std::vector<std::vector<MaskData>>> Postprocess(
+      const std::vector<PostprocessItem>& items) override;
+  StatusOr<std::shared_ptr<const Embedding>> ToHost(const Embedding& e) override;
+  StatusOr<std::shared_ptr<const Embedding>> ToDevice(const Embedding& e) override;
+  StatusOr<std::shared_ptr<const MaskLogits>> MakeMaskLogits(const float* v, int h, int w) override;
+  DeviceMemoryStats memory() const override;
+  void ResetPeakMemory() override;
+
+ private:
+  void Log(LogLevel l, const std::string& m) const { options_.log(l, m); }
+  at::Tensor Normalize(const at::Tensor& hwc_u8, int h, int w) const;
+  at::Tensor RunEncoder(const at::Tensor& batch);
+  MaskDecoderImpl::Output RunDecoder(const at::Tensor& src, const at::Tensor& sparse);
+  Status PrepareFastPath();
+  Status CaptureEncoderGraphs();
+  std::string Identity() const;
+  Status Warmup();
+  // encoder_costs_ from EngineOptions::encoder_batch_seconds, else unknown (0) per size.
+  Status ResetEncoderCosts();
+  // Times each prepared batch size (median of a few passes) when costs are not given (CUDA graphs).
+  Status MeasureEncoderCosts();
+  // Why `item` cannot be decoded, or OK (index names it in the message).
+  Status CheckDecodeItem(const DecodeItem& item, size_t index) const;
+
+  EngineOptions options_;
+  SamConfig config_;
+  Sam sam_;
+  at::Device device_;
+  at::ScalarType dtype_;
+  std::string weights_digest_;
+  ModelDescription desc_;
+  std::vector<std::string> optimisations_;
+  at::Tensor dense_pe_;     // [1, D, g, g] engine dtype
+  at::Tensor no_mask_;      // [1, D, 1, 1] engine dtype
+  at::Tensor pixel_mean_, pixel_std_;  // [3, 1, 1] float32, engine device
+  bool gpu_pre_ = false, gpu_post_ = false;
+  // Encoder batch sizes with their cost per pass (encoder_runner.cc plans with it). Written by
+  // Init/Reconfigure/Warmup only, which overlap no other call; read by Encode.
+  std::vector<EncoderBatchCost> encoder_costs_;
+
+#ifdef MASKD_WITH_CUDA
+  // Encoder CUDA graphs by batch size, sharing one memory pool. Replays reuse static buffers, so
+  // they are serialised: graph_mu_ guards graphs_ and the static tensors while a graph runs.
+  struct EncoderGraph {
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+    at::Tensor input, output;
+  };
+  std::mutex graph_mu_;
+  std::map<int, EncoderGraph> graphs_;
+  // Decoder graphs by (padded prompt count, token count), captured on first use into a pool of
+  // their own (the encoder's replays run concurrently on another thread). decoder_graph_mu_ guards
+  // them and their static buffers from copy-in to clone-out.
+  struct DecoderGraph {
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+    at::Tensor src, sparse, masks, iou;
+  };
+  std::mutex decoder_graph_mu_;
+  std::map<std::pair<int64_t, int64_t>, DecoderGraph> decoder_graphs_;
+  std::optional<c10::MempoolId_t> decoder_pool_;
+#endif
+};
+
+}  // namespace maskd

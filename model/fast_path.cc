@@ -1,0 +1,72 @@
+// The fast-path policy of EngineImpl, one function: which attention the encoder uses (the fused
+// kernel where it applies: CUDA, bf16/fp16 and the head widths it was written for; SDPA with rel-pos
+// folded elsewhere on CUDA; the original's arithmetic on CPU and in fp32, where parity matters more
+// than speed), the decoder's SDPA in reduced precision, int8 or 2:4 linears (CUDA only, opt-in, they
+// trade accuracy), GPU pre/post-processing, the encoder batch sizes and their CUDA graphs.
+#include "model/engine_impl.h"
+
+#include <algorithm>
+
+#include "kernels/kernels.h"
+#include "model/fast_linear.h"
+
+namespace maskd {
+
+Status EngineImpl::PrepareFastPath() {
+  const bool cuda = device_.is_cuda();
+  const FastPathOptions& f = options_.fast;
+  AttentionImpl attn = f.attention;
+  if (attn == AttentionImpl::kAuto) {
+    if (!cuda || options_.precision == Precision::kFloat32) {
+      attn = AttentionImpl::kMath;
+    } else {
+      const int hd = config_.embed_dim / config_.num_heads;
+      attn = (kernels::BuiltWithCuda() && (hd == 64 || hd == 80)) ? AttentionImpl::kFused
+                                                                   : AttentionImpl::kSdpaFolded;
+    }
+  }
+  if (attn == AttentionImpl::kFused && (!cuda || !kernels::BuiltWithCuda()))
+    return InvalidArgument("attention 'fused' needs a CUDA device and a CUDA build");
+  if (attn == AttentionImpl::kFused && options_.precision == Precision::kFloat32)
+    return InvalidArgument("attention 'fused' runs in bf16 or fp16, not fp32");
+  sam_->image_encoder->SetAttention(attn);
+  for (auto& b : sam_->image_encoder->block_list) b->attn->fold_pad_v = !cuda;
+  if (attn != AttentionImpl::kMath) optimisations_.push_back(AttentionImplName(attn));
+  if (cuda && options_.precision != Precision::kFloat32) {
+    sam_->mask_decoder->transformer->SetSdpa(true);
+    sam_->mask_decoder->matmul_upscaling = true;
+    // Static shapes (per batch and bucket): let cuDNN pick its fastest kernels once per shape.
+    at::globalContext().setBenchmarkCuDNN(true);
+  }
+  if ((f.int8 || f.sparse24) && !cuda) {
+    Log(LogLevel::kWarning, "int8 and 2:4 sparsity are CUDA-only; ignored on " + device_.str());
+  } else if (f.int8 || f.sparse24) {
+    if (f.int8 && f.sparse24) return InvalidArgument("choose int8 or 2:4 sparsity, not both");
+    for (auto& b : sam_->image_encoder->block_list) {
+      auto make = [&](const torch::nn::Linear& l) {
+        return f.int8 ? MakeInt8Linear(l) : MakeSparse24Linear(l);
+      };
+      b->attn->qkv_fast = make(b->attn->qkv);
+      b->attn->proj_fast = make(b->attn->proj);
+      b->mlp->lin1_fast = make(b->mlp->lin1);
+      b->mlp->lin2_fast = make(b->mlp->lin2);
+    }
+    optimisations_.push_back(f.int8 ? "int8-dynamic-quant" : "sparse-2:4");
+  }
+  gpu_pre_ = cuda && f.gpu_preprocess;
+  gpu_post_ = cuda && f.gpu_postprocess;
+  if (gpu_pre_) optimisations_.push_back("gpu-preprocess");
+  if (gpu_post_) optimisations_.push_back("gpu-postprocess-rle");
+  auto& sizes = options_.encoder_batch_sizes;
+  if (sizes.empty()) sizes = {1};
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  if (sizes.front() < 1) return InvalidArgument("encoder batch sizes must be >= 1");
+  if (cuda && f.cuda_graphs) {
+    MASKD_RETURN_IF_ERROR(CaptureEncoderGraphs());
+    optimisations_.push_back("cuda-graphs");
+  }
+  return Status::Ok();
+}
+
+}  // namespace maskd

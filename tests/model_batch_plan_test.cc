@@ -1,0 +1,79 @@
+// The encoder's batch planning (model/batch_plan.h): the cheapest cover of n images by the prepared
+// batch sizes under a cost table, and the old "next size up" rule when no costs are known.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "model/batch_plan.h"
+
+namespace maskd {
+namespace {
+
+std::vector<EncoderBatchCost> Costs(const std::vector<int>& sizes, const std::vector<double>& seconds) {
+  std::vector<EncoderBatchCost> c;
+  for (size_t i = 0; i < sizes.size(); ++i) c.push_back({sizes[i], seconds.empty() ? 0.0 : seconds[i]});
+  return c;
+}
+
+int Sum(const std::vector<int>& v) { return std::accumulate(v.begin(), v.end(), 0); }
+
+TEST(BatchPlan, WithoutCostsTheFewestPassesThenTheLeastPadding) {
+  const auto c = Costs({1, 2, 4, 8}, {});
+  EXPECT_EQ(PlanEncoderBatches(1, c), (std::vector<int>{1}));
+  EXPECT_EQ(PlanEncoderBatches(3, c), (std::vector<int>{4}));
+  EXPECT_EQ(PlanEncoderBatches(5, c), (std::vector<int>{8}));
+  EXPECT_EQ(PlanEncoderBatches(8, c), (std::vector<int>{8}));
+  EXPECT_EQ(PlanEncoderBatches(20, c), (std::vector<int>{8, 8, 4}));
+  EXPECT_EQ(PlanEncoderBatches(17, c), (std::vector<int>{8, 8, 1}));
+  // Only size 1 prepared (the CPU default): one image per pass.
+  EXPECT_EQ(PlanEncoderBatches(3, Costs({1}, {})), (std::vector<int>{1, 1, 1}));
+}
+
+TEST(BatchPlan, AMeasuredTableCanPreferTwoPassesOverPadding) {
+  // A device where the 8-graph costs much more than a 4- and a 1-graph together.
+  const auto c = Costs({1, 2, 4, 8}, {1.0, 1.6, 2.5, 6.0});
+  EXPECT_EQ(PlanEncoderBatches(5, c), (std::vector<int>{4, 1}));  // 3.5 < 6.0 (8) and < 4.1 (4 + 2)
+  EXPECT_EQ(PlanEncoderBatches(7, c), (std::vector<int>{4, 4}));  // 5.0 < 5.1 (4 + 2 + 1) and < 6.0
+  EXPECT_EQ(PlanEncoderBatches(8, c), (std::vector<int>{4, 4}));  // 5.0 < 6.0
+  // Where the big graph is cheap per image it wins, padding and all.
+  const auto flat = Costs({1, 2, 4, 8}, {1.0, 1.1, 1.2, 1.3});
+  EXPECT_EQ(PlanEncoderBatches(5, flat), (std::vector<int>{8}));
+  EXPECT_EQ(PlanEncoderBatches(9, flat), (std::vector<int>{8, 1}));
+}
+
+TEST(BatchPlan, EveryPlanCoversTheBatchAtTheLeastCost) {
+  const std::vector<int> sizes = {1, 3, 4, 8};
+  const std::vector<double> secs = {1.0, 2.2, 2.5, 4.9};
+  const auto c = Costs(sizes, secs);
+  auto cost_of = [&](const std::vector<int>& plan) {
+    double t = 0;
+    for (int b : plan)
+      for (size_t i = 0; i < sizes.size(); ++i)
+        if (sizes[i] == b) t += secs[i];
+    return t;
+  };
+  for (int n = 1; n <= 40; ++n) {
+    const std::vector<int> plan = PlanEncoderBatches(n, c);
+    ASSERT_FALSE(plan.empty()) << n;
+    EXPECT_GE(Sum(plan), n) << n;
+    EXPECT_TRUE(std::is_sorted(plan.rbegin(), plan.rend())) << n;
+    // Brute force over how many passes of each size (enough to cover n).
+    double best = 1e30;
+    for (int a = 0; a <= n; ++a)
+      for (int b = 0; b <= n / 3 + 1; ++b)
+        for (int d = 0; d <= n / 4 + 1; ++d)
+          for (int e = 0; e <= n / 8 + 1; ++e)
+            if (a + 3 * b + 4 * d + 8 * e >= n) best = std::min(best, a * 1.0 + b * 2.2 + d * 2.5 + e * 4.9);
+    EXPECT_NEAR(cost_of(plan), best, 1e-9) << n;
+  }
+}
+
+TEST(BatchPlan, NothingToPlan) {
+  EXPECT_TRUE(PlanEncoderBatches(0, Costs({1, 2}, {})).empty());
+  EXPECT_TRUE(PlanEncoderBatches(4, {}).empty());
+}
+
+}  // namespace
+}  // namespace maskd
