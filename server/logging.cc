@@ -57,4 +57,10 @@ std::string RequestIdFrom(const std::string& client_value) {
   return client_value;
 }
 
+std::string ClientRequestId(grpc::CallbackServerContext* context) {
+  const auto& md = context->client_metadata();
+  auto it = md.find("x-request-id");
+  return RequestIdFrom(it == md.end() ? std::string() : std::string(it->second.data(), it->second.size()));
+}
+
 }  // namespace maskd::server

@@ -4,8 +4,11 @@
 
 #include <string>
 
+#include <grpcpp/grpcpp.h>
+
 #include "model/api/engine.h"
 #include "model/api/status.h"
+#include "server/call_control.h"  // Clock, MicrosSince
 
 namespace maskd::server {
 
@@ -20,5 +23,11 @@ std::string NewRequestId();
 
 // A client-chosen id (metadata "x-request-id") if it is short and printable, else NewRequestId().
 std::string RequestIdFrom(const std::string& client_value);
+
+// The request id of a call: its x-request-id metadata through RequestIdFrom.
+std::string ClientRequestId(grpc::CallbackServerContext* context);
+
+// Milliseconds since t0 (access-log latencies).
+inline double Millis(Clock::time_point t0) { return static_cast<double>(MicrosSince(t0)) / 1000.0; }
 
 }  // namespace maskd::server

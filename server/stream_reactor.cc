@@ -1,0 +1,277 @@
+#include "server/stream_reactor.h"
+
+#include <spdlog/spdlog.h>
+
+#include "server/grpc_status.h"
+#include "server/logging.h"
+
+namespace maskd::server {
+
+StreamReactor::StreamReactor(MaskService* service, grpc::CallbackServerContext* context, Backend backend)
+    : service_(service),
+      context_(context),
+      backend_(backend),
+      rid_(ClientRequestId(context)),
+      peer_(context->peer()),
+      arrival_(Clock::now()),
+      deadline_(SteadyDeadline(context->deadline())),
+      cancelled_flag_(std::make_shared<std::atomic<bool>>(false)) {
+  if (service_->options_.access_log) {
+    spdlog::debug("[{}] SegmentStream opened by {}", rid_, peer_);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reading_ = true;
+  }
+  StartRead(&read_buf_);
+}
+
+void StreamReactor::OnReadDone(bool ok) {
+  Actions a;
+  Message* m = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reading_ = false;
+    if (!ok) {
+      reads_done_ = true;
+    } else if (!finished_ && !draining_ && !cancelled_) {
+      m = AcceptLocked();
+    }
+    ScheduleLocked(&a);
+  }
+  // The accepted message keeps the stream open (it is pending), so the next read can start first.
+  Run(a);
+  if (m != nullptr) Process(m);
+}
+
+void StreamReactor::OnWriteDone(bool ok) {
+  Actions a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    write_in_flight_ = false;
+    pending_.erase(next_write_);
+    ++next_write_;
+    if (!ok) cancelled_ = true;  // the client is gone; nothing more can be written
+    ScheduleLocked(&a);
+  }
+  Run(a);
+}
+
+void StreamReactor::OnCancel() {
+  cancelled_flag_->store(true);
+  Actions a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    ScheduleLocked(&a);
+  }
+  Run(a);
+}
+
+void StreamReactor::OnDone() {
+  if (service_->options_.access_log) {
+    std::string status;
+    uint64_t messages;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status = final_status_name_;
+      messages = messages_;
+    }
+    spdlog::info("[{}] access method=SegmentStream peer={} status={} latency_ms={:.3f} messages={}",
+                 rid_, peer_, status, Millis(arrival_), messages);
+  }
+  MaskService* s = service_;
+  s->RemoveStream(this);
+  delete this;
+  s->CallEnded();
+}
+
+void StreamReactor::Run(const Actions& a) {
+  if (a.finish) {
+    Finish(a.finish_status);
+    return;  // OnDone may delete this at any moment now
+  }
+  if (a.empty()) return;
+  if (a.write) StartWrite(a.write);
+  if (a.read) StartRead(&read_buf_);
+  Actions next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    starting_ -= (a.write ? 1 : 0) + (a.read ? 1 : 0);
+    ScheduleLocked(&next);
+  }
+  Run(next);
+}
+
+StreamReactor::Actions StreamReactor::Drain() {
+  Actions a;
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+  ScheduleLocked(&a);
+  return a;
+}
+
+StreamReactor::Message* StreamReactor::AcceptLocked() {
+  auto m = std::make_unique<Message>();
+  m->seq = next_seq_++;
+  m->rid = rid_ + "." + std::to_string(m->seq);
+  m->arrival = Clock::now();
+  m->request = std::move(read_buf_);
+  read_buf_.Clear();
+  auto flag = cancelled_flag_;
+  m->control = std::make_shared<CallControl>(m->rid, deadline_, [flag] { return flag->load(); });
+  m->names_image = m->request.image_source_case() != v1::SegmentRequest::IMAGE_SOURCE_NOT_SET;
+  if (m->names_image) {
+    current_ = std::make_shared<CurrentImage>();
+    current_->seq = m->seq;
+  }
+  m->image = current_;
+  ++messages_;
+  Message* raw = m.get();
+  pending_[m->seq] = std::move(m);
+  return raw;
+}
+
+void StreamReactor::ScheduleLocked(Actions* a) {
+  if (finished_) return;
+  if (cancelled_) {
+    // Responses cannot be delivered any more: forget the finished ones.
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second->ready && !(write_in_flight_ && it->first == next_write_)) {
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  } else if (!write_in_flight_) {
+    auto it = pending_.find(next_write_);
+    if (it != pending_.end() && it->second->ready) {
+      write_in_flight_ = true;
+      a->write = &it->second->response;
+      ++starting_;
+    }
+  }
+  if (!reading_ && !reads_done_ && !draining_ && !cancelled_ &&
+      pending_.size() < static_cast<size_t>(service_->options_.max_stream_in_flight)) {
+    reading_ = true;
+    a->read = true;
+    ++starting_;
+  }
+  const bool ending = cancelled_ || draining_ || reads_done_;
+  if (ending && pending_.empty() && !write_in_flight_ && starting_ == 0 && a->empty()) {
+    finished_ = true;
+    a->read = false;
+    a->finish = true;
+    if (cancelled_) {
+      a->finish_status = grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the stream");
+      final_status_name_ = "CANCELLED";
+    } else if (draining_ && !reads_done_) {
+      a->finish_status = ToGrpcStatus(
+          Unavailable("the server is shutting down: reconnect to another server or retry later"));
+      final_status_name_ = "UNAVAILABLE";
+    } else {
+      a->finish_status = grpc::Status::OK;
+      final_status_name_ = "OK";
+    }
+  }
+}
+
+void StreamReactor::Process(Message* m) {
+  try {
+    ProcessImpl(m);
+  } catch (const std::exception& e) {
+    Complete(m, Internal(std::string("unexpected exception in SegmentStream: ") + e.what()));
+  } catch (...) {
+    Complete(m, Internal("unexpected non-standard exception in SegmentStream"));
+  }
+}
+
+void StreamReactor::ProcessImpl(Message* m) {
+  const RequestLimits& limits = service_->options_.limits;
+  m->response.set_request_tag(m->request.request_tag());
+  auto fail = [&](const Status& s) {
+    if (m->names_image) m->image->Resolve(s);
+    Complete(m, s);
+  };
+  if (Status s = ValidateSegmentOptions(m->request, limits); !s.ok()) return fail(s);
+  StatusOr<std::vector<PromptDraft>> drafts =
+      ValidatePrompts(m->request.prompts(), limits, /*allow_empty=*/m->names_image);
+  if (!drafts.ok()) return fail(drafts.status());
+
+  ImageTarget target;
+  switch (m->request.image_source_case()) {
+    case v1::SegmentRequest::kImage:
+      if (Status s = ValidateImage(m->request.image(), limits, "image"); !s.ok()) return fail(s);
+      target.image = &m->request.image();
+      break;
+    case v1::SegmentRequest::kImageId:
+      if (Status s = ValidateImageId(m->request.image_id(), "image_id"); !s.ok()) return fail(s);
+      target.image_id = m->request.image_id();
+      m->image->Resolve(target.image_id);
+      break;
+    case v1::SegmentRequest::IMAGE_SOURCE_NOT_SET: {
+      if (!m->image) {
+        return Complete(m, InvalidArgument(
+                               "image_source: neither image nor image_id is set, and the stream has "
+                               "no current image (expected the first message to name an image)"));
+      }
+      auto drafts_ptr = std::make_shared<std::vector<PromptDraft>>(std::move(*drafts));
+      const uint64_t from = m->image->seq;
+      m->image->Then([this, m, drafts_ptr, from](const StatusOr<std::string>& id) {
+        if (!id.ok()) {
+          return Complete(m, Status(id.status().code(),
+                                    "the stream's current image (named by message " +
+                                        std::to_string(from) + ") is not available: " +
+                                        id.status().message()));
+        }
+        ImageTarget t;
+        t.image_id = *id;
+        Dispatch(m, std::move(t), std::move(*drafts_ptr));
+      });
+      return;
+    }
+  }
+  Dispatch(m, std::move(target), std::move(*drafts));
+}
+
+void StreamReactor::Dispatch(Message* m, ImageTarget target, std::vector<PromptDraft> drafts) {
+  Pipeline::OnImage on_image;
+  if (m->names_image && target.image != nullptr) {
+    std::shared_ptr<CurrentImage> cur = m->image;
+    on_image = [cur](StatusOr<std::string> id) { cur->Resolve(std::move(id)); };
+  }
+  backend_.pipeline->Segment(std::move(target), m->request, std::move(drafts), &m->response,
+                             m->control, m->arrival, std::move(on_image),
+                             [this, m](Status s) { Complete(m, s); });
+}
+
+void StreamReactor::Complete(Message* m, const Status& status) {
+  if (!status.ok()) {
+    m->response.clear_results();
+    v1::StreamError* e = m->response.mutable_error();
+    const grpc::Status g = ToGrpcStatus(status);
+    e->set_code(static_cast<int32_t>(g.error_code()));
+    e->set_message(g.error_message());
+  }
+  service_->RecordOutcome(status);
+  if (service_->options_.access_log) {
+    spdlog::info("[{}] access method=SegmentStream.message peer={} status={} latency_ms={:.3f} "
+                 "images={} prompts={} cached={}",
+                 m->rid, peer_, StatusCodeName(status.code()), Millis(m->arrival),
+                 m->names_image ? 1 : 0, m->request.prompts_size(),
+                 m->response.cached() ? "true" : "false");
+  }
+  if (!status.ok() && status.code() == StatusCode::kInternal) {
+    spdlog::error("[{}] SegmentStream message failed: {}", m->rid, status.message());
+  }
+  m->control->MarkFinished();
+  Actions a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m->ready = true;
+    ScheduleLocked(&a);
+  }
+  Run(a);
+}
+
+}  // namespace maskd::server

@@ -1,0 +1,136 @@
+// The reactor of one SegmentStream (maskd.v1.MaskService), on gRPC's callback API: reads, the
+// stream's current image, ordered writes and the end of the stream. MaskService creates it and
+// drains it at shutdown; it owns nothing of the model and never blocks a gRPC thread.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "maskd/v1/maskd.grpc.pb.h"
+#include "server/mask_service.h"
+#include "server/pipeline.h"
+#include "server/request_validation.h"
+
+namespace maskd::server {
+
+// One bidirectional stream. Reads one message at a time (up to max_stream_in_flight being worked
+// on), runs each through the Pipeline, and writes responses strictly in message order.
+//
+// The stream's "current image" is tracked in read order: a message that names an image creates a
+// new CurrentImage, which later messages without an image wait on until it resolves to an id.
+class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v1::SegmentResponse> {
+ public:
+  StreamReactor(MaskService* service, grpc::CallbackServerContext* context, Backend backend);
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+  // gRPC operations decided under the lock and started after it is released. gRPC may run a
+  // reaction inline inside StartWrite/Finish, so no lock is held then, and every decided read or
+  // write counts in starting_ until it has been started: the stream cannot finish (and be deleted)
+  // under an operation that is about to start.
+  struct Actions {
+    bool read = false;
+    v1::SegmentResponse* write = nullptr;
+    bool finish = false;
+    grpc::Status finish_status;
+    bool empty() const { return !read && write == nullptr && !finish; }
+  };
+
+  void Run(const Actions& a);
+
+  // Shutdown: no more messages are read; the stream ends with UNAVAILABLE once pending responses
+  // are written. Returns the actions to Run() without the caller's locks; until they run, the
+  // stream stays alive (a decided operation is counted in starting_, a decided finish not yet sent).
+  Actions Drain();
+
+ private:
+  struct CurrentImage {
+    uint64_t seq = 0;  // the message that named it
+    std::mutex mu;
+    bool resolved = false;
+    StatusOr<std::string> id = Internal("unresolved");
+    std::vector<std::function<void(const StatusOr<std::string>&)>> waiters;
+
+    void Resolve(StatusOr<std::string> value) {
+      std::vector<std::function<void(const StatusOr<std::string>&)>> w;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (resolved) return;
+        resolved = true;
+        id = std::move(value);
+        w = std::move(waiters);
+      }
+      for (auto& f : w) f(id);
+    }
+    void Then(std::function<void(const StatusOr<std::string>&)> f) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!resolved) {
+          waiters.push_back(std::move(f));
+          return;
+        }
+      }
+      f(id);
+    }
+  };
+
+  struct Message {
+    uint64_t seq = 0;
+    std::string rid;
+    Clock::time_point arrival;
+    v1::SegmentRequest request;
+    v1::SegmentResponse response;
+    CallControlPtr control;
+    std::shared_ptr<CurrentImage> image;  // produced (names an image) or consumed (omits it)
+    bool names_image = false;
+    bool ready = false;
+  };
+
+  // Requires mu_. Takes read_buf_ into a new message in read order.
+  Message* AcceptLocked();
+
+  // Requires mu_: the next write, read or the end of the stream.
+  void ScheduleLocked(Actions* a);
+
+  // Validates the message (once, here at the edge) and hands it to the Pipeline.
+  void Process(Message* m);
+  void ProcessImpl(Message* m);
+  void Dispatch(Message* m, ImageTarget target, std::vector<PromptDraft> drafts);
+
+  // From any thread, once per message.
+  void Complete(Message* m, const Status& status);
+
+  MaskService* const service_;
+  grpc::CallbackServerContext* const context_;
+  const Backend backend_;
+  const std::string rid_;
+  const std::string peer_;
+  const Clock::time_point arrival_;
+  const Clock::time_point deadline_;
+  const std::shared_ptr<std::atomic<bool>> cancelled_flag_;
+
+  // Guards everything below, and read_buf_ between reads. gRPC operations are started only after
+  // it is released (see Actions).
+  std::mutex mu_;
+  v1::SegmentRequest read_buf_;
+  std::map<uint64_t, std::unique_ptr<Message>> pending_;  // by sequence number
+  uint64_t next_seq_ = 0, next_write_ = 0;
+  bool reading_ = false, reads_done_ = false, write_in_flight_ = false;
+  bool draining_ = false, cancelled_ = false, finished_ = false;
+  int starting_ = 0;  // decided reads/writes not yet started (see Actions)
+  std::shared_ptr<CurrentImage> current_;
+  uint64_t messages_ = 0;
+  std::string final_status_name_ = "UNKNOWN";
+};
+
+}  // namespace maskd::server
