@@ -16,6 +16,15 @@
 namespace maskd::server {
 namespace {
 
+// The flag's choices: "auto" and the enum table's names (model/api/enums.h).
+template <typename E, size_t N>
+std::vector<std::string> WithAuto(const std::array<EnumEntry<E>, N>& table) {
+  std::vector<std::string> names = {"auto"};
+  for (const auto& e : table)
+    if (std::string_view(e.name) != "auto") names.push_back(e.name);
+  return names;
+}
+
 std::string Lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
   return s;
@@ -111,8 +120,8 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->group(g_dev),
       "device");
   env(app.add_option("--precision", c.precision,
-                     "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16 or fp16")
-          ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}))
+                     "auto (bf16 on CUDA, fp32 on CPU), " + EnumNames(kPrecisions))
+          ->check(CLI::IsMember(WithAuto(kPrecisions)))
           ->capture_default_str()
           ->group(g_dev),
       "precision");
@@ -125,9 +134,8 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->group(g_dev),
       "fast");
   env(app.add_option("--attention", c.attention,
-                     "Encoder attention: auto, math, sdpa, sdpa-folded or fused (default: as --fast "
-                     "says)")
-          ->check(CLI::IsMember({"auto", "math", "sdpa", "sdpa-folded", "fused"}))
+                     "Encoder attention: " + EnumNames(kAttentionImpls) + " (default: as --fast says)")
+          ->check(CLI::IsMember(WithAuto(kAttentionImpls)))
           ->type_name("NAME")
           ->group(g_dev),
       "attention");

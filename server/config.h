@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/api/engine.h"
+#include "model/api/limits.h"
 #include "model/api/status.h"
 
 namespace maskd::server {
@@ -50,11 +51,20 @@ struct ServerConfig {
   int decode_queue_capacity = 256;
   int postprocess_threads = 0;
 
-  // Request limits (reported in GetInfo.limits).
-  uint64_t max_image_bytes = uint64_t{32} << 20;
-  uint64_t max_image_pixels = 64'000'000;
-  uint32_t max_prompts_per_request = 256;
-  uint32_t max_points_per_prompt = 64;
+  // Request limits (reported in GetInfo.limits); the defaults are the api's (model/api/limits.h).
+  uint64_t max_image_bytes = Limits{}.max_image_bytes;
+  uint64_t max_image_pixels = Limits{}.max_image_pixels;
+  uint32_t max_prompts_per_request = Limits{}.max_prompts_per_request;
+  uint32_t max_points_per_prompt = Limits{}.max_points_per_prompt;
+  // The limits above as the api's struct (the rest at their defaults).
+  Limits limits() const {
+    Limits l;
+    l.max_image_bytes = max_image_bytes;
+    l.max_image_pixels = max_image_pixels;
+    l.max_prompts_per_request = max_prompts_per_request;
+    l.max_points_per_prompt = max_points_per_prompt;
+    return l;
+  }
 
   // Logging and lifecycle.
   std::string log_level = "info";  // trace | debug | info | warn | error | critical | off

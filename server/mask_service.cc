@@ -160,8 +160,12 @@ grpc::ServerUnaryReactor* MaskService::Embed(grpc::CallbackServerContext* contex
       call->Finish(s, 1, 0, false);
       return call->reactor;
     }
-    backend.pipeline->Embed(*request, response, call->control, call->arrival,
-                            [call, response](Status s) { call->Finish(s, 1, 0, response->cached()); });
+    auto out = std::make_shared<ImageOutcome>();
+    backend.pipeline->Embed(ImageInputFrom(request->image()), call->control, call->arrival, out.get(),
+                            [call, out, response](Status s) {
+                              ToProto(*out, response);
+                              call->Finish(s, 1, 0, out->cached);
+                            });
   } catch (const std::exception& e) {
     call->Finish(Internal(std::string("unexpected exception in Embed: ") + e.what()), 1, 0, false);
   } catch (...) {
@@ -184,16 +188,16 @@ grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* cont
     }
     response->set_request_tag(request->request_tag());
     Status valid = ValidateSegmentOptions(*request, options_.limits);
-    ImageTarget target;
+    ImageInput target;
     if (valid.ok()) {
       switch (request->image_source_case()) {
         case v1::SegmentRequest::kImage:
           valid = ValidateImage(request->image(), options_.limits, "image");
-          target.image = &request->image();
+          target = ImageInputFrom(request->image());
           break;
         case v1::SegmentRequest::kImageId:
           valid = ValidateImageId(request->image_id(), "image_id");
-          target.image_id = request->image_id();
+          target = ImageInputFromId(request->image_id());
           break;
         case v1::SegmentRequest::IMAGE_SOURCE_NOT_SET:
           valid = InvalidArgument("image_source: neither image nor image_id is set (expected exactly "
@@ -211,10 +215,13 @@ grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* cont
       call->Finish(drafts.status(), 1, prompts, false, tag);
       return call->reactor;
     }
-    backend.pipeline->Segment(std::move(target), *request, std::move(*drafts), response,
-                              call->control, call->arrival, nullptr,
-                              [call, response, prompts, tag](Status s) {
-                                call->Finish(s, 1, prompts, response->cached(), tag);
+    auto out = std::make_shared<SegmentOutcome>();
+    backend.pipeline->Segment(std::move(target), std::move(*drafts),
+                              OutputFormatFrom(request->output_format()), call->control,
+                              call->arrival, out.get(), nullptr,
+                              [call, out, response, prompts, tag](Status s) {
+                                ToProto(*out, s, response);
+                                call->Finish(s, 1, prompts, out->image.cached, tag);
                               });
   } catch (const std::exception& e) {
     call->Finish(Internal(std::string("unexpected exception in Segment: ") + e.what()), 1, prompts,

@@ -21,7 +21,7 @@
 #include "maskd/v1/maskd.grpc.pb.h"
 #include "server/device_worker.h"
 #include "server/pipeline.h"
-#include "server/request_validation.h"
+#include "server/wire.h"
 #include "server/router.h"
 
 namespace maskd::server {

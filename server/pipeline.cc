@@ -16,10 +16,10 @@ struct Pipeline::Job {
   CallControlPtr control;
   Clock::time_point arrival;
   Clock::time_point enqueued;
-  ImageTarget image;
-  const v1::SegmentRequest* segment_request = nullptr;  // null for Embed
-  v1::SegmentResponse* segment_response = nullptr;
-  v1::EmbedResponse* embed_response = nullptr;
+  ImageInput image;
+  ImageOutcome* image_out = nullptr;   // Embed's outcome, or the image part of Segment's
+  SegmentOutcome* segment = nullptr;   // null for Embed
+  OutputFormat format = OutputFormat::kRle;
   std::vector<PromptDraft> drafts;
   OnImage on_image;
   Done done;
@@ -49,12 +49,13 @@ struct Pipeline::Job {
 
 namespace {
 
-MaskEncoding EncodingFor(v1::OutputFormat f) {
+MaskEncoding EncodingFor(OutputFormat f) {
   switch (f) {
-    case v1::OUTPUT_FORMAT_PNG: return MaskEncoding::kBitmask;
-    case v1::OUTPUT_FORMAT_LOW_RES_LOGITS: return MaskEncoding::kNone;
-    default: return MaskEncoding::kRle;
+    case OutputFormat::kPng: return MaskEncoding::kBitmask;
+    case OutputFormat::kLowResLogits: return MaskEncoding::kNone;
+    case OutputFormat::kRle: break;
   }
+  return MaskEncoding::kRle;
 }
 
 }  // namespace
@@ -67,27 +68,28 @@ Pipeline::Pipeline(PipelineOptions options, std::string model_identity, Router* 
       decode_pool_(decode_pool),
       post_pool_(post_pool) {}
 
-void Pipeline::Embed(const v1::EmbedRequest& request, v1::EmbedResponse* response,
-                     CallControlPtr control, Clock::time_point arrival, Done done) {
-  auto job = std::make_shared<Job>();
-  job->control = std::move(control);
-  job->arrival = arrival;
-  job->image.image = &request.image();
-  job->embed_response = response;
-  job->done = std::move(done);
-  Start(job);
-}
-
-void Pipeline::Segment(ImageTarget image, const v1::SegmentRequest& request,
-                       std::vector<PromptDraft> drafts, v1::SegmentResponse* response,
-                       CallControlPtr control, Clock::time_point arrival, OnImage on_image,
-                       Done done) {
+void Pipeline::Embed(ImageInput image, CallControlPtr control, Clock::time_point arrival,
+                     ImageOutcome* out, Done done) {
   auto job = std::make_shared<Job>();
   job->control = std::move(control);
   job->arrival = arrival;
   job->image = std::move(image);
-  job->segment_request = &request;
-  job->segment_response = response;
+  job->image_out = out;
+  job->done = std::move(done);
+  Start(job);
+}
+
+void Pipeline::Segment(ImageInput image, std::vector<PromptDraft> drafts, OutputFormat format,
+                       CallControlPtr control, Clock::time_point arrival, SegmentOutcome* out,
+                       OnImage on_image, Done done) {
+  auto job = std::make_shared<Job>();
+  job->control = std::move(control);
+  job->arrival = arrival;
+  job->image = std::move(image);
+  job->segment = out;
+  job->image_out = &out->image;
+  job->format = format;
+  out->format = format;
   job->drafts = std::move(drafts);
   job->on_image = std::move(on_image);
   job->done = std::move(done);
@@ -123,12 +125,12 @@ void Pipeline::Resolve(const JobPtr& job) {
   if (Status alive = job->control->Check(); !alive.ok()) return Finish(job, alive);
 
   std::string image_id;
-  const bool has_bytes = job->image.image != nullptr;
+  const bool has_bytes = job->image.has_bytes();
   if (has_bytes) {
     const Clock::time_point t0 = Clock::now();
-    const v1::Image& im = *job->image.image;
-    image_id = im.has_raw() ? ImageIdForRaw(identity_, im.raw().width(), im.raw().height(), im.raw().rgb())
-                            : ImageIdForEncoded(identity_, im.encoded());
+    const ImageInput& im = job->image;
+    image_id = im.kind == ImageInput::Kind::kRaw ? ImageIdForRaw(identity_, im.width, im.height, im.bytes)
+                                                 : ImageIdForEncoded(identity_, im.bytes);
     job->decode_us += MicrosSince(t0);
   } else {
     image_id = job->image.image_id;
@@ -142,7 +144,7 @@ void Pipeline::Resolve(const JobPtr& job) {
         return [this, job, w, join_time](StatusOr<CachedEmbeddingPtr> r) {
           // Waiting for another request's encode counts as encoder queueing for this call.
           job->encoder_queue_us = MicrosSince(join_time);
-          Guarded(job, [&] { OnResolved(job, w, std::move(r), /*cached=*/false); });
+          Guarded(job, [&] { OnResolved(job, std::move(r), /*cached=*/false); });
         };
       });
   static const char* kOutcome[] = {"hit", "joined another request's encode", "miss (encoding)",
@@ -152,18 +154,18 @@ void Pipeline::Resolve(const JobPtr& job) {
                 kOutcome[static_cast<int>(routed.acquired.outcome)]);
   switch (routed.acquired.outcome) {
     case EmbeddingCache::Outcome::kHit:
-      return OnResolved(job, routed.worker, routed.acquired.entry, /*cached=*/true);
+      return OnResolved(job, routed.acquired.entry, /*cached=*/true);
     case EmbeddingCache::Outcome::kJoined:
       return;  // the waiter continues
     case EmbeddingCache::Outcome::kPromote:
-      return OnResolved(job, routed.worker, routed.worker->cache().Promote(routed.acquired.flight),
+      return OnResolved(job, routed.worker->cache().Promote(routed.acquired.flight),
                         /*cached=*/true);
     case EmbeddingCache::Outcome::kLeader:
       return Lead(job, routed.worker, routed.acquired.flight, image_id);
     case EmbeddingCache::Outcome::kAbsent:
       break;
   }
-  OnResolved(job, nullptr,
+  OnResolved(job,
              NotFound("image_id = \"" + image_id +
                       "\" is not cached on this server (evicted, or never embedded here): re-send "
                       "the image bytes"),
@@ -174,7 +176,7 @@ void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
                     const std::shared_ptr<EmbeddingCache::Flight>& flight,
                     const std::string& image_id) {
   EmbeddingCache& cache = worker->cache();
-  auto fail = [&](Status s) { OnResolved(job, worker, cache.Complete(flight, std::move(s)), false); };
+  auto fail = [&](Status s) { OnResolved(job, cache.Complete(flight, std::move(s)), false); };
   // Decoding is wasted when the encoder would refuse the image anyway.
   if (!worker->encoder().HasRoom()) {
     QueueCounters q = worker->encoder().counters();
@@ -184,14 +186,14 @@ void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
   }
 
   const Clock::time_point t0 = Clock::now();
-  const v1::Image& im = *job->image.image;
+  const ImageInput& im = job->image;
   ImageLimits limits;
   limits.max_bytes = options_.limits.max_image_bytes;
   limits.max_pixels = options_.limits.max_image_pixels;
   limits.max_side = options_.limits.max_image_side;
   StatusOr<ImageRGB8> decoded =
-      im.has_raw() ? ImageFromRaw(im.raw().width(), im.raw().height(), im.raw().rgb(), limits, "image.raw")
-                   : DecodeImage(im.encoded(), limits, "image.encoded");
+      im.kind == ImageInput::Kind::kRaw ? ImageFromRaw(im.width, im.height, im.bytes, limits, "image.raw")
+                                        : DecodeImage(im.bytes, limits, "image.encoded");
   if (!decoded.ok()) {
     job->decode_us += MicrosSince(t0);
     return fail(decoded.status());
@@ -227,15 +229,14 @@ void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
           v.embedding = std::move(*embedding);
           value = std::move(v);
         }
-        OnResolved(job, worker, worker->cache().Complete(flight, std::move(value)), false);
+        OnResolved(job, worker->cache().Complete(flight, std::move(value)), false);
       });
     });
   };
   if (Status s = worker->encoder().Submit(std::move(request)); !s.ok()) fail(s);
 }
 
-void Pipeline::OnResolved(const JobPtr& job, DeviceWorker* worker,
-                          StatusOr<CachedEmbeddingPtr> entry, bool cached) {
+void Pipeline::OnResolved(const JobPtr& job, StatusOr<CachedEmbeddingPtr> entry, bool cached) {
   if (entry.ok()) {
     ReportImage(job, (*entry)->image_id);
   } else {
@@ -245,20 +246,13 @@ void Pipeline::OnResolved(const JobPtr& job, DeviceWorker* worker,
   job->entry = *entry;
   job->cached = cached;
   const CachedEmbedding& e = **entry;
-  if (job->embed_response) {
-    job->embed_response->set_image_id(e.image_id);
-    job->embed_response->set_width(e.geometry.width);
-    job->embed_response->set_height(e.geometry.height);
-    job->embed_response->set_cached(cached);
-    return Finish(job, Status::Ok());
-  }
-  v1::SegmentResponse* r = job->segment_response;
-  r->set_image_id(e.image_id);
-  r->set_width(e.geometry.width);
-  r->set_height(e.geometry.height);
-  r->set_cached(cached);
+  ImageOutcome* out = job->image_out;
+  out->image_id = e.image_id;
+  out->width = e.geometry.width;
+  out->height = e.geometry.height;
+  out->cached = cached;
+  if (job->segment == nullptr) return Finish(job, Status::Ok());
   if (job->drafts.empty()) return Finish(job, Status::Ok());
-  (void)worker;
   StartDecode(job);
 }
 
@@ -289,9 +283,8 @@ Status Pipeline::BuildDecodeItems(const JobPtr& job, std::vector<DecodeItem>* it
       spec.mask_input = stored->logits;
       spec.mask_input_index = static_cast<int>(index);
     } else if (d.mask == PromptDraft::Mask::kLogits) {
-      StatusOr<std::shared_ptr<const MaskLogits>> logits = worker->engine().MakeMaskLogits(
-          d.logits->values().data(), static_cast<int>(d.logits->height()),
-          static_cast<int>(d.logits->width()));
+      StatusOr<std::shared_ptr<const MaskLogits>> logits =
+          worker->engine().MakeMaskLogits(d.logits, kLowResSide, kLowResSide);
       if (!logits.ok()) {
         return Status(logits.status().code(),
                       field + ".mask_input.logits: " + logits.status().message());
@@ -320,7 +313,7 @@ void Pipeline::StartDecode(const JobPtr& job) {
                                          "request has " + std::to_string(items.size()) +
                                          "): retry with backoff"));
   }
-  for (size_t i = 0; i < items.size(); ++i) job->segment_response->add_results();
+  job->segment->results.resize(items.size());
 
   const size_t chunk = std::max<size_t>(1, decoder.max_prompts());
   const size_t n_chunks = (items.size() + chunk - 1) / chunk;
@@ -374,7 +367,7 @@ Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
                                   const std::vector<DecodedPrompt>& decoded) {
   DeviceWorker* worker = job->worker.load();
   const CachedEmbedding& e = *job->entry;
-  const v1::OutputFormat format = job->segment_request->output_format();
+  const OutputFormat format = job->format;
   const MaskEncoding encoding = EncodingFor(format);
   std::vector<PostprocessItem> items;
   items.reserve(decoded.size());
@@ -406,7 +399,7 @@ Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
       return Internal("Engine::Postprocess returned " + std::to_string(md.size()) + " masks for a " +
                       "prompt with " + std::to_string(d.scores.size()) + " scores");
     }
-    v1::PromptResult* pr = job->segment_response->mutable_results(static_cast<int>(first + k));
+    PromptResult& pr = job->segment->results[first + k];
     const int best = static_cast<int>(std::max_element(d.scores.begin(), d.scores.end()) -
                                       d.scores.begin());
     StoredResult stored;
@@ -415,29 +408,22 @@ Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
     stored.num_masks = static_cast<int>(d.scores.size());
     stored.best_index = best;
     stored.bytes = d.logits->bytes();
-    pr->set_result_id(worker->results().Put(std::move(stored)));
-    pr->set_best_index(static_cast<uint32_t>(best));
+    pr.result_id = worker->results().Put(std::move(stored));
+    pr.best_index = static_cast<uint32_t>(best);
     std::vector<float> low_res;
-    if (format == v1::OUTPUT_FORMAT_LOW_RES_LOGITS) low_res = d.logits->ToFloat();
+    if (format == OutputFormat::kLowResLogits) low_res = d.logits->ToFloat();
     const size_t plane = static_cast<size_t>(d.logits->height()) * d.logits->width();
+    pr.masks.resize(md.size());
     for (size_t m = 0; m < md.size(); ++m) {
-      v1::MaskResult* mr = pr->add_masks();
-      mr->set_score(d.scores[m]);
-      mr->set_stability_score(md[m].stability_score);
-      v1::BoundingBox* bb = mr->mutable_bbox();
-      bb->set_x(md[m].bbox[0]);
-      bb->set_y(md[m].bbox[1]);
-      bb->set_width(md[m].bbox[2]);
-      bb->set_height(md[m].bbox[3]);
-      mr->set_area(md[m].area);
+      MaskResult& mr = pr.masks[m];
+      mr.score = d.scores[m];
+      mr.stability_score = md[m].stability_score;
+      mr.bbox = md[m].bbox;
+      mr.area = md[m].area;
       switch (encoding) {
-        case MaskEncoding::kRle: {
-          v1::CocoRle* rle = mr->mutable_rle();
-          rle->add_size(static_cast<uint32_t>(h));
-          rle->add_size(static_cast<uint32_t>(w));
-          rle->set_counts(RleCountsToString(md[m].rle_counts));
+        case MaskEncoding::kRle:
+          mr.rle_counts = RleCountsToString(md[m].rle_counts);
           break;
-        }
         case MaskEncoding::kBitmask: {
           if (md[m].bitmask.size() != static_cast<size_t>(w) * h) {
             return Internal("Engine::Postprocess returned a bitmask of " +
@@ -446,7 +432,7 @@ Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
           }
           StatusOr<std::string> png = EncodePngMask(md[m].bitmask.data(), w, h, options_.png);
           if (!png.ok()) return png.status();
-          mr->set_png(std::move(*png));
+          mr.png = std::move(*png);
           break;
         }
         case MaskEncoding::kNone: {
@@ -454,10 +440,12 @@ Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
             return Internal("MaskLogits::ToFloat returned " + std::to_string(low_res.size()) +
                             " values for " + std::to_string(md.size()) + " masks");
           }
-          v1::LowResLogits* l = mr->mutable_low_res_logits();
-          l->set_width(static_cast<uint32_t>(d.logits->width()));
-          l->set_height(static_cast<uint32_t>(d.logits->height()));
-          l->mutable_values()->Add(low_res.begin() + m * plane, low_res.begin() + (m + 1) * plane);
+          if (d.logits->width() != d.logits->height()) {
+            return Internal("MaskLogits are " + std::to_string(d.logits->width()) + " x " +
+                            std::to_string(d.logits->height()) + " (expected square low-res logits)");
+          }
+          mr.low_res_side = d.logits->width();
+          mr.low_res_logits.assign(low_res.begin() + m * plane, low_res.begin() + (m + 1) * plane);
           break;
         }
       }
@@ -494,16 +482,15 @@ void Pipeline::Finish(const JobPtr& job, Status status) {
     return;
   }
   const uint64_t total_us = MicrosSince(job->arrival);
-  v1::CallTiming* t = job->embed_response ? job->embed_response->mutable_timing()
-                                          : job->segment_response->mutable_timing();
-  t->set_decode_us(job->decode_us);
-  t->set_encoder_queue_us(job->encoder_queue_us);
-  t->set_encoder_compute_us(job->encoder_compute_us);
-  t->set_decoder_queue_us(job->decoder_queue_us);
-  t->set_decoder_compute_us(job->decoder_compute_us);
-  t->set_postprocess_us(job->postprocess_us);
-  t->set_total_us(total_us);
-  if (job->segment_response && !status.ok()) job->segment_response->clear_results();
+  CallTiming& t = job->image_out->timing;
+  t.decode_us = job->decode_us;
+  t.encoder_queue_us = job->encoder_queue_us;
+  t.encoder_compute_us = job->encoder_compute_us;
+  t.decoder_queue_us = job->decoder_queue_us;
+  t.decoder_compute_us = job->decoder_compute_us;
+  t.postprocess_us = job->postprocess_us;
+  t.total_us = total_us;
+  if (job->segment && !status.ok()) job->segment->results.clear();
   if (DeviceWorker* w = job->worker.load()) {
     w->stages()[Stage::kDecodeQueue].Add(job->decode_queue_us);
     w->stages()[Stage::kTotal].Add(total_us);

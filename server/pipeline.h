@@ -9,7 +9,8 @@
 //           --> post-processing pool: Engine::Postprocess, RLE strings / PNGs / logits, result ids
 //           --> done(status)
 //
-// Every entry point returns at once; `done` is called exactly once, from some pool thread.
+// Every entry point returns at once; `done` is called exactly once, from some pool thread. It
+// speaks values only (server/values.h): the handlers convert messages with server/wire.h.
 #pragma once
 
 #include <functional>
@@ -17,26 +18,20 @@
 #include <string>
 #include <vector>
 
-#include "maskd/v1/maskd.pb.h"
 #include "model/io/image_codec.h"
+#include "model/api/limits.h"
 #include "model/api/status.h"
 #include "server/call_control.h"
-#include "server/request_validation.h"
 #include "server/router.h"
 #include "server/thread_pool.h"
+#include "server/values.h"
 
 namespace maskd::server {
 
 struct PipelineOptions {
-  RequestLimits limits;
+  Limits limits;
   // Masks compress well at any level; level 1 keeps PNG output cheap.
   PngOptions png{1};
-};
-
-// The image a request is about: bytes/raw pixels (hashed, decoded on a miss) or a known image_id.
-struct ImageTarget {
-  const v1::Image* image = nullptr;  // must outlive the call
-  std::string image_id;              // when image is null
 };
 
 class Pipeline {
@@ -50,12 +45,12 @@ class Pipeline {
   Pipeline(PipelineOptions options, std::string model_identity, Router* router,
            ThreadPool* decode_pool, ThreadPool* post_pool);
 
-  // `request`/`response` must stay valid until `done` runs.
-  void Embed(const v1::EmbedRequest& request, v1::EmbedResponse* response, CallControlPtr control,
-             Clock::time_point arrival, Done done);
-  // `drafts` come from ValidatePrompts(request.prompts()); an empty list only sets the image.
-  void Segment(ImageTarget image, const v1::SegmentRequest& request, std::vector<PromptDraft> drafts,
-               v1::SegmentResponse* response, CallControlPtr control, Clock::time_point arrival,
+  // `image`'s views and `out` must stay valid until `done` runs; `out` is complete when it does.
+  void Embed(ImageInput image, CallControlPtr control, Clock::time_point arrival, ImageOutcome* out,
+             Done done);
+  // `drafts` come from ValidatePrompts; an empty list only sets the image.
+  void Segment(ImageInput image, std::vector<PromptDraft> drafts, OutputFormat format,
+               CallControlPtr control, Clock::time_point arrival, SegmentOutcome* out,
                OnImage on_image, Done done);
 
   const PipelineOptions& options() const { return options_; }
@@ -69,8 +64,7 @@ class Pipeline {
   void Resolve(const JobPtr& job);
   void Lead(const JobPtr& job, DeviceWorker* worker,
             const std::shared_ptr<EmbeddingCache::Flight>& flight, const std::string& image_id);
-  void OnResolved(const JobPtr& job, DeviceWorker* worker, StatusOr<CachedEmbeddingPtr> entry,
-                  bool cached);
+  void OnResolved(const JobPtr& job, StatusOr<CachedEmbeddingPtr> entry, bool cached);
   void StartDecode(const JobPtr& job);
   Status BuildDecodeItems(const JobPtr& job, std::vector<DecodeItem>* items);
   void Postprocess(const JobPtr& job, size_t first, std::vector<DecodedPrompt> decoded,

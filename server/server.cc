@@ -38,10 +38,7 @@ Status MaskServer::StartListening() {
   checkpoint_ = *checkpoint;
 
   ServiceOptions so;
-  so.limits.max_image_bytes = config_.max_image_bytes;
-  so.limits.max_image_pixels = config_.max_image_pixels;
-  so.limits.max_prompts_per_request = config_.max_prompts_per_request;
-  so.limits.max_points_per_prompt = config_.max_points_per_prompt;
+  so.limits = config_.limits();
   so.access_log = config_.access_log;
   so.version = std::string(MASKD_VERSION) + " (" + MASKD_GIT_REVISION + ")";
   so.checkpoint_label = checkpoint_.demo() ? "builtin-demo" : checkpoint_.path;
@@ -53,9 +50,9 @@ Status MaskServer::StartListening() {
   builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);
   builder.RegisterService(service_.get());
   // The largest request: a raw image at the pixel limit (or an encoded one at the byte limit) plus
-  // client logits (256 x 256 floats) for every prompt.
+  // client logits (kLowResSide^2 floats) for every prompt.
   const uint64_t image = std::max<uint64_t>(config_.max_image_bytes, config_.max_image_pixels * 3);
-  const uint64_t prompts = uint64_t{config_.max_prompts_per_request} * (256 * 256 * 4 + 4096);
+  const uint64_t prompts = uint64_t{config_.max_prompts_per_request} * (kLowResSide * kLowResSide * 4 + 4096);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<uint64_t>(INT_MAX, image + prompts + (uint64_t{1} << 20))));
   builder.SetMaxSendMessageSize(INT_MAX);
@@ -159,10 +156,7 @@ Status MaskServer::LoadAndServe() {
   post_pool_ = std::make_unique<ThreadPool>("postprocess",
                                             ResolvedThreads(config_.postprocess_threads), 0);
   PipelineOptions po;
-  po.limits.max_image_bytes = config_.max_image_bytes;
-  po.limits.max_image_pixels = config_.max_image_pixels;
-  po.limits.max_prompts_per_request = config_.max_prompts_per_request;
-  po.limits.max_points_per_prompt = config_.max_points_per_prompt;
+  po.limits = config_.limits();
   pipeline_ = std::make_unique<Pipeline>(po, identity, router_.get(), decode_pool_.get(),
                                          post_pool_.get());
   {

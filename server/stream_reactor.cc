@@ -198,15 +198,15 @@ void StreamReactor::ProcessImpl(Message* m) {
       ValidatePrompts(m->request.prompts(), limits, /*allow_empty=*/m->names_image);
   if (!drafts.ok()) return fail(drafts.status());
 
-  ImageTarget target;
+  ImageInput target;
   switch (m->request.image_source_case()) {
     case v1::SegmentRequest::kImage:
       if (Status s = ValidateImage(m->request.image(), limits, "image"); !s.ok()) return fail(s);
-      target.image = &m->request.image();
+      target = ImageInputFrom(m->request.image());
       break;
     case v1::SegmentRequest::kImageId:
       if (Status s = ValidateImageId(m->request.image_id(), "image_id"); !s.ok()) return fail(s);
-      target.image_id = m->request.image_id();
+      target = ImageInputFromId(m->request.image_id());
       m->image->Resolve(target.image_id);
       break;
     case v1::SegmentRequest::IMAGE_SOURCE_NOT_SET: {
@@ -224,9 +224,7 @@ void StreamReactor::ProcessImpl(Message* m) {
                                         std::to_string(from) + ") is not available: " +
                                         id.status().message()));
         }
-        ImageTarget t;
-        t.image_id = *id;
-        Dispatch(m, std::move(t), std::move(*drafts_ptr));
+        Dispatch(m, ImageInputFromId(*id), std::move(*drafts_ptr));
       });
       return;
     }
@@ -234,18 +232,20 @@ void StreamReactor::ProcessImpl(Message* m) {
   Dispatch(m, std::move(target), std::move(*drafts));
 }
 
-void StreamReactor::Dispatch(Message* m, ImageTarget target, std::vector<PromptDraft> drafts) {
+void StreamReactor::Dispatch(Message* m, ImageInput target, std::vector<PromptDraft> drafts) {
   Pipeline::OnImage on_image;
-  if (m->names_image && target.image != nullptr) {
+  if (m->names_image && target.has_bytes()) {
     std::shared_ptr<CurrentImage> cur = m->image;
     on_image = [cur](StatusOr<std::string> id) { cur->Resolve(std::move(id)); };
   }
-  backend_.pipeline->Segment(std::move(target), m->request, std::move(drafts), &m->response,
-                             m->control, m->arrival, std::move(on_image),
-                             [this, m](Status s) { Complete(m, s); });
+  m->dispatched = true;
+  backend_.pipeline->Segment(std::move(target), std::move(drafts),
+                             OutputFormatFrom(m->request.output_format()), m->control, m->arrival,
+                             &m->outcome, std::move(on_image), [this, m](Status s) { Complete(m, s); });
 }
 
 void StreamReactor::Complete(Message* m, const Status& status) {
+  if (m->dispatched) ToProto(m->outcome, status, &m->response);
   if (!status.ok()) {
     m->response.clear_results();
     v1::StreamError* e = m->response.mutable_error();

@@ -16,7 +16,7 @@
 #include "maskd/v1/maskd.grpc.pb.h"
 #include "server/mask_service.h"
 #include "server/pipeline.h"
-#include "server/request_validation.h"
+#include "server/wire.h"
 
 namespace maskd::server {
 
@@ -94,6 +94,9 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
     std::shared_ptr<CurrentImage> image;  // produced (names an image) or consumed (omits it)
     bool names_image = false;
     bool ready = false;
+    // What the pipeline answered (once dispatched), converted into `response` by Complete.
+    SegmentOutcome outcome;
+    bool dispatched = false;
   };
 
   // Requires mu_. Takes read_buf_ into a new message in read order.
@@ -105,7 +108,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
   // Validates the message (once, here at the edge) and hands it to the Pipeline.
   void Process(Message* m);
   void ProcessImpl(Message* m);
-  void Dispatch(Message* m, ImageTarget target, std::vector<PromptDraft> drafts);
+  void Dispatch(Message* m, ImageInput target, std::vector<PromptDraft> drafts);
 
   // From any thread, once per message.
   void Complete(Message* m, const Status& status);

@@ -1,9 +1,10 @@
-#include "server/request_validation.h"
+#include "server/wire.h"
 
 #include <cmath>
 
 #include "model/io/image_codec.h"
 #include "model/io/image_id.h"
+#include "model/io/rle.h"
 
 namespace maskd::server {
 namespace {
@@ -160,7 +161,7 @@ StatusOr<std::vector<PromptDraft>> ValidatePrompts(
                                    " is set with logits (expected it only with result_id)");
           }
           d.mask = PromptDraft::Mask::kLogits;
-          d.logits = &l;
+          d.logits = l.values().data();
           break;
         }
         case v1::MaskInput::SOURCE_NOT_SET:
@@ -184,6 +185,102 @@ Status ValidateSegmentOptions(const v1::SegmentRequest& request, const RequestLi
                            ")");
   }
   return Status::Ok();
+}
+
+ImageInput ImageInputFrom(const v1::Image& image) {
+  ImageInput in;
+  if (image.has_raw()) {
+    in.kind = ImageInput::Kind::kRaw;
+    in.width = image.raw().width();
+    in.height = image.raw().height();
+    in.bytes = image.raw().rgb();
+  } else {
+    in.kind = ImageInput::Kind::kEncoded;
+    in.bytes = image.encoded();
+  }
+  return in;
+}
+
+ImageInput ImageInputFromId(const std::string& image_id) {
+  ImageInput in;
+  in.kind = ImageInput::Kind::kId;
+  in.image_id = image_id;
+  return in;
+}
+
+OutputFormat OutputFormatFrom(v1::OutputFormat format) {
+  switch (format) {
+    case v1::OUTPUT_FORMAT_PNG: return OutputFormat::kPng;
+    case v1::OUTPUT_FORMAT_LOW_RES_LOGITS: return OutputFormat::kLowResLogits;
+    default: return OutputFormat::kRle;  // UNSPECIFIED and COCO_RLE
+  }
+}
+
+namespace {
+
+void TimingToProto(const CallTiming& t, v1::CallTiming* p) {
+  p->set_decode_us(t.decode_us);
+  p->set_encoder_queue_us(t.encoder_queue_us);
+  p->set_encoder_compute_us(t.encoder_compute_us);
+  p->set_decoder_queue_us(t.decoder_queue_us);
+  p->set_decoder_compute_us(t.decoder_compute_us);
+  p->set_postprocess_us(t.postprocess_us);
+  p->set_total_us(t.total_us);
+}
+
+}  // namespace
+
+void ToProto(const ImageOutcome& o, v1::EmbedResponse* r) {
+  r->set_image_id(o.image_id);
+  r->set_width(o.width);
+  r->set_height(o.height);
+  r->set_cached(o.cached);
+  TimingToProto(o.timing, r->mutable_timing());
+}
+
+void ToProto(const SegmentOutcome& o, const Status& status, v1::SegmentResponse* r) {
+  r->set_image_id(o.image.image_id);
+  r->set_width(o.image.width);
+  r->set_height(o.image.height);
+  r->set_cached(o.image.cached);
+  TimingToProto(o.image.timing, r->mutable_timing());
+  r->clear_results();
+  if (!status.ok()) return;
+  for (const PromptResult& p : o.results) {
+    v1::PromptResult* pr = r->add_results();
+    pr->set_result_id(p.result_id);
+    pr->set_best_index(p.best_index);
+    for (const MaskResult& m : p.masks) {
+      v1::MaskResult* mr = pr->add_masks();
+      mr->set_score(m.score);
+      mr->set_stability_score(m.stability_score);
+      v1::BoundingBox* bb = mr->mutable_bbox();
+      bb->set_x(m.bbox[0]);
+      bb->set_y(m.bbox[1]);
+      bb->set_width(m.bbox[2]);
+      bb->set_height(m.bbox[3]);
+      mr->set_area(m.area);
+      switch (o.format) {
+        case OutputFormat::kRle: {
+          v1::CocoRle* rle = mr->mutable_rle();
+          rle->add_size(static_cast<uint32_t>(o.image.height));
+          rle->add_size(static_cast<uint32_t>(o.image.width));
+          rle->set_counts(m.rle_counts);
+          break;
+        }
+        case OutputFormat::kPng:
+          mr->set_png(m.png);
+          break;
+        case OutputFormat::kLowResLogits: {
+          v1::LowResLogits* l = mr->mutable_low_res_logits();
+          l->set_width(static_cast<uint32_t>(m.low_res_side));
+          l->set_height(static_cast<uint32_t>(m.low_res_side));
+          l->mutable_values()->Add(m.low_res_logits.begin(), m.low_res_logits.end());
+          break;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace maskd::server

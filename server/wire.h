@@ -1,8 +1,9 @@
-// Checks of incoming requests that need neither the image nor the engine, done on the handler thread
-// so that a malformed request fails at once. Every message names the field, its value and what was
-// expected (e.g. "prompts[3].points has 70 points (expected at most 64: limits.max_points_per_prompt)").
-// Prompt geometry against the image size is checked later with maskd::ValidatePrompt, once the
-// image's size is known.
+// The wire edge: the one place that maps maskd.v1 protobuf messages to the values the pipeline
+// speaks (server/values.h) and back. Requests are checked here, once, with the api's limits and
+// rules, on the handler thread so that a malformed request fails at once. Every message names the
+// field, its value and what was expected (e.g. "prompts[3].points has 70 points (expected at most
+// 64: limits.max_points_per_prompt)"). Prompt geometry against the image size needs the image and is
+// checked with maskd::ValidatePrompt (model/api/prompt.h) when the pipeline knows it.
 #pragma once
 
 #include <cstdint>
@@ -14,21 +15,12 @@
 #include "model/api/engine.h"
 #include "model/api/limits.h"
 #include "model/api/status.h"
+#include "server/values.h"
 
 namespace maskd::server {
 
 // The api's limits (model/api/limits.h): one struct, one set of defaults.
 using RequestLimits = Limits;
-
-// A prompt whose structure has been checked; geometry and mask inputs are resolved later.
-struct PromptDraft {
-  PromptSpec spec;  // points, box, multimask (mask_input not yet set)
-  enum class Mask { kNone, kResult, kLogits };
-  Mask mask = Mask::kNone;
-  std::string result_id;
-  std::optional<uint32_t> mask_index;
-  const v1::LowResLogits* logits = nullptr;  // points into the request message
-};
 
 // Exactly one of encoded/raw; encoded: non-empty, within max_image_bytes, a known format; raw:
 // sides 1 .. max_image_side, max_image_pixels, exactly width * height * 3 bytes.
@@ -41,5 +33,14 @@ StatusOr<std::vector<PromptDraft>> ValidatePrompts(
     bool allow_empty);
 // output_format and request_tag.
 Status ValidateSegmentOptions(const v1::SegmentRequest& request, const RequestLimits& limits);
+
+// Requests to values (after the checks above). The views point into the message.
+ImageInput ImageInputFrom(const v1::Image& image);
+ImageInput ImageInputFromId(const std::string& image_id);
+OutputFormat OutputFormatFrom(v1::OutputFormat format);
+
+// Values to responses. Results are written only when `status` is OK (a failed call has none).
+void ToProto(const ImageOutcome& outcome, v1::EmbedResponse* response);
+void ToProto(const SegmentOutcome& outcome, const Status& status, v1::SegmentResponse* response);
 
 }  // namespace maskd::server
