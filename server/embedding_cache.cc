@@ -242,18 +242,4 @@ CacheCounters EmbeddingCache::counters() const {
   return c;
 }
 
-void EmbeddingCache::Clear() {
-  std::vector<std::string> evicted;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [id, entry] : entries_) evicted.push_back(id);
-    entries_.clear();
-    device_lru_.clear();
-    host_lru_.clear();
-    device_bytes_ = host_bytes_ = demoting_bytes_ = 0;
-    counters_.evictions += evicted.size();
-  }
-  NotifyEvicted(evicted);
-}
-
 }  // namespace maskd::server

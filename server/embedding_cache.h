@@ -100,8 +100,6 @@ class EmbeddingCache {
   Status FlightAlive(const std::shared_ptr<Flight>& flight) const;
 
   CacheCounters counters() const;
-  // Evicts everything (tests, shutdown).
-  void Clear();
 
  private:
   enum class Tier { kDevice, kHost };

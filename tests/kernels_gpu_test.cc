@@ -298,18 +298,23 @@ void RunPostprocess(at::ScalarType dtype, uint64_t seed) {
   ExpectMasksMatch(out, ref, geo);
 }
 
-TEST(kernels_gpu, MaskPostprocessMatchesReferenceFloat32) {
+// One case per logits dtype, each with a seed of its own.
+struct PostprocessCase {
+  at::ScalarType dtype;
+  uint64_t seed;
+};
+class MaskPostprocessByDtype : public ::testing::TestWithParam<PostprocessCase> {};
+
+TEST_P(MaskPostprocessByDtype, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  RunPostprocess(at::kFloat, 31);
+  RunPostprocess(GetParam().dtype, GetParam().seed);
 }
-TEST(kernels_gpu, MaskPostprocessMatchesReferenceBf16) {
-  SKIP_WITHOUT_GPU();
-  RunPostprocess(at::kBFloat16, 41);
-}
-TEST(kernels_gpu, MaskPostprocessMatchesReferenceFp16) {
-  SKIP_WITHOUT_GPU();
-  RunPostprocess(at::kHalf, 51);
-}
+INSTANTIATE_TEST_SUITE_P(kernels_gpu, MaskPostprocessByDtype,
+                         ::testing::Values(PostprocessCase{at::kFloat, 31}, PostprocessCase{at::kBFloat16, 41},
+                                           PostprocessCase{at::kHalf, 51}),
+                         [](const ::testing::TestParamInfo<PostprocessCase>& info) {
+                           return std::string(c10::toString(info.param.dtype));
+                         });
 
 TEST(kernels_gpu, MaskPostprocessManyRunsAndStatsOnly) {
   SKIP_WITHOUT_GPU();

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "model/api/engine.h"
+#include "model/fast_linear.h"
 #include "model/golden.h"
 #include "tests/golden_dir.h"
 
@@ -283,10 +284,40 @@ TEST(EngineCuda, Int8AndSparseStayCloseToBf16) {
     const double rel = RelL2((*emb)[0]->ToFloat(), ref);
     std::printf("vit_b %s vs bf16 dense: embedding rel L2 %.3e (random weights: a numerical-error bound only)\n",
                 mode == 0 ? "int8" : "2:4 sparse", rel);
-    // int8 per-token/per-channel rounding is a few percent; pruning half the weights of random
-    // (not sparsity-trained) layers changes the function much more: bound it loosely.
-    EXPECT_LT(rel, mode == 0 ? 0.1 : 1.0);
+    // int8 per-token/per-channel rounding is a few percent. Pruning half the weights of random
+    // (not sparsity-trained) layers changes the function itself: 0.766 on the H200 runs of
+    // bench/results/2026-12-02-*; 1.0 would also pass an all-zero embedding, so the bound sits just
+    // above the measured value. That the sparse GEMM computes the pruned layer exactly is checked
+    // per layer in Sparse24LinearEqualsTheDenseLinearOfThePrunedWeight.
+    EXPECT_LT(rel, mode == 0 ? 0.1 : 0.85);
   }
+}
+
+TEST(EngineCuda, Sparse24LinearEqualsTheDenseLinearOfThePrunedWeight) {
+  REQUIRE_CUDA();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(24);
+  torch::nn::Linear linear(torch::nn::LinearOptions(256, 128).bias(true));
+  linear->to(at::Device(at::kCUDA), at::kBFloat16);
+  const at::Tensor x = at::randn({64, 256}, at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA));
+  const at::Tensor w = linear->weight;
+  const at::Tensor mask = Prune24(w);
+  // Two of every four consecutive inputs survive, and they are the two largest |w|.
+  const at::Tensor kept = mask.to(at::kFloat).view({128, 64, 4}).sum(-1);
+  EXPECT_TRUE(at::equal(kept, at::full_like(kept, 2))) << "not a 2:4 pattern";
+  const at::Tensor mag = w.abs().to(at::kFloat).view({128, 64, 4});
+  const at::Tensor m4 = mask.to(at::kBool).view({128, 64, 4});
+  const at::Tensor min_kept = at::where(m4, mag, at::full_like(mag, INFINITY)).amin(-1);
+  const at::Tensor max_dropped = at::where(m4, at::full_like(mag, -INFINITY), mag).amax(-1);
+  EXPECT_TRUE((min_kept >= max_dropped).all().item<bool>()) << "a dropped weight is larger than a kept one";
+  const auto sparse = MakeSparse24Linear(linear);
+  ASSERT_TRUE(sparse);
+  const at::Tensor y = sparse->Forward(x).to(at::kFloat);
+  const at::Tensor expect = at::linear(x.to(at::kFloat), (w * mask.to(w.dtype())).to(at::kFloat),
+                                       linear->bias.to(at::kFloat));
+  // bf16 inputs, fp32 accumulation in both; the output rounding to bf16 is ~2^-8 relative.
+  const double rel = (y - expect).norm().item<double>() / expect.norm().item<double>();
+  EXPECT_LT(rel, 1e-2);
 }
 
 }  // namespace
