@@ -263,6 +263,16 @@ void ExpectMasksMatch(const mk::MaskPostprocessOutput& out, const mk::MaskPostpr
     EXPECT_LE(differing, kMaxDifferingPixelsPerMask);
     EXPECT_LE(std::abs(out.area[m].item<int64_t>() - ref.area[m].item<int64_t>()), differing);
     EXPECT_EQ(out.area[m].item<int64_t>(), bm.sum().item<int64_t>());  // self-consistent
+    // The box is the bitmask's own tight box (x, y, width, height; zeros when empty), whether or not
+    // the mask matches the reference: no box value is left unchecked (or poisoned).
+    const at::Tensor grid = bm.view({oh, ow}) != 0;
+    const at::Tensor rows = grid.any(1).nonzero(), cols = grid.any(0).nonzero();
+    std::array<int64_t, 4> box{0, 0, 0, 0};
+    if (rows.numel() > 0) {
+      const int64_t x0 = cols.min().item<int64_t>(), y0 = rows.min().item<int64_t>();
+      box = {x0, y0, cols.max().item<int64_t>() - x0 + 1, rows.max().item<int64_t>() - y0 + 1};
+    }
+    for (int k = 0; k < 4; ++k) EXPECT_EQ(out.bbox[m][k].item<int64_t>(), box[k]) << "bbox[" << k << "]";
     // Stability counts pixels past +-1; a pixel within rounding of +-1 moves it by 1 / count.
     EXPECT_NEAR(out.stability[m].item<float>(), ref.stability[m].item<float>(), 1e-4);
     const int64_t r0 = out.rle_offsets[m].item<int64_t>(), r1 = out.rle_offsets[m + 1].item<int64_t>();
