@@ -37,7 +37,8 @@ struct ServerConfig {
   int encoder_max_batch = 8;
   int64_t encoder_queue_delay_us = 2000;
   int encoder_queue_capacity = 64;
-  int decoder_max_prompts = 256;
+  // One request's prompts fit one decoder batch by default.
+  int decoder_max_prompts = static_cast<int>(Limits{}.max_prompts_per_request);
   int64_t decoder_queue_delay_us = 500;
   int decoder_queue_capacity = 8192;
 

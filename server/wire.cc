@@ -143,7 +143,8 @@ StatusOr<std::vector<PromptDraft>> ValidatePrompts(
           const v1::LowResLogits& l = m.logits();
           if (l.width() != kLowResSide || l.height() != kLowResSide) {
             return InvalidArgument(mf + ".logits is " + std::to_string(l.width()) + " x " +
-                                   std::to_string(l.height()) + " (expected 256 x 256)");
+                                   std::to_string(l.height()) + " (expected " + std::to_string(kLowResSide) + " x " +
+                                   std::to_string(kLowResSide) + ")");
           }
           const size_t want = static_cast<size_t>(kLowResSide) * kLowResSide;
           if (static_cast<size_t>(l.values_size()) != want) {
