@@ -15,7 +15,9 @@
 
 #include <array>
 #include <cmath>
+#include <cctype>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -130,17 +132,25 @@ const std::vector<AttnCase>& AttnCases() {
   return cases;
 }
 
-TEST(kernels_gpu, RelPosAttentionMatchesReferenceBf16) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 100;
-  for (const AttnCase& c : AttnCases()) RunAttentionCase(c, at::kBFloat16, seed += 10);
-}
+// One test per (dtype, shape), seeds as before: 110, 120, ... for bf16, 210, 220, ... for fp16.
+class RelPosAttentionByCase : public ::testing::TestWithParam<std::tuple<at::ScalarType, size_t>> {};
 
-TEST(kernels_gpu, RelPosAttentionMatchesReferenceFp16) {
+TEST_P(RelPosAttentionByCase, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  uint64_t seed = 200;
-  for (const AttnCase& c : AttnCases()) RunAttentionCase(c, at::kHalf, seed += 10);
+  const auto [dtype, index] = GetParam();
+  const uint64_t base = dtype == at::kBFloat16 ? 100 : 200;
+  RunAttentionCase(AttnCases()[index], dtype, base + 10 * (index + 1));
 }
+INSTANTIATE_TEST_SUITE_P(
+    kernels_gpu, RelPosAttentionByCase,
+    ::testing::Combine(::testing::Values(at::kBFloat16, at::kHalf),
+                       ::testing::Range<size_t>(0, AttnCases().size())),
+    [](const ::testing::TestParamInfo<std::tuple<at::ScalarType, size_t>>& info) {
+      std::string n = CaseName(AttnCases()[std::get<1>(info.param)], std::get<0>(info.param));
+      for (char& ch : n)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return n;
+    });
 
 TEST(kernels_gpu, RelPosAttentionIsDeterministicAndUsesTheGivenStream) {
   SKIP_WITHOUT_GPU();
