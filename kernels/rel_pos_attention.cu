@@ -212,13 +212,14 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
     for (int r = warp; r < kRows; r += kWarps) {
       const int row = q0 + r;
       float* const dst = smem_bias + r * bias_pitch;
+      const int64_t qr = row / gw, qc = row % gw;
+      const int64_t rw_row = rw_base + qr * p.rel_w_stride[2] + qc * p.rel_w_stride[3];
+      const int64_t rh_row = rh_base + qr * p.rel_h_stride[2] + qc * p.rel_h_stride[3];
       for (int c = lane; c < gw + gh; c += 32) {
         float val = 0.0f;
         if (row < n) {
-          val = c < gw ? LoadAsFloat<T>(p.rel_w, rw_base + row * p.rel_w_stride[2] + c,
-                                        p.rel_is_float32)
-                       : LoadAsFloat<T>(p.rel_h, rh_base + row * p.rel_h_stride[2] + (c - gw),
-                                        p.rel_is_float32);
+          val = c < gw ? LoadAsFloat<T>(p.rel_w, rw_row + c, p.rel_is_float32)
+                       : LoadAsFloat<T>(p.rel_h, rh_row + (c - gw), p.rel_is_float32);
         }
         dst[c] = val * kLog2e;
       }

@@ -116,6 +116,8 @@ FastPathOptions FastPathOptions::Fast() {
   f.cuda_graphs = true;
   f.gpu_preprocess = true;
   f.gpu_postprocess = true;
+  f.fuse_encoder_ops = true;
+  f.gelu_epilogue = true;
   return f;
 }
 
@@ -436,6 +438,10 @@ Status EngineImpl::PrepareFastPath() {
   if (attn == AttentionImpl::kFused && options_.precision == Precision::kFloat32)
     return InvalidArgument("attention 'fused' runs in bf16 or fp16, not fp32");
   sam_->image_encoder->SetAttention(attn);
+  // Both CUDA-only in effect (on CPU the fused kernels would run their LibTorch references).
+  sam_->image_encoder->SetFusion(cuda && f.fuse_encoder_ops, cuda && f.gelu_epilogue);
+  if (cuda && f.fuse_encoder_ops) optimisations_.push_back("fused-encoder-ops");
+  if (cuda && f.fuse_encoder_ops && f.gelu_epilogue) optimisations_.push_back("gelu-epilogue");
   for (auto& b : sam_->image_encoder->block_list) b->attn->fold_pad_v = !cuda;
   if (attn != AttentionImpl::kMath) optimisations_.push_back(AttentionImplName(attn));
   if (cuda && options_.precision != Precision::kFloat32) {

@@ -50,6 +50,16 @@ at::Tensor MlpBlockImpl::forward(const at::Tensor& x) {
   return LinearForward(lin2, lin2_fast, h);
 }
 
+at::Tensor MlpBlockImpl::ForwardFused(const at::Tensor& x, bool gelu_epilogue) {
+  if (!gelu_epilogue || lin1_fast || lin2_fast) return forward(x);
+  std::vector<int64_t> shape = x.sizes().vec();
+  const at::Tensor x2 = x.reshape({-1, shape.back()});
+  const at::Tensor h = at::_addmm_activation(lin1->bias, x2, lin1->weight.t(), 1, 1, /*use_gelu=*/true);
+  const at::Tensor y = at::addmm(lin2->bias, h, lin2->weight.t());
+  shape.back() = y.size(1);
+  return y.view(shape);
+}
+
 at::Tensor GetRelPos(int64_t q_size, int64_t k_size, const at::Tensor& rel_pos) {
   const int64_t max_rel_dist = 2 * std::max(q_size, k_size) - 1;
   at::Tensor resized = rel_pos;
@@ -93,6 +103,7 @@ void RelPosAttentionImpl::Prepare() {
   onehot.index_put_({j, j.div(grid, "floor")}, 1);
   onehot.index_put_({j, grid + j.remainder(grid)}, 1);
   key_onehot_ = onehot;
+  rev_tables_ = kernels::ReversedRelPosTables(Rh_, Rw_);
 }
 
 // rel_h[b, h, i, k] = sum_c q[b, h, i, c] R_h[row(i), k, c] (and rel_w by column), from the unscaled q.
@@ -165,9 +176,14 @@ at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
       break;
     }
     case AttentionImpl::kFused: {
-      at::Tensor rel_h, rel_w;
-      RelTables(q, &rel_h, &rel_w);
-      out = kernels::RelPosAttention(q, k, v, rel_h, rel_w, H, W, scale);
+      if (rel_pos_gemm) {
+        const kernels::RelPosTerms t = kernels::RelPosTables(q, rev_tables_, H, W);
+        out = kernels::RelPosAttention(q, k, v, t.rel_h, t.rel_w, H, W, scale);
+      } else {
+        at::Tensor rel_h, rel_w;
+        RelTables(q, &rel_h, &rel_w);
+        out = kernels::RelPosAttention(q, k, v, rel_h, rel_w, H, W, scale);
+      }
       break;
     }
   }
@@ -206,6 +222,17 @@ at::Tensor EncoderBlockImpl::forward(const at::Tensor& x0) {
   return x + mlp->forward(norm2->forward(x));
 }
 
+at::Tensor EncoderBlockImpl::ForwardFused(at::Tensor& x, const at::Tensor& pending, bool gelu_epilogue) {
+  // norm1 (+ the previous block's residual) written straight into the window layout, attention,
+  // then the un-partitioned attention output added to the residual stream together with norm2.
+  const at::Tensor xn = kernels::AddLayerNorm(x, pending, 0, norm1->weight, norm1->bias,
+                                              norm1->options.eps(), window_size);
+  const at::Tensor a = attn->forward(xn).contiguous();
+  const at::Tensor xn2 = kernels::AddLayerNorm(x, a, window_size, norm2->weight, norm2->bias,
+                                               norm2->options.eps(), 0);
+  return mlp->ForwardFused(xn2, gelu_epilogue);
+}
+
 ImageEncoderViTImpl::ImageEncoderViTImpl(const SamConfig& c) {
   patch_embed = register_module("patch_embed", PatchEmbed(c.patch_size, c.in_chans, c.embed_dim));
   pos_embed = register_parameter("pos_embed", torch::zeros({1, c.grid_size(), c.grid_size(), c.embed_dim}));
@@ -234,10 +261,26 @@ void ImageEncoderViTImpl::Prepare() {
   for (auto& b : block_list) b->attn->Prepare();
 }
 
+void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu) {
+  fused_ops = fused;
+  gelu_epilogue = fused && gelu;
+  for (auto& b : block_list) b->attn->rel_pos_gemm = fused;
+}
+
 at::Tensor ImageEncoderViTImpl::forward(const at::Tensor& input) {
-  at::Tensor x = patch_embed->forward(input);
-  x = x + pos_embed;
-  for (auto& b : block_list) x = b->forward(x);
+  const at::Tensor patches = patch_embed->forward(input);
+  if (!fused_ops) {
+    at::Tensor x = patches + pos_embed;
+    for (auto& b : block_list) x = b->forward(x);
+    return neck->forward(x.permute({0, 3, 1, 2}));
+  }
+  // The residual stream must be contiguous for the fused kernels: add into a fresh buffer (the
+  // patch embedding is a permuted NCHW view).
+  at::Tensor x = at::empty(patches.sizes(), patches.options());
+  at::add_out(x, patches, pos_embed);
+  at::Tensor pending;
+  for (auto& b : block_list) pending = b->ForwardFused(x, pending, gelu_epilogue);
+  if (pending.defined()) x.add_(pending);
   return neck->forward(x.permute({0, 3, 1, 2}));
 }
 

@@ -1,0 +1,144 @@
+// The encoder's fused element-wise kernel (AddLayerNorm) and the fused attention reading the skewed
+// rel-pos views, each against its LibTorch reference on fresh random inputs (never zeros), with the
+// outputs poisoned first (see kernels_gpu_test.cc: a NaN block is freed right before the call, so
+// the caching allocator hands it out again and an unwritten element fails as non-finite).
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+
+namespace mk = maskd::kernels;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                     \
+  do {                                                                         \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";        \
+    if (!mk::BuiltWithCuda()) GTEST_SKIP() << "built without MASKD_WITH_CUDA"; \
+  } while (0)
+
+const at::Device kCuda(at::kCUDA, 0);
+
+at::Tensor Randn(at::IntArrayRef sizes, uint64_t seed, at::ScalarType t, double std = 1.0, double mean = 0) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return (at::randn(sizes, gen, at::kFloat) * std + mean).to(kCuda, t);
+}
+
+void Poison(int64_t bytes) {
+  at::Tensor p = at::full({bytes / 4 + 1}, 0x7fc07fc0, at::TensorOptions().device(kCuda).dtype(at::kInt));
+  (void)p;
+}
+
+struct Err {
+  double rel_l2, max_abs;
+  bool finite;
+};
+Err Compare(const at::Tensor& out, const at::Tensor& ref) {
+  const at::Tensor o = out.to(at::kDouble), r = ref.to(at::kDouble);
+  return {(o - r).norm().item<double>() / r.norm().item<double>(), (o - r).abs().max().item<double>(),
+          o.isfinite().all().item<bool>()};
+}
+
+struct LnCase {
+  int64_t B, H, W, C, delta_window, out_window;
+  bool with_delta;
+};
+
+std::string Name(const LnCase& c, at::ScalarType t) {
+  return std::to_string(c.B) + "x" + std::to_string(c.H) + "x" + std::to_string(c.W) + "x" + std::to_string(c.C) +
+         " delta_window " + std::to_string(c.delta_window) + " out_window " + std::to_string(c.out_window) +
+         (c.with_delta ? " +delta " : " ") + c10::toString(t);
+}
+
+// Tolerances against the same arithmetic in LibTorch (fp32 statistics; only the summation order
+// differs, then both round to the output type): bf16 <= 1 ulp of |y| <= ~5 (max abs 4e-2, rel L2
+// 4e-3); fp16 max abs 5e-3; fp32 1e-4. The residual sum x + delta rounds identically: exact.
+double MaxAbsTol(at::ScalarType t) { return t == at::kBFloat16 ? 4e-2 : t == at::kHalf ? 5e-3 : 1e-4; }
+double RelTol(at::ScalarType t) { return t == at::kBFloat16 ? 4e-3 : t == at::kHalf ? 1e-3 : 1e-5; }
+
+TEST(kernels_fusion_gpu, AddLayerNormMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<LnCase> cases = {
+      {2, 64, 64, 768, 0, 14, true},    // vit_b norm1: residual from the MLP, windowed output
+      {2, 64, 64, 768, 14, 0, true},    // vit_b norm2: windowed attention output un-partitioned
+      {2, 64, 64, 1280, 0, 0, true},    // vit_h global block
+      {1, 64, 64, 1024, 0, 14, false},  // vit_l first block: no pending residual
+      {2, 10, 13, 96, 4, 4, true},      // generic kernel (C not a multiple of 256), both windowed
+      {1, 7, 9, 256, 0, 3, true},       // vector kernel, tiny grid with heavy padding
+  };
+  uint64_t seed = 100;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (const LnCase& c : cases) {
+      SCOPED_TRACE(Name(c, t));
+      const at::Tensor x0 = Randn({c.B, c.H, c.W, c.C}, ++seed, t, 2.0, 0.5);
+      const at::Tensor w = Randn({c.C}, ++seed, t), b = Randn({c.C}, ++seed, t);
+      at::Tensor delta;
+      if (c.with_delta) {
+        const at::Tensor d = Randn({c.B, c.H, c.W, c.C}, ++seed, t);
+        delta = c.delta_window > 0 ? mk::WindowPartition(d, c.delta_window).contiguous() : d;
+      }
+      at::Tensor x_ref = x0.clone();
+      const at::Tensor ref = mk::AddLayerNormReference(x_ref, delta, c.delta_window, w, b, 1e-6, c.out_window);
+      at::Tensor x = x0.clone();
+      Poison(ref.numel() * 4 + (1 << 20));
+      const at::Tensor out = mk::AddLayerNorm(x, delta, c.delta_window, w, b, 1e-6, c.out_window);
+      ASSERT_EQ(out.sizes(), ref.sizes());
+      const Err e = Compare(out, ref);
+      EXPECT_TRUE(e.finite) << "unwritten (NaN-poisoned) or non-finite outputs";
+      EXPECT_LE(e.max_abs, MaxAbsTol(t));
+      EXPECT_LE(e.rel_l2, RelTol(t));
+      EXPECT_TRUE(at::equal(x, x_ref)) << "the residual stream must round exactly like x + delta";
+      if (c.out_window > 0) {
+        // Padding tokens are exact zeros.
+        const at::Tensor pad = mk::WindowPartition(at::ones({c.B, c.H, c.W, 1}, x.options()), c.out_window) == 0;
+        EXPECT_EQ(out.masked_select(pad.expand_as(out)).abs().sum().item<double>(), 0.0);
+      }
+    }
+  }
+}
+
+TEST(kernels_fusion_gpu, RelPosAttentionReadsTheSkewedTablesLikeGatheredOnes) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t B, H, g, D;
+  };
+  uint64_t seed = 500;
+  for (const Case& c : std::vector<Case>{{8, 12, 14, 64}, {2, 16, 14, 80}, {1, 12, 64, 64}, {1, 16, 64, 80}}) {
+    SCOPED_TRACE(std::to_string(c.B) + "x" + std::to_string(c.H) + " grid " + std::to_string(c.g) + " D " +
+                 std::to_string(c.D));
+    const int64_t N = c.g * c.g;
+    const at::ScalarType t = at::kBFloat16;
+    const at::Tensor qkv = Randn({c.B, N, 3, c.H, c.D}, ++seed, t);
+    const at::Tensor qkv_p = qkv.permute({2, 0, 3, 1, 4});
+    const at::Tensor q = qkv_p[0], k = qkv_p[1], v = qkv_p[2];
+    const at::Tensor Rh = Randn({c.g, c.g, c.D}, ++seed, t, 0.3), Rw = Randn({c.g, c.g, c.D}, ++seed, t, 0.3);
+    const mk::RelPosTerms terms = mk::RelPosTables(q, mk::ReversedRelPosTables(Rh, Rw), c.g, c.g);
+    // The gathered tables as SAM computes them (einsum), as plain 4-D tensors.
+    const at::Tensor r_q = q.reshape({c.B, c.H, c.g, c.g, c.D}).to(at::kFloat);
+    const at::Tensor rel_h = at::einsum("bnhwc,hkc->bnhwk", {r_q, Rh.to(at::kFloat)}).reshape({c.B, c.H, N, c.g});
+    const at::Tensor rel_w = at::einsum("bnhwc,wkc->bnhwk", {r_q, Rw.to(at::kFloat)}).reshape({c.B, c.H, N, c.g});
+    // The skewed terms equal the einsums up to bf16 rounding of the product.
+    EXPECT_LE(Compare(terms.rel_h, rel_h.view({c.B, c.H, c.g, c.g, c.g})).rel_l2, 8e-3);
+    EXPECT_LE(Compare(terms.rel_w, rel_w.view({c.B, c.H, c.g, c.g, c.g})).rel_l2, 8e-3);
+    // The kernel on the skewed views against the reference on the same values, and against the
+    // kernel on contiguous copies of them (the same function of the same numbers: exact).
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    const at::Tensor ref = mk::RelPosAttentionReference(q, k, v, terms.rel_h, terms.rel_w, c.g, c.g, scale);
+    Poison(ref.numel() * 4 + (1 << 20));
+    const at::Tensor out = mk::RelPosAttention(q, k, v, terms.rel_h, terms.rel_w, c.g, c.g, scale);
+    const Err e = Compare(out, ref);
+    EXPECT_TRUE(e.finite);
+    EXPECT_LE(e.rel_l2, 1.5e-2);
+    EXPECT_LE(e.max_abs, 4e-2);
+    const at::Tensor out4 = mk::RelPosAttention(q, k, v, terms.rel_h.reshape({c.B, c.H, N, c.g}).contiguous(),
+                                                terms.rel_w.reshape({c.B, c.H, N, c.g}).contiguous(), c.g, c.g, scale);
+    EXPECT_TRUE(at::equal(out, out4));
+  }
+}
+
+}  // namespace
