@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/launchers.h"
 
@@ -414,7 +415,16 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
 
 // Large sequences (global attention) get 8 warps (128 query rows: half the K/V smem traffic per
 // row); short ones (14x14 windows) 4 warps, which wastes fewer rows on the partial last tile.
-inline int WarpsFor(int seq) { return seq >= 1024 ? 8 : 4; }
+// MASKD_RELPOS_WINDOW_WARPS=8 runs the short (windowed) sequences with 8 warps too: a benchmarking
+// knob (the choice is measured, see BENCHMARKS.md), read once per process.
+inline int WindowWarps() {
+  static const int warps = [] {
+    const char* e = std::getenv("MASKD_RELPOS_WINDOW_WARPS");
+    return e != nullptr && std::atoi(e) == 8 ? 8 : 4;
+  }();
+  return warps;
+}
+inline int WarpsFor(int seq) { return seq >= 1024 ? 8 : WindowWarps(); }
 
 constexpr int kMaxSmemPerBlock = 227 * 1024;
 constexpr int kMaxDevices = 64;

@@ -439,9 +439,11 @@ Status EngineImpl::PrepareFastPath() {
     return InvalidArgument("attention 'fused' runs in bf16 or fp16, not fp32");
   sam_->image_encoder->SetAttention(attn);
   // Both CUDA-only in effect (on CPU the fused kernels would run their LibTorch references).
-  sam_->image_encoder->SetFusion(cuda && f.fuse_encoder_ops, cuda && f.gelu_epilogue);
+  // The GELU epilogue is an approximation: never in fp32, which promises the original's arithmetic.
+  const bool gelu = cuda && f.fuse_encoder_ops && f.gelu_epilogue && options_.precision != Precision::kFloat32;
+  sam_->image_encoder->SetFusion(cuda && f.fuse_encoder_ops, gelu);
   if (cuda && f.fuse_encoder_ops) optimisations_.push_back("fused-encoder-ops");
-  if (cuda && f.fuse_encoder_ops && f.gelu_epilogue) optimisations_.push_back("gelu-epilogue");
+  if (gelu) optimisations_.push_back("gelu-epilogue");
   for (auto& b : sam_->image_encoder->block_list) b->attn->fold_pad_v = !cuda;
   if (attn != AttentionImpl::kMath) optimisations_.push_back(AttentionImplName(attn));
   if (cuda && options_.precision != Precision::kFloat32) {

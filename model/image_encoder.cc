@@ -50,6 +50,16 @@ at::Tensor MlpBlockImpl::forward(const at::Tensor& x) {
   return LinearForward(lin2, lin2_fast, h);
 }
 
+namespace {
+// linear over [..., in] as one 2-D GEMM (bias in the epilogue), viewed back to [..., out].
+at::Tensor FlatLinear(torch::nn::Linear& linear, const std::shared_ptr<FastLinear>& fast, const at::Tensor& x) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  const at::Tensor y = LinearForward(linear, fast, x.reshape({-1, shape.back()}));
+  shape.back() = y.size(-1);
+  return y.view(shape);
+}
+}  // namespace
+
 at::Tensor MlpBlockImpl::ForwardFused(const at::Tensor& x, bool gelu_epilogue) {
   if (!gelu_epilogue || lin1_fast || lin2_fast) return forward(x);
   std::vector<int64_t> shape = x.sizes().vec();
@@ -120,8 +130,8 @@ at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
               "x", W);
   const int64_t N = H * W;
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  const at::Tensor qkv_out =
-      LinearForward(qkv, qkv_fast, x).reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
+  const at::Tensor qkv_lin = flat_linear ? FlatLinear(qkv, qkv_fast, x) : LinearForward(qkv, qkv_fast, x);
+  const at::Tensor qkv_out = qkv_lin.reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
   at::Tensor q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];  // [B, heads, N, hd] views
   at::Tensor out;                                              // [B, N, heads, hd] or [B*heads, N, hd]
   switch (impl) {
@@ -187,7 +197,8 @@ at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
       break;
     }
   }
-  return LinearForward(proj, proj_fast, out.reshape({B, H, W, C}));
+  const at::Tensor o = out.reshape({B, H, W, C});
+  return flat_linear ? FlatLinear(proj, proj_fast, o) : LinearForward(proj, proj_fast, o);
 }
 
 EncoderBlockImpl::EncoderBlockImpl(const SamConfig& c, int64_t window) : window_size(window) {
@@ -264,7 +275,10 @@ void ImageEncoderViTImpl::Prepare() {
 void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu) {
   fused_ops = fused;
   gelu_epilogue = fused && gelu;
-  for (auto& b : block_list) b->attn->rel_pos_gemm = fused;
+  for (auto& b : block_list) {
+    b->attn->rel_pos_gemm = fused;
+    b->attn->flat_linear = fused;
+  }
 }
 
 at::Tensor ImageEncoderViTImpl::forward(const at::Tensor& input) {

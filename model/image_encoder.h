@@ -68,6 +68,10 @@ struct RelPosAttentionImpl : torch::nn::Module {
   // kFused: the rel-pos terms as one matmul read through skewed views (kernels::RelPosTables)
   // instead of two einsums over gathered tables.
   bool rel_pos_gemm = false;
+  // qkv and proj as 2-D GEMMs over all tokens ([B*H*W, C]): at::linear folds only 2-D/3-D inputs
+  // into one addmm with the bias in the cuBLASLt epilogue; a 4-D input gets a matmul and a separate
+  // broadcast bias add. Set with the fused path (the unfused one keeps the original's arithmetic).
+  bool flat_linear = false;
   int64_t num_heads, head_dim, grid;
 
  private:

@@ -116,7 +116,11 @@ TEST(kernels_fusion_gpu, RelPosAttentionReadsTheSkewedTablesLikeGatheredOnes) {
     const at::Tensor qkv = Randn({c.B, N, 3, c.H, c.D}, ++seed, t);
     const at::Tensor qkv_p = qkv.permute({2, 0, 3, 1, 4});
     const at::Tensor q = qkv_p[0], k = qkv_p[1], v = qkv_p[2];
-    const at::Tensor Rh = Randn({c.g, c.g, c.D}, ++seed, t, 0.3), Rw = Randn({c.g, c.g, c.D}, ++seed, t, 0.3);
+    // Gathered tables as get_rel_pos makes them: R[r, k] = table[r - k + g - 1].
+    const at::Tensor r = at::arange(c.g, at::TensorOptions().dtype(at::kLong).device(kCuda));
+    const at::Tensor idx = r.unsqueeze(1) - r.unsqueeze(0) + (c.g - 1);
+    const at::Tensor Rh = Randn({2 * c.g - 1, c.D}, ++seed, t, 0.3).index({idx});
+    const at::Tensor Rw = Randn({2 * c.g - 1, c.D}, ++seed, t, 0.3).index({idx});
     const mk::RelPosTerms terms = mk::RelPosTables(q, mk::ReversedRelPosTables(Rh, Rw), c.g, c.g);
     // The gathered tables as SAM computes them (einsum), as plain 4-D tensors.
     const at::Tensor r_q = q.reshape({c.B, c.H, c.g, c.g, c.D}).to(at::kFloat);

@@ -5,8 +5,10 @@
 # At most 8 files come back from $OUT: the logs below plus misc.tar (build log, environment, traces).
 #
 # Carried (ignored) paths: .gpu-debs, .carry/golden/tiny (../shared/golden/tiny-one), .carry/anchors.
-#   scripts/gpu-host/encoder-perf.sh            env: MASKBENCH_ARGS (extra flags), ANCHORS_SET (quick|all|amg|none),
-#                                               STEPS (default "build tests golden bench anchors")
+#   scripts/gpu-host/encoder-perf.sh
+# Environment: STEPS (default "build tests golden bench anchors"; also "warps"), MASKBENCH_ROWS (row
+# name substrings, comma-separated), MASKBENCH_BATCHES (1,8,32), PROFILE_ROWS (rows to profile; none
+# by default), MASKBENCH_ARGS (more flags), ANCHORS_SET (quick|all|amg|none).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-out}
@@ -55,11 +57,22 @@ fi
 
 if has bench; then
   step maskbench
-  timeout ${MASKBENCH_TIMEOUT:-330} "$build/load_tests/maskbench" --arch vit_b,vit_h --batch 1,8,32 --fp32-batch 1 \
-    --json "$out/maskbench.json" --profile "$out/misc/traces" ${MASKBENCH_ARGS:-} > "$out/maskbench.log" 2>&1
+  rows=()
+  [ -n "${MASKBENCH_ROWS:-}" ] && rows=(--rows "$MASKBENCH_ROWS")
+  prof=()
+  [ -n "${PROFILE_ROWS:-}" ] && prof=(--profile "$out/misc/traces" --profile-rows "$PROFILE_ROWS")
+  timeout ${MASKBENCH_TIMEOUT:-330} "$build/load_tests/maskbench" --arch vit_b,vit_h --batch ${MASKBENCH_BATCHES:-1,8,32} \
+    --fp32-batch 1 --json "$out/maskbench.json" "${rows[@]}" "${prof[@]}" ${MASKBENCH_ARGS:-} > "$out/maskbench.log" 2>&1
   echo "maskbench rc=$?"; cat "$out/maskbench.log"
   mv "$out/misc/traces/profiles.txt" "$out/profiles.txt" 2>/dev/null
   grep -E "^===|^by kind|^gemm|^attention|^norm|^elementwise|^copy|^other|^kernel total" "$out/profiles.txt" 2>/dev/null | head -120
+fi
+
+if has warps; then
+  step "maskbench: windowed attention with 8 warps per CTA (MASKD_RELPOS_WINDOW_WARPS=8)"
+  MASKD_RELPOS_WINDOW_WARPS=8 timeout 200 "$build/load_tests/maskbench" --arch vit_b,vit_h --batch 32 --fp32-batch 1 \
+    --rows "GELU" --no-latency --json "$out/misc/maskbench-warps8.json" > "$out/maskbench-warps8.log" 2>&1
+  echo "rc=$?"; cat "$out/maskbench-warps8.log"
 fi
 
 if has anchors && [ "${ANCHORS_SET:-quick}" != none ]; then
