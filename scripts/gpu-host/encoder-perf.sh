@@ -68,19 +68,19 @@ if has bench; then
   grep -E "^===|^by kind|^gemm|^attention|^norm|^elementwise|^copy|^other|^kernel total" "$out/profiles.txt" 2>/dev/null | head -120
 fi
 
-if has warps; then
-  step "maskbench: windowed attention with 8 warps per CTA (MASKD_RELPOS_WINDOW_WARPS=8)"
-  MASKD_RELPOS_WINDOW_WARPS=8 timeout 200 "$build/load_tests/maskbench" --arch vit_b,vit_h --batch 32 --fp32-batch 1 \
-    --rows "GELU" --no-latency --json "$out/misc/maskbench-warps8.json" > "$out/maskbench-warps8.log" 2>&1
-  echo "rc=$?"; cat "$out/maskbench-warps8.log"
-fi
-
 if has anchors && [ "${ANCHORS_SET:-quick}" != none ]; then
   step "anchors (${ANCHORS_SET:-quick})"
   mkdir -p /tmp/anchors-out
   timeout ${ANCHORS_TIMEOUT:-480} bash .carry/anchors/run.sh /tmp/anchors-out "${ANCHORS_SET:-quick}"
   cp /tmp/anchors-out/RESULTS.txt "$out/anchors-RESULTS.txt" 2>/dev/null
   cp /tmp/anchors-out/anchors.log "$out/anchors.log" 2>/dev/null
+fi
+
+if has warps; then
+  step "maskbench: windowed attention with 8 warps per CTA (MASKD_RELPOS_WINDOW_WARPS=8)"
+  MASKD_RELPOS_WINDOW_WARPS=8 timeout 200 "$build/load_tests/maskbench" --arch vit_b,vit_h --batch 32 --fp32-batch 1 \
+    --rows "GELU" --no-latency --json "$out/misc/maskbench-warps8.json" > "$out/maskbench-warps8.log" 2>&1
+  echo "rc=$?"; cat "$out/maskbench-warps8.log"
 fi
 
 tar -C "$out" -cf "$out/misc.tar" misc && rm -rf "$out/misc"
