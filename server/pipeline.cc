@@ -272,13 +272,9 @@ Status Pipeline::BuildDecodeItems(const JobPtr& job, std::vector<DecodeItem>* it
     PromptSpec spec = d.spec;
     if (d.mask == PromptDraft::Mask::kResult) {
       const std::string f = field + ".mask_input.result_id";
-      StatusOr<StoredResult> stored = worker->results().Get(d.result_id, f);
+      // Scoped to this request's image: another image's result answers like an unknown id.
+      StatusOr<StoredResult> stored = worker->results().Get(d.result_id, f, e.image_id);
       if (!stored.ok()) return stored.status();
-      if (stored->image_id != e.image_id) {
-        return InvalidArgument(f + " = \"" + d.result_id + "\" is a result of image " +
-                               stored->image_id + ", not of this request's image " + e.image_id +
-                               " (expected a result of the same image)");
-      }
       const uint32_t index = d.mask_index ? *d.mask_index : static_cast<uint32_t>(stored->best_index);
       if (index >= static_cast<uint32_t>(stored->num_masks)) {
         return InvalidArgument(field + ".mask_input.mask_index = " + std::to_string(index) +

@@ -1,0 +1,201 @@
+// Regression tests for the server-facing findings of issue #14, each through a real gRPC connection
+// to a whole in-process server on an ephemeral loopback port (fake engines).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <regex>
+#include <set>
+
+#include <sys/wait.h>
+
+#include <spdlog/spdlog.h>
+
+#include "client/client.h"
+#include "model/image_codec.h"
+#include "server/result_store.h"
+#include "server/server.h"
+#include "tests/server_fake_engine.h"
+
+namespace maskd::server {
+namespace {
+
+using client::Client;
+using client::ClientOptions;
+using fake::FakeEngine;
+using fake::FakeEngineOptions;
+
+v1::Image EncodedPicture(int w, int h, int seed) {
+  ImageRGB8 im{w, h, std::vector<uint8_t>(static_cast<size_t>(w) * h * 3)};
+  for (size_t i = 0; i < im.pixels.size(); ++i) {
+    im.pixels[i] = static_cast<uint8_t>((i * 13 + static_cast<size_t>(seed) * 57) & 0xff);
+  }
+  v1::Image out;
+  out.set_encoded(*EncodePngRgb(im));
+  return out;
+}
+
+v1::Prompt Point(float x, float y) {
+  v1::Prompt p;
+  auto* pt = p.add_points();
+  pt->set_x(x);
+  pt->set_y(y);
+  pt->set_label(v1::POINT_LABEL_FOREGROUND);
+  return p;
+}
+
+ServerConfig TestConfig() {
+  ServerConfig c;
+  c.listen = "127.0.0.1:0";
+  c.models_dir = "/nonexistent-maskd-test-models";
+  c.device = "cpu:0";
+  c.encoder_queue_delay_us = 0;
+  c.decoder_queue_delay_us = 0;
+  c.decode_threads = 1;
+  c.postprocess_threads = 1;
+  c.shutdown_grace_s = 2;
+  return c;
+}
+
+EngineFactory FakeFactory() {
+  return [](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
+    FakeEngineOptions fo;
+    fo.device = eo.device;
+    return std::unique_ptr<Engine>(std::make_unique<FakeEngine>(fo));
+  };
+}
+
+// A loaded server with fake engines and a client connected to it.
+struct TestServer {
+  explicit TestServer(ServerConfig c = TestConfig()) : server(c, FakeFactory(), 0) {
+    spdlog::set_level(spdlog::level::err);
+    Status s = server.Start();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    ClientOptions co;
+    co.target = "127.0.0.1:" + std::to_string(server.port());
+    co.timeout = std::chrono::milliseconds(20000);
+    client = std::make_unique<Client>(co);
+  }
+  ~TestServer() { server.Shutdown(); }
+  MaskServer server;
+  std::unique_ptr<Client> client;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 1: result ids are unguessable and scoped to their image.
+
+TEST(HardeningResultIds, AreHex128BitAndNeverRepeat) {
+  ResultStore a(1 << 20), b(1 << 20);
+  const std::regex shape("r[0-9a-f]{32}");
+  std::set<std::string> seen;
+  for (int i = 0; i < 200; ++i) {
+    for (ResultStore* store : {&a, &b}) {
+      StoredResult r;
+      r.image_id = "img";
+      r.bytes = 1;
+      const std::string id = store->Put(r);
+      EXPECT_TRUE(std::regex_match(id, shape)) << id;
+      EXPECT_TRUE(seen.insert(id).second) << "repeated id " << id;
+    }
+  }
+}
+
+TEST(HardeningResultIds, ForeignImageLooksExactlyLikeAnUnknownId) {
+  ResultStore store(1 << 20);
+  StoredResult r;
+  r.image_id = "image-of-client-a";
+  r.bytes = 1;
+  const std::string id = store.Put(r);
+  EXPECT_TRUE(store.Get(id, "f", "image-of-client-a").ok());
+  auto foreign = store.Get(id, "f", "image-of-client-b");
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_EQ(foreign.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(foreign.status().message().find("image-of-client-a"), std::string::npos);
+}
+
+TEST(HardeningResultIds, AnotherImagesResultIsNotFoundWithTheUnknownIdMessage) {
+  TestServer t;
+  // Client A segments its image and gets a result id.
+  v1::SegmentRequest a;
+  *a.mutable_image() = EncodedPicture(40, 30, 1);
+  *a.add_prompts() = Point(10, 10);
+  auto ra = t.client->Segment(a);
+  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+  const std::string stolen = ra->results(0).result_id();
+  ASSERT_FALSE(stolen.empty());
+
+  // Client B uses it on its own image, and then an id that never existed.
+  auto ask = [&](const std::string& result_id) {
+    v1::SegmentRequest b;
+    *b.mutable_image() = EncodedPicture(32, 32, 2);
+    v1::Prompt p = Point(5, 5);
+    p.mutable_mask_input()->set_result_id(result_id);
+    *b.add_prompts() = p;
+    return t.client->Segment(b);
+  };
+  auto with_stolen = ask(stolen);
+  const std::string never = "r" + std::string(32, '0');
+  auto with_unknown = ask(never);
+  ASSERT_FALSE(with_stolen.ok());
+  ASSERT_FALSE(with_unknown.ok());
+  EXPECT_EQ(with_stolen.status().code(), StatusCode::kNotFound) << with_stolen.status().ToString();
+  EXPECT_EQ(with_unknown.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(with_stolen.status().message().find(ra->image_id()), std::string::npos)
+      << with_stolen.status().message();
+  // Same answer except for the echoed id: nothing tells B that the id exists.
+  std::string normalised = with_stolen.status().message();
+  normalised.replace(normalised.find(stolen), stolen.size(), never);
+  EXPECT_EQ(normalised, with_unknown.status().message());
+
+  // Client A can still refine with it on its own image.
+  v1::SegmentRequest again;
+  again.set_image_id(ra->image_id());
+  v1::Prompt p = Point(12, 12);
+  p.mutable_mask_input()->set_result_id(stolen);
+  *again.add_prompts() = p;
+  auto own = t.client->Segment(again);
+  EXPECT_TRUE(own.ok()) << own.status().ToString();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 2: a second server on a port that is in use fails instead of sharing it (SO_REUSEPORT).
+
+TEST(HardeningListen, SecondServerOnTheSamePortFails) {
+  TestServer first;
+  ASSERT_GT(first.server.port(), 0);
+  ServerConfig c = TestConfig();
+  c.listen = "127.0.0.1:" + std::to_string(first.server.port());
+  MaskServer second(c, FakeFactory(), 0);
+  Status s = second.StartListening();
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("address already in use"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(c.listen), std::string::npos) << s.message();
+  // The first one still answers.
+  EXPECT_TRUE(first.client->GetInfo().ok());
+}
+
+TEST(HardeningListen, BinaryExitsNonZeroWhenThePortIsTaken) {
+  const std::string binary = std::string(MASKD_BINARY_DIR) + "/server/maskd";
+  ASSERT_EQ(access(binary.c_str(), X_OK), 0) << binary << " is not built";
+  TestServer first;
+  const std::string listen = "127.0.0.1:" + std::to_string(first.server.port());
+  // The port is checked before the model loads, so the demo model (no checkpoint) is enough.
+  // `timeout`: should the bind wrongly succeed, the server must not keep the test waiting forever.
+  const std::string cmd = "timeout 60 " + binary +
+                          " --models-dir /nonexistent-maskd-test-models --device cpu --listen " +
+                          listen + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string log;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) log.append(buf, n);
+  const int status = pclose(p);
+  ASSERT_TRUE(WIFEXITED(status)) << log;
+  EXPECT_NE(WEXITSTATUS(status), 0) << log;
+  EXPECT_NE(log.find("address already in use"), std::string::npos) << log;
+  EXPECT_TRUE(first.client->GetInfo().ok());
+}
+
+}  // namespace
+}  // namespace maskd::server
