@@ -51,6 +51,9 @@ Status MaskServer::StartListening() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);
+  // gRPC sets SO_REUSEPORT by default, so a second maskd on the same port would start "fine" and
+  // silently take a share of the first one's connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service_.get());
   // The largest request: a raw image at the pixel limit (or an encoded one at the byte limit) plus
   // client logits (256 x 256 floats) for every prompt.
@@ -63,7 +66,8 @@ Status MaskServer::StartListening() {
   if (!grpc_server_ || port_ == 0) {
     grpc_server_.reset();
     return Unavailable("--listen = \"" + config_.listen +
-                       "\" could not be bound (in use, or not an address of this machine)");
+                       "\" could not be bound: address already in use (another maskd or program "
+                       "listens there), or not an address of this machine (expected a free port)");
   }
   SetHealth(false);
   address_ = listen->first + ":" + std::to_string(port_);
