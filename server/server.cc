@@ -31,6 +31,7 @@ void MaskServer::SetHealth(bool serving) {
 }
 
 Status MaskServer::StartListening() {
+  MASKD_RETURN_IF_ERROR(ValidateConfig(config_));
   StatusOr<std::pair<std::string, int>> listen = ParseListen(config_.listen);
   if (!listen.ok()) return listen.status();
   StatusOr<CheckpointChoice> checkpoint = ResolveCheckpoint(config_);

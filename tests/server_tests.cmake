@@ -25,3 +25,5 @@ add_dependencies(server_e2e_test maskd)
 maskd_add_test(hardening_server_test SOURCES hardening_server_test.cc
                LIBS maskd_server maskd_client server_fake_engine)
 add_dependencies(hardening_server_test maskd)
+maskd_add_test(hardening_config_test SOURCES hardening_config_test.cc
+               LIBS maskd_server server_fake_engine)
