@@ -41,14 +41,15 @@ struct MaskService::UnaryCall {
     if (service->options_.access_log) {
       spdlog::info("[{}] access method={} peer={} status={} latency_ms={:.3f} images={} prompts={} "
                    "cached={}{}{}",
-                   control->request_id(), method, peer, StatusCodeName(status.code()),
+                   control->request_id(), method, LogSafe(peer), StatusCodeName(status.code()),
                    Millis(arrival), images, prompts, cached ? "true" : "false",
-                   tag.empty() ? "" : " tag=", tag);
+                   tag.empty() ? "" : " tag=", LogSafe(tag));
     }
     if (!status.ok() && status.code() == StatusCode::kInternal) {
-      spdlog::error("[{}] {} failed: {}", control->request_id(), method, status.message());
+      spdlog::error("[{}] {} failed: {}", control->request_id(), method, LogSafe(status.message()));
     } else if (!status.ok()) {
-      spdlog::debug("[{}] {} failed: {}", control->request_id(), method, status.ToString());
+      spdlog::debug("[{}] {} failed: {}", control->request_id(), method,
+                    LogSafe(status.ToString()));
     }
     MaskService* s = service;
     reactor->Finish(ToGrpcStatus(status));
@@ -76,7 +77,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
         deadline_(SteadyDeadline(context->deadline())),
         cancelled_flag_(std::make_shared<std::atomic<bool>>(false)) {
     if (service_->options_.access_log) {
-      spdlog::debug("[{}] SegmentStream opened by {}", rid_, peer_);
+      spdlog::debug("[{}] SegmentStream opened by {}", rid_, LogSafe(peer_));
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -137,7 +138,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
         messages = messages_;
       }
       spdlog::info("[{}] access method=SegmentStream peer={} status={} latency_ms={:.3f} messages={}",
-                   rid_, peer_, status, Millis(arrival_), messages);
+                   rid_, LogSafe(peer_), status, Millis(arrival_), messages);
     }
     MaskService* s = service_;
     s->RemoveStream(this);
@@ -377,12 +378,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
     if (service_->options_.access_log) {
       spdlog::info("[{}] access method=SegmentStream.message peer={} status={} latency_ms={:.3f} "
                    "images={} prompts={} cached={}",
-                   m->rid, peer_, StatusCodeName(status.code()), Millis(m->arrival),
+                   m->rid, LogSafe(peer_), StatusCodeName(status.code()), Millis(m->arrival),
                    m->names_image ? 1 : 0, PromptCount(m->request),
                    m->response.cached() ? "true" : "false");
     }
     if (!status.ok() && status.code() == StatusCode::kInternal) {
-      spdlog::error("[{}] SegmentStream message failed: {}", m->rid, status.message());
+      spdlog::error("[{}] SegmentStream message failed: {}", m->rid, LogSafe(status.message()));
     }
     m->control->MarkFinished();
     Actions a;

@@ -8,6 +8,7 @@
 
 #include "model/rle.h"
 #include "model/image_id.h"
+#include "server/logging.h"
 
 namespace maskd::server {
 
@@ -147,7 +148,7 @@ void Pipeline::Resolve(const JobPtr& job) {
       });
   static const char* kOutcome[] = {"hit", "joined another request's encode", "miss (encoding)",
                                    "host-tier hit (promoting)", "not cached"};
-  spdlog::debug("[{}] image {} -> {}: {}", job->rid(), image_id,
+  spdlog::debug("[{}] image {} -> {}: {}", job->rid(), LogSafe(image_id),
                 routed.worker ? routed.worker->label() : std::string("no device"),
                 kOutcome[static_cast<int>(routed.acquired.outcome)]);
   switch (routed.acquired.outcome) {
@@ -486,7 +487,7 @@ void Pipeline::ReportImage(const JobPtr& job, StatusOr<std::string> image_id) {
 void Pipeline::Finish(const JobPtr& job, Status status) {
   if (job->finished.exchange(true)) {
     spdlog::error("[{}] request finished twice (second status {}): a server bug", job->rid(),
-                  status.ToString());
+                  LogSafe(status.ToString()));
     return;
   }
   const uint64_t total_us = MicrosSince(job->arrival);

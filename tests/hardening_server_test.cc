@@ -8,10 +8,12 @@
 
 #include <sys/wait.h>
 
+#include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "client/client.h"
 #include "model/image_codec.h"
+#include "server/logging.h"
 #include "server/result_store.h"
 #include "server/server.h"
 #include "tests/server_fake_engine.h"
@@ -195,6 +197,72 @@ TEST(HardeningListen, BinaryExitsNonZeroWhenThePortIsTaken) {
   EXPECT_NE(WEXITSTATUS(status), 0) << log;
   EXPECT_NE(log.find("address already in use"), std::string::npos) << log;
   EXPECT_TRUE(first.client->GetInfo().ok());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 4: request text cannot forge log lines.
+
+TEST(HardeningLogSafe, EscapesControlsBackslashesAndInvalidUtf8) {
+  EXPECT_EQ(LogSafe("plain tag 42"), "plain tag 42");
+  EXPECT_EQ(LogSafe("a\nb\rc\td"), "a\\nb\\rc\\td");
+  EXPECT_EQ(LogSafe(std::string("nul\0esc\x1b[31m\x7f", 13)), "nul\\x00esc\\x1b[31m\\x7f");
+  EXPECT_EQ(LogSafe("back\\slash\\n"), "back\\\\slash\\\\n");  // a literal "\n" stays tellable
+  const std::string utf8 = "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80";  // valid: kept
+  EXPECT_EQ(LogSafe(utf8), utf8);
+  EXPECT_EQ(LogSafe("\xc2\x85next-line"), "\\u0085next-line");               // C1 NEL
+  // A stray byte, a cut sequence, an overlong form.
+  EXPECT_EQ(LogSafe("bad \xff \xc3 \xc0\xaf"), "bad \\xff \\xc3 \\xc0\\xaf");
+  EXPECT_EQ(LogSafe("\xed\xa0\x80"), "\\xed\\xa0\\x80");                      // a UTF-16 surrogate
+  EXPECT_EQ(LogSafe("cut at the end \xe2\x82"), "cut at the end \\xe2\\x82");
+}
+
+// Captures what the server logs (spdlog's default logger) for one test.
+class CapturedLog {
+ public:
+  CapturedLog() : old_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    sink->set_pattern("%L %v");
+    auto logger = std::make_shared<spdlog::logger>("hardening-capture", sink);
+    logger->set_level(spdlog::level::debug);
+    spdlog::set_default_logger(logger);
+  }
+  ~CapturedLog() { spdlog::set_default_logger(old_); }
+  std::string text() {
+    spdlog::default_logger()->flush();
+    return out_.str();
+  }
+
+ private:
+  std::shared_ptr<spdlog::logger> old_;
+  std::ostringstream out_;
+};
+
+TEST(HardeningLogSafe, NewlinesInRequestTagAndEchoedIdsStayOnTheirLine) {
+  TestServer t;  // sets the level to err: capture from here on
+  CapturedLog log;
+  v1::SegmentRequest r;
+  *r.mutable_image() = EncodedPicture(24, 24, 3);
+  r.set_request_tag("mine\n2026-01-01 00:00:00.000 I 1 [admin] access method=Forged status=OK");
+  v1::Prompt p = Point(3, 3);
+  p.mutable_mask_input()->set_result_id("rx\nFORGED-ERROR-LINE\r");
+  *r.add_prompts() = p;
+  auto res = t.client->Segment(r);
+  EXPECT_EQ(res.status().code(), StatusCode::kNotFound);
+  const std::string text = log.text();
+  // One access line with the tag escaped, one debug line with the echoed id escaped.
+  EXPECT_NE(text.find(" tag=mine\\n2026-01-01 00:00:00.000 I 1 [admin] access method=Forged"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("rx\\nFORGED-ERROR-LINE\\r"), std::string::npos) << text;
+  std::istringstream lines(text);
+  std::string line;
+  int count = 0;
+  while (std::getline(lines, line)) {
+    ++count;
+    EXPECT_TRUE(line.rfind("I ", 0) == 0 || line.rfind("D ", 0) == 0) << "forged line: " << line;
+    EXPECT_EQ(line.find('\r'), std::string::npos) << line;
+  }
+  EXPECT_GE(count, 2) << text;
 }
 
 }  // namespace
