@@ -27,3 +27,6 @@ maskd_add_test(hardening_server_test SOURCES hardening_server_test.cc
 add_dependencies(hardening_server_test maskd)
 maskd_add_test(hardening_config_test SOURCES hardening_config_test.cc
                LIBS maskd_server server_fake_engine)
+# Issue #14 hardening with the real engine (the built-in demo model; needs no golden data).
+maskd_add_test(hardening_e2e_test SOURCES hardening_e2e_test.cc
+               LIBS maskd_server maskd_model maskd_client)
