@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "server/logging.h"
+#include "server/parse_error_interceptor.h"
 
 namespace maskd::server {
 
@@ -55,6 +56,9 @@ Status MaskServer::StartListening() {
   // gRPC sets SO_REUSEPORT by default, so a second maskd on the same port would start "fine" and
   // silently take a share of the first one's connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeParseErrorInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(service_.get());
   // The largest request: a raw image at the pixel limit (or an encoded one at the byte limit) plus
   // client logits (256 x 256 floats) for every prompt.

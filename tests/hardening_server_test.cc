@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <future>
 #include <regex>
 #include <set>
 
 #include <sys/wait.h>
 
+#include <grpcpp/generic/generic_stub.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
@@ -263,6 +265,126 @@ TEST(HardeningLogSafe, NewlinesInRequestTagAndEchoedIdsStayOnTheirLine) {
     EXPECT_EQ(line.find('\r'), std::string::npos) << line;
   }
   EXPECT_GE(count, 2) << text;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 7: a message that does not parse ends the stream with INVALID_ARGUMENT, not OK.
+
+grpc::ByteBuffer Wire(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string Serialized(const v1::SegmentRequest& r) {
+  std::string out;
+  EXPECT_TRUE(r.SerializeToString(&out));
+  return out;
+}
+
+TEST(HardeningStream, MalformedThirdOfFourMessagesEndsWithInvalidArgument) {
+  TestServer t;
+  v1::SegmentRequest first;
+  *first.mutable_image() = EncodedPicture(32, 24, 4);
+  *first.add_prompts() = Point(4, 4);
+  first.set_request_tag("m0");
+  v1::SegmentRequest next;
+  *next.add_prompts() = Point(8, 8);
+  next.set_request_tag("m1");
+  // Field 1 (image), length 100, but only 7 bytes follow: not a parsable SegmentRequest.
+  const std::string malformed("\x0a\x64garbage", 9);
+  v1::SegmentRequest after = next;
+  after.set_request_tag("m3");
+  ASSERT_FALSE(v1::SegmentRequest().ParseFromString(malformed));
+
+  grpc::CompletionQueue cq;
+  grpc::GenericStub stub(t.client->channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto call = stub.PrepareCall(&ctx, "/maskd.v1.MaskService/SegmentStream", &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  intptr_t next_tag = 1;
+  auto step = [&]() {
+    const intptr_t want = next_tag++;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(next_tag));
+  ASSERT_TRUE(step());
+  for (const std::string& bytes : {Serialized(first), Serialized(next), malformed, Serialized(after)}) {
+    call->Write(Wire(bytes), reinterpret_cast<void*>(next_tag));
+    if (!step()) break;  // the server may have ended the stream already
+  }
+  call->WritesDone(reinterpret_cast<void*>(next_tag));
+  step();
+  std::vector<v1::SegmentResponse> responses;
+  for (;;) {
+    grpc::ByteBuffer b;
+    call->Read(&b, reinterpret_cast<void*>(next_tag));
+    if (!step()) break;
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(b.Dump(&slices).ok());
+    std::string bytes;
+    for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    v1::SegmentResponse r;
+    ASSERT_TRUE(r.ParseFromString(bytes));
+    responses.push_back(r);
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(next_tag));
+  step();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  ASSERT_EQ(responses.size(), 2u);
+  EXPECT_EQ(responses[0].request_tag(), "m0");
+  EXPECT_EQ(responses[1].request_tag(), "m1");
+  EXPECT_FALSE(responses[0].has_error()) << responses[0].error().message();
+  EXPECT_FALSE(responses[1].has_error()) << responses[1].error().message();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("message 2"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("SegmentRequest"), std::string::npos) << status.error_message();
+}
+
+TEST(HardeningUnary, UnparsableRequestIsInvalidArgument) {
+  TestServer t;
+  grpc::GenericStub stub(t.client->channel());
+  for (const char* method : {"/maskd.v1.MaskService/Segment", "/maskd.v1.MaskService/Embed"}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::ByteBuffer request = Wire(std::string("\x0a\x64garbage", 9)), response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status s) { done.set_value(s); });
+    const grpc::Status s = done.get_future().get();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(method), std::string::npos) << s.error_message();
+  }
+  // Real UNIMPLEMENTED answers (no such method) are left alone.
+  grpc::ClientContext ctx;
+  grpc::ByteBuffer request = Wire(""), response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/maskd.v1.MaskService/NoSuchMethod", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { done.set_value(s); });
+  EXPECT_EQ(done.get_future().get().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  // And well-formed requests still work.
+  EXPECT_TRUE(t.client->GetInfo().ok());
+}
+
+TEST(HardeningStream, WellFormedStreamsStillEndOk) {
+  TestServer t;
+  auto session = t.client->OpenSession();
+  v1::SegmentRequest first;
+  *first.mutable_image() = EncodedPicture(32, 24, 5);
+  *first.add_prompts() = Point(4, 4);
+  auto r0 = session->Send(first);
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  v1::SegmentRequest next;
+  *next.add_prompts() = Point(9, 9);
+  auto r1 = session->Send(next);
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_TRUE(session->Finish().ok());
 }
 
 }  // namespace
