@@ -309,7 +309,8 @@ Status ValidatePrompt(const PromptSpec& prompt, int image_width, int image_heigh
 int CudaDeviceCount();
 
 // The shape SAM's longest-side resize gives: (width, height) scaled so max(width, height) == target,
-// rounded as the original.
+// rounded as the original, except that a side that would round to 0 (aspect ratios beyond about
+// 2 * target : 1) is 1.
 std::pair<int, int> ResizedSize(int width, int height, int target);
 
 // Bytes (zip archive of torch.save, or safetensors) to a file in the official SAM format.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "model/engine.h"
 #include "model/status.h"
@@ -20,5 +21,12 @@ std::string NewRequestId();
 
 // A client-chosen id (metadata "x-request-id") if it is short and printable, else NewRequestId().
 std::string RequestIdFrom(const std::string& client_value);
+
+// Text that came from a request (tags, ids, error messages that echo request fields), made safe for
+// one log line: control characters (C0, DEL, C1) become \n, \r, \t, \xHH or \u00HH, bytes that are
+// not valid UTF-8 become \xHH, and a backslash becomes \\ so that an escape cannot be forged
+// either. Every log line that carries such text passes it through here: a newline in request_tag
+// must not start a forged log line.
+std::string LogSafe(std::string_view text);
 
 }  // namespace maskd::server

@@ -41,14 +41,15 @@ struct MaskService::UnaryCall {
     if (service->options_.access_log) {
       spdlog::info("[{}] access method={} peer={} status={} latency_ms={:.3f} images={} prompts={} "
                    "cached={}{}{}",
-                   control->request_id(), method, peer, StatusCodeName(status.code()),
+                   control->request_id(), method, LogSafe(peer), StatusCodeName(status.code()),
                    Millis(arrival), images, prompts, cached ? "true" : "false",
-                   tag.empty() ? "" : " tag=", tag);
+                   tag.empty() ? "" : " tag=", LogSafe(tag));
     }
     if (!status.ok() && status.code() == StatusCode::kInternal) {
-      spdlog::error("[{}] {} failed: {}", control->request_id(), method, status.message());
+      spdlog::error("[{}] {} failed: {}", control->request_id(), method, LogSafe(status.message()));
     } else if (!status.ok()) {
-      spdlog::debug("[{}] {} failed: {}", control->request_id(), method, status.ToString());
+      spdlog::debug("[{}] {} failed: {}", control->request_id(), method,
+                    LogSafe(status.ToString()));
     }
     MaskService* s = service;
     reactor->Finish(ToGrpcStatus(status));
@@ -64,7 +65,7 @@ struct MaskService::UnaryCall {
 //
 // The stream's "current image" is tracked in read order: a message that names an image creates a
 // new CurrentImage, which later messages without an image wait on until it resolves to an id.
-class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v1::SegmentResponse> {
+class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamReactor(MaskService* service, grpc::CallbackServerContext* context, Backend backend)
       : service_(service),
@@ -76,7 +77,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
         deadline_(SteadyDeadline(context->deadline())),
         cancelled_flag_(std::make_shared<std::atomic<bool>>(false)) {
     if (service_->options_.access_log) {
-      spdlog::debug("[{}] SegmentStream opened by {}", rid_, peer_);
+      spdlog::debug("[{}] SegmentStream opened by {}", rid_, LogSafe(peer_));
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -88,13 +89,22 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
   void OnReadDone(bool ok) override {
     Actions a;
     Message* m = nullptr;
+    // Parsed before taking the lock: no other read can start until reading_ is cleared below.
+    v1::SegmentRequest request;
+    const bool parsed =
+        ok && grpc::SerializationTraits<v1::SegmentRequest>::Deserialize(&read_buf_, &request).ok();
     {
       std::lock_guard<std::mutex> lock(mu_);
       reading_ = false;
       if (!ok) {
         reads_done_ = true;
+      } else if (!parsed) {
+        // Nothing more is read: the stream ends with INVALID_ARGUMENT once the responses to the
+        // earlier messages are written, so the client knows which messages were not answered.
+        reads_done_ = true;
+        malformed_message_ = static_cast<int64_t>(next_seq_);
       } else if (!finished_ && !draining_ && !cancelled_) {
-        m = AcceptLocked();
+        m = AcceptLocked(std::move(request));
       }
       ScheduleLocked(&a);
     }
@@ -137,7 +147,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
         messages = messages_;
       }
       spdlog::info("[{}] access method=SegmentStream peer={} status={} latency_ms={:.3f} messages={}",
-                   rid_, peer_, status, Millis(arrival_), messages);
+                   rid_, LogSafe(peer_), status, Millis(arrival_), messages);
     }
     MaskService* s = service_;
     s->RemoveStream(this);
@@ -151,7 +161,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
   // under an operation that is about to start.
   struct Actions {
     bool read = false;
-    v1::SegmentResponse* write = nullptr;
+    grpc::ByteBuffer* write = nullptr;
     bool finish = false;
     grpc::Status finish_status;
     bool empty() const { return !read && write == nullptr && !finish; }
@@ -222,20 +232,20 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
     Clock::time_point arrival;
     v1::SegmentRequest request;
     v1::SegmentResponse response;
+    grpc::ByteBuffer wire;  // `response`, serialized once it is complete
     CallControlPtr control;
     std::shared_ptr<CurrentImage> image;  // produced (names an image) or consumed (omits it)
     bool names_image = false;
     bool ready = false;
   };
 
-  // Requires mu_. Takes read_buf_ into a new message in read order.
-  Message* AcceptLocked() {
+  // Requires mu_. Takes the parsed request into a new message in read order.
+  Message* AcceptLocked(v1::SegmentRequest request) {
     auto m = std::make_unique<Message>();
     m->seq = next_seq_++;
     m->rid = rid_ + "." + std::to_string(m->seq);
     m->arrival = Clock::now();
-    m->request = std::move(read_buf_);
-    read_buf_.Clear();
+    m->request = std::move(request);
     auto flag = cancelled_flag_;
     m->control = std::make_shared<CallControl>(m->rid, deadline_, [flag] { return flag->load(); });
     m->names_image = m->request.image_source_case() != v1::SegmentRequest::IMAGE_SOURCE_NOT_SET;
@@ -266,7 +276,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
       auto it = pending_.find(next_write_);
       if (it != pending_.end() && it->second->ready) {
         write_in_flight_ = true;
-        a->write = &it->second->response;
+        a->write = &it->second->wire;
         ++starting_;
       }
     }
@@ -284,6 +294,13 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
       if (cancelled_) {
         a->finish_status = grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the stream");
         final_status_name_ = "CANCELLED";
+      } else if (malformed_message_ >= 0) {
+        a->finish_status = ToGrpcStatus(InvalidArgument(
+            "SegmentStream message " + std::to_string(malformed_message_) +
+            " (counting from 0) is not a valid maskd.v1.SegmentRequest (expected a serialized "
+            "SegmentRequest): the earlier messages were answered, it and any later ones were not "
+            "read"));
+        final_status_name_ = "INVALID_ARGUMENT";
       } else if (draining_ && !reads_done_) {
         a->finish_status = ToGrpcStatus(
             Unavailable("the server is shutting down: reconnect to another server or retry later"));
@@ -377,14 +394,25 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
     if (service_->options_.access_log) {
       spdlog::info("[{}] access method=SegmentStream.message peer={} status={} latency_ms={:.3f} "
                    "images={} prompts={} cached={}",
-                   m->rid, peer_, StatusCodeName(status.code()), Millis(m->arrival),
+                   m->rid, LogSafe(peer_), StatusCodeName(status.code()), Millis(m->arrival),
                    m->names_image ? 1 : 0, PromptCount(m->request),
                    m->response.cached() ? "true" : "false");
     }
     if (!status.ok() && status.code() == StatusCode::kInternal) {
-      spdlog::error("[{}] SegmentStream message failed: {}", m->rid, status.message());
+      spdlog::error("[{}] SegmentStream message failed: {}", m->rid, LogSafe(status.message()));
     }
     m->control->MarkFinished();
+    using ResponseTraits = grpc::SerializationTraits<v1::SegmentResponse>;
+    bool own_buffer = false;
+    if (!ResponseTraits::Serialize(m->response, &m->wire, &own_buffer).ok()) {
+      // Only a response over protobuf's 2 GiB limit gets here; answer the message with that error.
+      m->response.Clear();
+      m->response.set_request_tag(m->request.request_tag());
+      v1::StreamError* e = m->response.mutable_error();
+      e->set_code(static_cast<int32_t>(grpc::StatusCode::INTERNAL));
+      e->set_message("the response to this message could not be serialized");
+      (void)ResponseTraits::Serialize(m->response, &m->wire, &own_buffer);
+    }
     Actions a;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -406,7 +434,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
   // Guards everything below, and read_buf_ between reads. gRPC operations are started only after
   // it is released (see Actions).
   std::mutex mu_;
-  v1::SegmentRequest read_buf_;
+  grpc::ByteBuffer read_buf_;
   std::map<uint64_t, std::unique_ptr<Message>> pending_;  // by sequence number
   uint64_t next_seq_ = 0, next_write_ = 0;
   bool reading_ = false, reads_done_ = false, write_in_flight_ = false;
@@ -415,6 +443,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
   std::shared_ptr<CurrentImage> current_;
   uint64_t messages_ = 0;
   std::string final_status_name_ = "UNKNOWN";
+  int64_t malformed_message_ = -1;  // the sequence number of a message that did not parse
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -598,13 +627,13 @@ grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* cont
   return call->reactor;
 }
 
-grpc::ServerBidiReactor<v1::SegmentRequest, v1::SegmentResponse>* MaskService::SegmentStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MaskService::SegmentStream(
     grpc::CallbackServerContext* context) {
   Backend backend;
   Status admit = Admit(&backend);
   if (!admit.ok()) {
     // A reactor that only finishes: streams refused while loading or draining.
-    class Refuse final : public grpc::ServerBidiReactor<v1::SegmentRequest, v1::SegmentResponse> {
+    class Refuse final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
      public:
       Refuse(MaskService* s, const Status& st) : service_(s) { Finish(ToGrpcStatus(st)); }
       void OnDone() override {

@@ -20,3 +20,13 @@ maskd_add_test(server_service_test SOURCES server_service_test.cc
 maskd_add_test(server_e2e_test SOURCES server_e2e_test.cc
                LIBS maskd_server maskd_model maskd_client nlohmann_json::nlohmann_json)
 add_dependencies(server_e2e_test maskd)
+
+# Issue #14 hardening: server-facing findings through real gRPC (fake engines).
+maskd_add_test(hardening_server_test SOURCES hardening_server_test.cc
+               LIBS maskd_server maskd_client server_fake_engine)
+add_dependencies(hardening_server_test maskd)
+maskd_add_test(hardening_config_test SOURCES hardening_config_test.cc
+               LIBS maskd_server server_fake_engine)
+# Issue #14 hardening with the real engine (the built-in demo model; needs no golden data).
+maskd_add_test(hardening_e2e_test SOURCES hardening_e2e_test.cc
+               LIBS maskd_server maskd_model maskd_client)
