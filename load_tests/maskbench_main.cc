@@ -216,7 +216,7 @@ std::string Slug(const std::string& s) {
 
 // One encoder pass of `bs` images and one decode + post-processing of 64 prompts on one image, each
 // under the Kineto profiler; the per-kernel tables are appended to DIR/profiles.txt.
-void ProfileRow(Engine& e, const Workload& w, const std::vector<maskd::PreparedImage>& prepared,
+void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared,
                 const std::string& arch, const std::string& row, int bs, const std::string& dir) {
   std::vector<maskd::PreparedImage> batch;
   for (int i = 0; i < bs; ++i) batch.push_back(prepared[i % prepared.size()]);
@@ -409,7 +409,7 @@ int main(int argc, char** argv) {
         if (!profile_dir.empty() &&
             std::any_of(profile_rows.begin(), profile_rows.end(),
                         [&](const std::string& r) { return row.name.find(r) != std::string::npos; })) {
-          ProfileRow(*engine, w, prepared, arch, row.name, bs, profile_dir);
+          ProfileRow(*engine, prepared, arch, row.name, bs, profile_dir);
         }
         results.push_back({{"arch", arch}, {"row", row.name}, {"batch", bs}, {"images", n}, {"img_per_s", n / sec},
                            {"ms_per_img", 1000 * sec / n}, {"peak_mib", peak}, {"prepare_ms", prep_ms},

@@ -214,18 +214,11 @@ EncoderBlockImpl::EncoderBlockImpl(const SamConfig& c, int64_t window) : window_
 at::Tensor EncoderBlockImpl::forward(const at::Tensor& x0) {
   const at::Tensor shortcut = x0;
   at::Tensor x = norm1->forward(x0);
-  const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
+  const int64_t B = x.size(0), H = x.size(1), W = x.size(2);
   if (window_size > 0) {
     // Window partition with zero padding to a multiple of the window (the padded tokens take part
-    // in attention, exactly as in the original).
-    const int64_t ws = window_size;
-    const int64_t pad_h = (ws - H % ws) % ws, pad_w = (ws - W % ws) % ws;
-    if (pad_h > 0 || pad_w > 0) x = at::constant_pad_nd(x, {0, 0, 0, pad_w, 0, pad_h});
-    const int64_t Hp = H + pad_h, Wp = W + pad_w;
-    x = x.view({B, Hp / ws, ws, Wp / ws, ws, C}).permute({0, 1, 3, 2, 4, 5}).reshape({-1, ws, ws, C});
-    x = attn->forward(x);
-    x = x.view({B, Hp / ws, Wp / ws, ws, ws, C}).permute({0, 1, 3, 2, 4, 5}).reshape({B, Hp, Wp, C});
-    if (pad_h > 0 || pad_w > 0) x = x.slice(1, 0, H).slice(2, 0, W);
+    // in attention, exactly as in the original), and back.
+    x = kernels::WindowUnpartition(attn->forward(kernels::WindowPartition(x, window_size)), window_size, B, H, W);
   } else {
     x = attn->forward(x);
   }
