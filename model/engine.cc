@@ -9,12 +9,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "kernels/kernels.h"
 #include "model/checkpoint.h"
+#include "model/fast_decoder.h"
 #include "model/fast_linear.h"
 #include "model/pil_resize.h"
 #include "model/sam.h"
@@ -118,6 +121,7 @@ FastPathOptions FastPathOptions::Fast() {
   f.gpu_postprocess = true;
   f.fuse_encoder_ops = true;
   f.gelu_epilogue = true;
+  f.shared_image_decoder = true;
   return f;
 }
 
@@ -306,6 +310,15 @@ class EngineImpl final : public Engine {
   at::Tensor Normalize(const at::Tensor& hwc_u8, int h, int w) const;
   at::Tensor RunEncoder(const at::Tensor& batch);
   MaskDecoderImpl::Output RunDecoder(const at::Tensor& src, const at::Tensor& sparse);
+  // The shared-image decoder on group keys [G, HW, D] (graph replay when G == 1).
+  MaskDecoderImpl::Output RunSharedDecoder(const at::Tensor& keys, const at::Tensor& group_of,
+                                           const at::Tensor& sparse);
+  // Replays the decoder graph for `sparse`'s prompt count (padded to a bucket) and token count,
+  // capturing it on first use; image_side is copied into the graph's static input (padded to the
+  // bucket too when per_prompt). nullopt: no graph for this shape (run eagerly).
+  std::optional<MaskDecoderImpl::Output> ReplayDecoderGraph(
+      const at::Tensor& image_side, bool per_prompt, const at::Tensor& sparse,
+      const std::function<MaskDecoderImpl::Output(const at::Tensor&, const at::Tensor&)>& run);
   Status PrepareFastPath();
   Status CaptureEncoderGraphs();
   std::string Identity() const;
@@ -323,6 +336,9 @@ class EngineImpl final : public Engine {
   at::Tensor no_mask_;      // [1, D, 1, 1] engine dtype
   at::Tensor pixel_mean_, pixel_std_;  // [3, 1, 1] float32, engine device
   bool gpu_pre_ = false, gpu_post_ = false;
+  // Set by PrepareFastPath with FastPathOptions::shared_image_decoder (it holds tables derived from
+  // the decoder's weights on their final device and dtype).
+  std::unique_ptr<SharedImageDecoder> shared_dec_;
 
 #ifdef MASKD_WITH_CUDA
   // Encoder CUDA graphs by batch size, sharing one memory pool. Replays reuse static buffers, so
@@ -338,6 +354,8 @@ class EngineImpl final : public Engine {
   // them and their static buffers from copy-in to clone-out.
   struct DecoderGraph {
     std::unique_ptr<at::cuda::CUDAGraph> graph;
+    // src: the per-prompt image side [bucket, D, h, w], or with the shared-image decoder the one
+    // image's group keys [1, HW, D] (a configuration uses one kind: Reconfigure clears the graphs).
     at::Tensor src, sparse, masks, iou;
   };
   std::mutex decoder_graph_mu_;
@@ -350,7 +368,7 @@ std::string EngineImpl::Identity() const {
   // Cache keys depend on the weights and on everything that changes the embedding's numerics.
   std::ostringstream os;
   os << weights_digest_ << "|" << PrecisionName(options_.precision) << "|int8=" << options_.fast.int8
-     << "|sparse=" << options_.fast.sparse24;
+     << "|sparse=" << options_.fast.sparse24 << "|gelu-epilogue=" << sam_->image_encoder->gelu_epilogue;
   const std::string s = os.str();
   const XXH128_hash_t h = XXH3_128bits(s.data(), s.size());
   return Hex(h.high64, h.low64).substr(0, 16);
@@ -468,6 +486,11 @@ Status EngineImpl::PrepareFastPath() {
       b->mlp->lin2_fast = make(b->mlp->lin2);
     }
     optimisations_.push_back(f.int8 ? "int8-dynamic-quant" : "sparse-2:4");
+  }
+  shared_dec_.reset();
+  if (f.shared_image_decoder) {
+    shared_dec_ = std::make_unique<SharedImageDecoder>(*sam_->mask_decoder, dense_pe_);
+    optimisations_.push_back("shared-image-decoder");
   }
   gpu_pre_ = cuda && f.gpu_preprocess;
   gpu_post_ = cuda && f.gpu_postprocess;
@@ -662,46 +685,65 @@ constexpr int64_t kDecoderGraphBuckets[] = {1, 2, 4, 8, 16, 32, 64};
 constexpr int64_t kMaxGraphTokens = 16;
 constexpr size_t kMaxDecoderGraphs = 64;
 
-MaskDecoderImpl::Output EngineImpl::RunDecoder(const at::Tensor& src, const at::Tensor& sparse) {
+std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(
+    const at::Tensor& image_side, bool per_prompt, const at::Tensor& sparse,
+    const std::function<MaskDecoderImpl::Output(const at::Tensor&, const at::Tensor&)>& run) {
 #ifdef MASKD_WITH_CUDA
   const int64_t G = sparse.size(0), T = sparse.size(1);
-  if (device_.is_cuda() && options_.fast.cuda_graphs && T <= kMaxGraphTokens) {
-    int64_t bucket = 0;
-    for (int64_t b : kDecoderGraphBuckets)
-      if (b >= G) {
-        bucket = b;
-        break;
-      }
-    if (bucket > 0) {
-      std::lock_guard<std::mutex> lock(decoder_graph_mu_);
-      auto it = decoder_graphs_.find({bucket, T});
-      if (it == decoder_graphs_.end() && decoder_graphs_.size() < kMaxDecoderGraphs) {
-        DecoderGraph g;
-        g.src = at::zeros({bucket, src.size(1), src.size(2), src.size(3)}, src.options());
-        g.sparse = at::zeros({bucket, T, sparse.size(2)}, sparse.options());
-        sam_->mask_decoder->forward(g.src, dense_pe_, g.sparse);  // warm-up outside the capture
-        c10::cuda::getCurrentCUDAStream().synchronize();
-        if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
-        g.graph = std::make_unique<at::cuda::CUDAGraph>();
-        g.graph->capture_begin(*decoder_pool_, cudaStreamCaptureModeThreadLocal);
-        auto out = sam_->mask_decoder->forward(g.src, dense_pe_, g.sparse);
-        g.graph->capture_end();
-        g.masks = out.masks;
-        g.iou = out.iou_predictions;
-        it = decoder_graphs_.emplace(std::make_pair(bucket, T), std::move(g)).first;
-      }
-      if (it != decoder_graphs_.end()) {
-        DecoderGraph& g = it->second;
-        // Rows past G keep whatever they held: every decoder operation is per row.
-        g.src.narrow(0, 0, G).copy_(src);
-        g.sparse.narrow(0, 0, G).copy_(sparse);
-        g.graph->replay();
-        return {g.masks.narrow(0, 0, G).clone(), g.iou.narrow(0, 0, G).clone()};
-      }
+  if (!device_.is_cuda() || !options_.fast.cuda_graphs || T > kMaxGraphTokens) return std::nullopt;
+  int64_t bucket = 0;
+  for (int64_t b : kDecoderGraphBuckets)
+    if (b >= G) {
+      bucket = b;
+      break;
     }
+  if (bucket == 0) return std::nullopt;
+  std::lock_guard<std::mutex> lock(decoder_graph_mu_);
+  auto it = decoder_graphs_.find({bucket, T});
+  if (it == decoder_graphs_.end() && decoder_graphs_.size() < kMaxDecoderGraphs) {
+    DecoderGraph g;
+    std::vector<int64_t> shape = image_side.sizes().vec();
+    if (per_prompt) shape[0] = bucket;
+    g.src = at::zeros(shape, image_side.options());
+    g.sparse = at::zeros({bucket, T, sparse.size(2)}, sparse.options());
+    run(g.src, g.sparse);  // warm-up outside the capture
+    c10::cuda::getCurrentCUDAStream().synchronize();
+    if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
+    g.graph = std::make_unique<at::cuda::CUDAGraph>();
+    g.graph->capture_begin(*decoder_pool_, cudaStreamCaptureModeThreadLocal);
+    auto out = run(g.src, g.sparse);
+    g.graph->capture_end();
+    g.masks = out.masks;
+    g.iou = out.iou_predictions;
+    it = decoder_graphs_.emplace(std::make_pair(bucket, T), std::move(g)).first;
   }
+  if (it == decoder_graphs_.end()) return std::nullopt;
+  DecoderGraph& g = it->second;
+  // Rows past G keep whatever they held: every decoder operation is per prompt row.
+  if (per_prompt) g.src.narrow(0, 0, G).copy_(image_side);
+  else g.src.copy_(image_side);
+  g.sparse.narrow(0, 0, G).copy_(sparse);
+  g.graph->replay();
+  return MaskDecoderImpl::Output{g.masks.narrow(0, 0, G).clone(), g.iou.narrow(0, 0, G).clone()};
+#else
+  (void)image_side, (void)per_prompt, (void)sparse, (void)run;
+  return std::nullopt;
 #endif
-  return sam_->mask_decoder->forward(src, dense_pe_, sparse);
+}
+
+MaskDecoderImpl::Output EngineImpl::RunDecoder(const at::Tensor& src, const at::Tensor& sparse) {
+  auto run = [this](const at::Tensor& s, const at::Tensor& sp) { return sam_->mask_decoder->forward(s, dense_pe_, sp); };
+  if (auto out = ReplayDecoderGraph(src, /*per_prompt=*/true, sparse, run)) return std::move(*out);
+  return run(src, sparse);
+}
+
+MaskDecoderImpl::Output EngineImpl::RunSharedDecoder(const at::Tensor& keys, const at::Tensor& group_of,
+                                                     const at::Tensor& sparse) {
+  if (keys.size(0) == 1) {
+    auto run = [this](const at::Tensor& k, const at::Tensor& sp) { return shared_dec_->ForwardKeys(k, {}, sp); };
+    if (auto out = ReplayDecoderGraph(keys, /*per_prompt=*/false, sparse, run)) return std::move(*out);
+  }
+  return shared_dec_->ForwardKeys(keys, group_of, sparse);
 }
 
 StatusOr<std::vector<DecodedPrompt>> EngineImpl::Decode(const std::vector<DecodeItem>& items) {
@@ -770,6 +812,43 @@ StatusOr<std::vector<DecodedPrompt>> EngineImpl::Decode(const std::vector<Decode
       const at::Tensor c = at::from_blob(coords.data(), {G, T, 2}, at::kFloat).to(device_);
       const at::Tensor l = at::from_blob(labels.data(), {G, T}, at::kLong).to(device_);
       const at::Tensor sparse = sam_->prompt_encoder->EmbedTokens(c, l).to(dtype_);
+      if (shared_dec_) {
+        // Groups of prompts with one image side: the prompts of one embedding without a mask input;
+        // a prompt with a mask input is a group of its own (its dense embedding is its own).
+        std::vector<at::Tensor> group_src, group_masks;
+        std::vector<int64_t> group_of(static_cast<size_t>(G)), mask_groups;
+        std::map<const void*, int64_t> by_embedding;
+        size_t next_mask = 0;
+        for (int64_t g = 0; g < G; ++g) {
+          const auto& item = items[idx[g]];
+          const at::Tensor& e = item.embedding->impl()->tensor;
+          if (item.prompt.mask_input) {
+            mask_groups.push_back(static_cast<int64_t>(group_src.size()));
+            group_masks.push_back(mask_inputs[next_mask++]);
+            group_of[g] = static_cast<int64_t>(group_src.size());
+            group_src.push_back(e);
+            continue;
+          }
+          auto [it, fresh] = by_embedding.emplace(e.data_ptr(), static_cast<int64_t>(group_src.size()));
+          if (fresh) group_src.push_back(e);
+          group_of[g] = it->second;
+        }
+        const int64_t ng = static_cast<int64_t>(group_src.size());
+        at::Tensor src = at::stack(group_src);
+        if (mask_groups.empty()) {
+          src = src + no_mask_;
+        } else {
+          const at::Tensor dense_m = sam_->prompt_encoder->EmbedMasks(at::stack(group_masks).unsqueeze(1).to(dtype_));
+          at::Tensor dense = no_mask_.expand({ng, -1, src.size(2), src.size(3)}).clone();
+          dense.index_copy_(0, at::tensor(mask_groups, at::TensorOptions().dtype(at::kLong)).to(device_), dense_m);
+          src = src + dense;
+        }
+        const at::Tensor group_index =
+            ng > 1 ? at::tensor(group_of, at::TensorOptions().dtype(at::kLong)).to(device_) : at::Tensor();
+        auto dec = RunSharedDecoder(SharedImageDecoder::GroupKeys(src), group_index, sparse);
+        pending.push_back({dec.iou_predictions, dec.masks, idx});
+        continue;
+      }
       at::Tensor src = at::stack(embs);
       if (mask_rows.empty()) {
         src = src + no_mask_;

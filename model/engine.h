@@ -72,6 +72,11 @@ struct FastPathOptions {
   // the erf form of SAM's nn.GELU: a difference below bf16 rounding for most activations (maskbench
   // reports the logit and mask differences against fp32). Needs fuse_encoder_ops; CUDA only.
   bool gelu_epilogue = false;
+  // The mask decoder with the image side shared between the prompts of one image (the first block's
+  // keys, values and image queries once per image; model/fast_decoder.h) and the positional
+  // encoding's share of each projection precomputed. The same function up to floating-point
+  // reassociation; CPU or CUDA.
+  bool shared_image_decoder = false;
 
   // Everything that helps on CUDA: fused attention, graphs, GPU pre/post-processing (not int8 or
   // 2:4 sparsity, which trade accuracy for speed and are opt-in).

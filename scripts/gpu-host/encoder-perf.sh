@@ -2,7 +2,7 @@
 # One GPU-host call for the encoder/decoder performance work: build, the gpu-labelled tests,
 # verify-golden (bf16 fast path), maskbench (selected rows, with Kineto per-kernel profiles) and the
 # reference systems (../shared/anchors/run.sh, carried as .carry/anchors) in the same call.
-# At most 8 files come back from $OUT: the logs below plus misc.tar (build log, environment, traces).
+# At most 8 files come back from $OUT: the logs below plus misc.tar.gz (build log, environment, traces).
 #
 # Carried (ignored) paths: .gpu-debs, .carry/golden/tiny (../shared/golden/tiny-one), .carry/anchors.
 #   scripts/gpu-host/encoder-perf.sh
@@ -81,5 +81,5 @@ if has warps; then
   echo "rc=$?"; cat "$out/maskbench-warps8.log"
 fi
 
-tar -C "$out" -cf "$out/misc.tar" misc && rm -rf "$out/misc"
+tar -C "$out" -czf "$out/misc.tar.gz" misc && rm -rf "$out/misc"
 ls -la "$out"
