@@ -94,6 +94,21 @@ at::Tensor WindowPartition(const at::Tensor& x, int64_t ws);
 at::Tensor WindowUnpartition(const at::Tensor& windows, int64_t ws, int64_t B, int64_t H, int64_t W);
 
 // ---------------------------------------------------------------------------------------------------
+// The mask decoder's element-wise passes (decoder_fusion.cu), used by model/fast_decoder.cc.
+//
+// RowNorm: LayerNorm over the last dimension of x ([..., C], contiguous; fp32 statistics, weight and
+// bias [C] in x's dtype), then GELU (erf form) when `gelu`, in one pass. The CUDA kernel covers
+// bf16/fp16 with C in {32, 64, 128, 256} (GELU applied before rounding the normalised value);
+// everything else runs RowNormReference.
+at::Tensor RowNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps, bool gelu,
+                   Stream stream = nullptr);
+at::Tensor RowNormReference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
+                            bool gelu);
+// y += rows, rows [R, n] broadcast over y's leading dimensions (y [..., R, n], contiguous, in
+// place). Bit-identical to y.add_(rows) (fp32 sum, one rounding); CUDA kernel for bf16/fp16.
+void AddRowsBroadcast(at::Tensor& y, const at::Tensor& rows, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------------
 // Image pre-processing on the device: Pillow-exact antialiased bilinear resize of uint8 RGB (the
 // coefficients of model/pil_resize.h, integer arithmetic, so the result is bit-identical to the CPU
 // resize), then (x - mean) / std per channel and zero padding to pad_size x pad_size.

@@ -66,6 +66,26 @@ const char* AddLayerNormKernelName(int C, DType dtype);
 cudaError_t LaunchAddLayerNorm(const AddLayerNormArgs& args, DType dtype, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------
+// The mask decoder's row LayerNorm (+ GELU) and broadcast add (decoder_fusion.cu).
+struct RowNormArgs {
+  const void* x = nullptr;       // [rows, C] contiguous, 16-byte aligned
+  const void* weight = nullptr;  // [C]
+  const void* bias = nullptr;    // [C]
+  void* out = nullptr;           // [rows, C]
+  int64_t rows = 0;
+  int C = 0;
+  float eps = 1e-6f;
+  bool gelu = false;
+};
+// True for 16-bit dtypes and C in {32, 64, 128, 256} (C / 8 lanes per row).
+bool RowNormVectorized(int C, DType dtype);
+cudaError_t LaunchRowNorm(const RowNormArgs& args, DType dtype, cudaStream_t stream);
+// y[i] += rows[i % period] for i < elements (16-bit dtypes, elements and period multiples of 8,
+// 16-byte aligned).
+cudaError_t LaunchAddRowsBroadcast(void* y, const void* rows, int64_t elements, int64_t period, DType dtype,
+                                   cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------------
 // Pillow-exact resize + normalise + pad (preprocess.cu).
 // Horizontal pass: in [in_h, in_w, 3] -> out [in_h, out_w, 3], uint8, Pillow's fixed point.
 cudaError_t LaunchPilHorizontal(const uint8_t* in, int in_h, int in_w, uint8_t* out, int out_w,

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "kernels/kernels.h"
+
 namespace maskd {
 
 namespace {
@@ -128,7 +130,7 @@ at::Tensor SharedImageDecoder::ImageToToken(const TwoWayAttentionBlockImpl& blk,
   p = p.to(u.scalar_type()).contiguous().view({b, hw, heads_ * tt});
   const at::Tensor updated = at::baddbmm(residual, p, u);
   auto& n4 = blk.norm4;
-  return at::layer_norm(updated, {dim_}, n4->weight, n4->bias, n4->options.eps());
+  return kernels::RowNorm(updated, n4->weight, n4->bias, n4->options.eps(), /*gelu=*/false);
 }
 
 MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_keys, const at::Tensor& group_of,
@@ -160,7 +162,8 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
     const bool group_level = !keys.defined();
     const at::Tensor& x = group_level ? group_keys : keys;
     // token->image k, v and image->token q of this block from one GEMM (pe shares in the table).
-    const at::Tensor y = at::linear(x, t.w).add_(t.pe_bias);  // [N, HW, 3I]
+    at::Tensor y = at::linear(x, t.w);  // [N, HW, 3I]
+    kernels::AddRowsBroadcast(y, t.pe_bias);
     at::Tensor k = y.narrow(2, 0, internal_), v = y.narrow(2, internal_, internal_),
                q_img = y.narrow(2, 2 * internal_, internal_);
     const at::Tensor q_tokens = queries + query_pe;
@@ -191,7 +194,8 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
   }
   {
     auto& fin = *tr.final_attn_token_to_image;
-    const at::Tensor y = at::linear(keys, final_.w).add_(final_.pe_bias);  // [B, HW, 2I]
+    at::Tensor y = at::linear(keys, final_.w);  // [B, HW, 2I]
+    kernels::AddRowsBroadcast(y, final_.pe_bias);
     const at::Tensor attn =
         TokenToImage(fin, queries + query_pe, y.narrow(2, 0, internal_), y.narrow(2, internal_, internal_));
     queries = Norm(tr.norm_final_attn, queries + attn);
@@ -211,7 +215,7 @@ at::Tensor SharedImageDecoder::Upscale(const at::Tensor& keys, const at::Tensor&
   const int64_t b = keys.size(0), c1 = up1_w_.size(1) / 4, c2 = up2_w_.size(1) / 4, m = hyper_in.size(1);
   const auto norm = dec_.output_upscaling->ptr<LayerNorm2dImpl>(1);
   at::Tensor x = at::addmm(up1_b_, keys.reshape({b * h_ * w_, dim_}), up1_w_).view({-1, c1});
-  x = at::gelu(at::layer_norm(x, {c1}, norm->weight, norm->bias, norm->eps));
+  x = kernels::RowNorm(x, norm->weight, norm->bias, norm->eps, /*gelu=*/true);
   x = at::gelu(at::addmm(up2_b_, x, up2_w_)).view({b, h_ * w_ * 16, c2});
   const at::Tensor masks = at::bmm(x, hyper_in.transpose(1, 2));  // [B, HW*16, M]
   return masks.view({b, h_, w_, 2, 2, 2, 2, m}).permute({0, 7, 1, 3, 5, 2, 4, 6}).reshape({b, m, 4 * h_, 4 * w_});

@@ -129,4 +129,23 @@ TEST(kernels_fusion_cpu, RelPosTablesEqualTheGatheredEinsums) {
   }
 }
 
+TEST(kernels_fusion_cpu, RowNormIsLayerNormThenGeluOnTheCpu) {
+  const at::Tensor x = Randn({6, 64}, 50) * 3 + 1, w = Randn({64}, 51), b = Randn({64}, 52);
+  const at::Tensor mean = x.mean(-1, true), var = x.var(-1, false, true);
+  const at::Tensor ln = (x - mean) / at::sqrt(var + 1e-6) * w + b;
+  EXPECT_LT(MaxAbs(mk::RowNorm(x, w, b, 1e-6, false), ln), 1e-4);
+  const at::Tensor gelu = 0.5 * ln * (1 + at::erf(ln / std::sqrt(2.0)));
+  EXPECT_LT(MaxAbs(mk::RowNorm(x, w, b, 1e-6, true), gelu), 1e-4);
+  EXPECT_THROW(mk::RowNorm(x, Randn({32}, 53), b, 1e-6, false), c10::Error);
+}
+
+TEST(kernels_fusion_cpu, AddRowsBroadcastAddsPerRowAndChecksShapes) {
+  at::Tensor y = Randn({3, 5, 8}, 60);
+  const at::Tensor rows = Randn({5, 8}, 61), before = y.clone();
+  mk::AddRowsBroadcast(y, rows);
+  for (int64_t i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(y[i], before[i] + rows));
+  at::Tensor bad = Randn({3, 4, 8}, 62);
+  EXPECT_THROW(mk::AddRowsBroadcast(bad, rows), c10::Error);
+}
+
 }  // namespace

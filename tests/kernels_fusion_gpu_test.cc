@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -142,6 +143,51 @@ TEST(kernels_fusion_gpu, RelPosAttentionReadsTheSkewedTablesLikeGatheredOnes) {
     const at::Tensor out4 = mk::RelPosAttention(q, k, v, terms.rel_h.reshape({c.B, c.H, N, c.g}).contiguous(),
                                                 terms.rel_w.reshape({c.B, c.H, N, c.g}).contiguous(), c.g, c.g, scale);
     EXPECT_TRUE(at::equal(out, out4));
+  }
+}
+
+// The decoder's row LayerNorm (+ GELU) against LayerNorm then GELU in fp32 on the same inputs (the
+// kernel applies GELU before its one rounding, the reference rounds twice: compared with fp32 math).
+TEST(kernels_fusion_gpu, RowNormMatchesLayerNormAndGelu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 300;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+    for (int64_t C : {32, 64, 128, 256}) {
+      for (bool gelu : {false, true}) {
+        for (int64_t rows : {1, 7, 4096 * 3 + 5}) {
+          const at::Tensor x = Randn({rows, C}, seed++, t, 2.0, 0.5);
+          const at::Tensor w = Randn({C}, seed++, t, 0.5, 1.0), b = Randn({C}, seed++, t, 0.3);
+          Poison(rows * C * 2);
+          const at::Tensor out = mk::RowNorm(x, w, b, 1e-6, gelu);
+          const at::Tensor ref32 = mk::RowNormReference(x.to(at::kFloat), w.to(at::kFloat), b.to(at::kFloat), 1e-6, gelu);
+          const Err e = Compare(out, ref32);
+          const std::string name = std::to_string(rows) + "x" + std::to_string(C) + (gelu ? " gelu " : " ") +
+                                   c10::toString(t);
+          EXPECT_TRUE(e.finite) << name;
+          // One rounding of |y| <~ 6: bf16 half-ulp 1.6e-2, fp16 2e-3.
+          EXPECT_LE(e.max_abs, t == at::kBFloat16 ? 3.2e-2 : 4e-3) << name;
+          EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 4e-3 : 1e-3) << name;
+        }
+      }
+    }
+  }
+  // Widths the kernel does not cover fall back to the reference, on the device.
+  const at::Tensor x = Randn({5, 96}, seed++, at::kBFloat16), w = Randn({96}, seed++, at::kBFloat16),
+                   b = Randn({96}, seed++, at::kBFloat16);
+  EXPECT_TRUE(at::equal(mk::RowNorm(x, w, b, 1e-6, true), mk::RowNormReference(x, w, b, 1e-6, true)));
+}
+
+TEST(kernels_fusion_gpu, AddRowsBroadcastEqualsAtenAdd) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 400;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (auto [n, r, c] : {std::tuple<int64_t, int64_t, int64_t>{64, 4096, 384}, {3, 4096, 256}, {1, 5, 8}, {2, 3, 12}}) {
+      at::Tensor y = Randn({n, r, c}, seed++, t);
+      const at::Tensor rows = Randn({r, c}, seed++, t);
+      const at::Tensor ref = y + rows;
+      mk::AddRowsBroadcast(y, rows);
+      EXPECT_TRUE(at::equal(y, ref)) << n << "x" << r << "x" << c << " " << c10::toString(t);
+    }
   }
 }
 
