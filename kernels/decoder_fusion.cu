@@ -7,6 +7,9 @@
 // fp32 from registers via xor-shuffles within the L-lane group, then LayerNorm's affine and, when
 // asked, GELU (erf form, on the fp32 value) before the one rounding to T.
 // AddRowsBroadcast: y[i] += rows[i mod period] in 16-byte vectors (fp32 sum, one rounding, as ATen).
+// CopySlices: many independent contiguous byte ranges copied in one launch (a table of
+// {dst, src, bytes}); the per-prompt mask logits of a decode, which as separate copies cost more
+// host launch time than GPU time.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -81,6 +84,18 @@ __global__ void __launch_bounds__(kThreads) AddRowsBroadcastKernel(void* y, cons
   }
 }
 
+// Block y walks the table (items i = y, y + gridDim.y, ...); blocks x share one item's vectors.
+__global__ void __launch_bounds__(kThreads) CopySlicesKernel(const int64_t* table, int64_t items) {
+  for (int64_t i = blockIdx.y; i < items; i += gridDim.y) {
+    uint4* dst = reinterpret_cast<uint4*>(table[3 * i]);
+    const uint4* src = reinterpret_cast<const uint4*>(table[3 * i + 1]);
+    const int64_t vectors = table[3 * i + 2] / 16;
+    for (int64_t v = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; v < vectors;
+         v += static_cast<int64_t>(gridDim.x) * kThreads)
+      dst[v] = src[v];
+  }
+}
+
 template <typename T>
 cudaError_t LaunchRowNormT(const RowNormArgs& a, cudaStream_t stream) {
   const int lanes = a.C / 8;
@@ -117,6 +132,15 @@ cudaError_t LaunchAddRowsBroadcast(void* y, const void* rows, int64_t elements, 
     AddRowsBroadcastKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(y, rows, vectors, period / 8);
   else
     AddRowsBroadcastKernel<__half><<<grid, kThreads, 0, stream>>>(y, rows, vectors, period / 8);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCopySlices(const int64_t* table, int64_t items, int64_t max_bytes, cudaStream_t stream) {
+  if (items <= 0 || max_bytes <= 0) return cudaSuccess;
+  const int64_t vectors = max_bytes / 16;
+  const unsigned gx = static_cast<unsigned>(std::min<int64_t>((vectors + kThreads - 1) / kThreads, 64));
+  const unsigned gy = static_cast<unsigned>(std::min<int64_t>(items, 65535));
+  CopySlicesKernel<<<dim3(gx, gy), kThreads, 0, stream>>>(table, items);
   return cudaGetLastError();
 }
 

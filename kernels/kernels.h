@@ -107,6 +107,13 @@ at::Tensor RowNormReference(const at::Tensor& x, const at::Tensor& weight, const
 // y += rows, rows [R, n] broadcast over y's leading dimensions (y [..., R, n], contiguous, in
 // place). Bit-identical to y.add_(rows) (fp32 sum, one rounding); CUDA kernel for bf16/fp16.
 void AddRowsBroadcast(at::Tensor& y, const at::Tensor& rows, Stream stream = nullptr);
+// For each i: a contiguous tensor of its own holding src[row[i]].narrow(0, first[i], count[i])
+// (src [G, K, ...]; the decoder's per-prompt mask logits out of its [G, 4, 256, 256] batch). On
+// CUDA all of them are copied by one kernel when every slice is 16-byte aligned; otherwise (and on
+// the CPU) by one clone each. Same values either way: a byte copy.
+std::vector<at::Tensor> CopySlices(const at::Tensor& src, const std::vector<int64_t>& row,
+                                   const std::vector<int64_t>& first, const std::vector<int64_t>& count,
+                                   Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------------
 // Image pre-processing on the device: Pillow-exact antialiased bilinear resize of uint8 RGB (the

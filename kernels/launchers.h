@@ -84,6 +84,9 @@ cudaError_t LaunchRowNorm(const RowNormArgs& args, DType dtype, cudaStream_t str
 // 16-byte aligned).
 cudaError_t LaunchAddRowsBroadcast(void* y, const void* rows, int64_t elements, int64_t period, DType dtype,
                                    cudaStream_t stream);
+// table: `items` rows of {dst address, src address, bytes} on the device; every address 16-byte
+// aligned and every size a multiple of 16; max_bytes the largest size (sizes the grid).
+cudaError_t LaunchCopySlices(const int64_t* table, int64_t items, int64_t max_bytes, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------
 // Pillow-exact resize + normalise + pad (preprocess.cu).

@@ -308,6 +308,9 @@ class EngineImpl final : public Engine {
  private:
   void Log(LogLevel l, const std::string& m) const { options_.log(l, m); }
   at::Tensor Normalize(const at::Tensor& hwc_u8, int h, int w) const;
+  // A host tensor on the engine's device without a host synchronisation: a plain .to(cuda) of
+  // pageable memory waits for the stream, which in the decoder stalled the launches of every pass.
+  at::Tensor Upload(const at::Tensor& host) const;
   at::Tensor RunEncoder(const at::Tensor& batch);
   MaskDecoderImpl::Output RunDecoder(const at::Tensor& src, const at::Tensor& sparse);
   // The shared-image decoder on group keys [G, HW, D] (graph replay when G == 1).
@@ -562,6 +565,13 @@ at::Tensor EngineImpl::Normalize(const at::Tensor& hwc_u8, int h, int w) const {
   return x.to(dtype_).contiguous();
 }
 
+at::Tensor EngineImpl::Upload(const at::Tensor& host) const {
+  if (!device_.is_cuda()) return host.to(device_);
+  // pin_memory() copies into a block of the caching host allocator, which keeps it until the
+  // non-blocking copy recorded on the stream has run.
+  return host.pin_memory().to(device_, /*non_blocking=*/true);
+}
+
 StatusOr<PreparedImage> EngineImpl::Prepare(const ImageRGB8& image) {
   if (image.width <= 0 || image.height <= 0 ||
       image.pixels.size() != static_cast<size_t>(image.width) * image.height * 3)
@@ -809,8 +819,8 @@ StatusOr<std::vector<DecodedPrompt>> EngineImpl::Decode(const std::vector<Decode
           mask_inputs.push_back(item.prompt.mask_input->impl()->tensor[item.prompt.mask_input_index]);
         }
       }
-      const at::Tensor c = at::from_blob(coords.data(), {G, T, 2}, at::kFloat).to(device_);
-      const at::Tensor l = at::from_blob(labels.data(), {G, T}, at::kLong).to(device_);
+      const at::Tensor c = Upload(at::from_blob(coords.data(), {G, T, 2}, at::kFloat));
+      const at::Tensor l = Upload(at::from_blob(labels.data(), {G, T}, at::kLong));
       const at::Tensor sparse = sam_->prompt_encoder->EmbedTokens(c, l).to(dtype_);
       if (shared_dec_) {
         // Groups of prompts with one image side: the prompts of one embedding without a mask input;
@@ -840,11 +850,11 @@ StatusOr<std::vector<DecodedPrompt>> EngineImpl::Decode(const std::vector<Decode
         } else {
           const at::Tensor dense_m = sam_->prompt_encoder->EmbedMasks(at::stack(group_masks).unsqueeze(1).to(dtype_));
           at::Tensor dense = no_mask_.expand({ng, -1, src.size(2), src.size(3)}).clone();
-          dense.index_copy_(0, at::tensor(mask_groups, at::TensorOptions().dtype(at::kLong)).to(device_), dense_m);
+          dense.index_copy_(0, Upload(at::tensor(mask_groups, at::TensorOptions().dtype(at::kLong))), dense_m);
           src = src + dense;
         }
         const at::Tensor group_index =
-            ng > 1 ? at::tensor(group_of, at::TensorOptions().dtype(at::kLong)).to(device_) : at::Tensor();
+            ng > 1 ? Upload(at::tensor(group_of, at::TensorOptions().dtype(at::kLong))) : at::Tensor();
         auto dec = RunSharedDecoder(SharedImageDecoder::GroupKeys(src), group_index, sparse);
         pending.push_back({dec.iou_predictions, dec.masks, idx});
         continue;
@@ -856,14 +866,33 @@ StatusOr<std::vector<DecodedPrompt>> EngineImpl::Decode(const std::vector<Decode
         const at::Tensor m = at::stack(mask_inputs).unsqueeze(1).to(dtype_);
         const at::Tensor dense_m = sam_->prompt_encoder->EmbedMasks(m);
         at::Tensor dense = no_mask_.expand({G, -1, src.size(2), src.size(3)}).clone();
-        const at::Tensor rows = at::tensor(mask_rows, at::TensorOptions().dtype(at::kLong)).to(device_);
+        const at::Tensor rows = Upload(at::tensor(mask_rows, at::TensorOptions().dtype(at::kLong)));
         dense.index_copy_(0, rows, dense_m);
         src = src + dense;
       }
       auto dec = RunDecoder(src, sparse);
       pending.push_back({dec.iou_predictions, dec.masks, idx});
     }
-    for (auto& p : pending) {
+    // Every pass's mask copies are queued before the first score download synchronises, so the
+    // host waits once, for work that is already all on the stream.
+    std::vector<std::vector<at::Tensor>> logits(pending.size());
+    for (size_t k = 0; k < pending.size(); ++k) {
+      const Pending& p = pending[k];
+      const int64_t nt = p.scores.size(1);
+      std::vector<int64_t> row, first, count;
+      for (size_t g = 0; g < p.idx.size(); ++g) {
+        const bool multi = items[p.idx[g]].prompt.multimask;
+        row.push_back(static_cast<int64_t>(g));
+        first.push_back(multi ? 1 : 0);
+        count.push_back(multi ? nt - 1 : 1);
+      }
+      // A copy of its own per prompt (one launch for all): a view would keep the whole batch's
+      // [G, 4, 256, 256] alive for as long as any one result is stored, and bytes() would
+      // under-count it.
+      logits[k] = kernels::CopySlices(p.masks, row, first, count);
+    }
+    for (size_t k = 0; k < pending.size(); ++k) {
+      const Pending& p = pending[k];
       const at::Tensor scores = p.scores.to(at::kCPU, at::kFloat).contiguous();
       const float* s = scores.data_ptr<float>();
       const int64_t nt = scores.size(1);
@@ -873,9 +902,7 @@ StatusOr<std::vector<DecodedPrompt>> EngineImpl::Decode(const std::vector<Decode
         DecodedPrompt d;
         d.scores.assign(s + g * nt + first, s + g * nt + first + count);
         auto impl = std::make_shared<MaskLogits::Impl>();
-        // A copy of its own: a view would keep the whole batch's [G, 4, 256, 256] alive for as long
-        // as any one result is stored, and bytes() would under-count it.
-        impl->tensor = p.masks[static_cast<int64_t>(g)].narrow(0, first, count).clone();
+        impl->tensor = std::move(logits[k][g]);
         d.logits = std::make_shared<const MaskLogits>(impl);
         out[p.idx[g]] = std::move(d);
       }
@@ -919,7 +946,8 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
       at::Tensor geom = at::from_blob(geometry.data(), {M, 4}, at::kInt).clone();
       kernels::MaskPostprocessOutput r;
       if (gpu_post_) {
-        r = kernels::MaskPostprocess(all.to(at::kFloat).contiguous(), geom, config_.img_size,
+        // The kernel reads bf16/fp16 logits itself (widening is exact): no float copy of the batch.
+        r = kernels::MaskPostprocess(all.contiguous(), geom, config_.img_size,
                                      enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask);
       } else {
         // The original's float32 arithmetic in plain LibTorch, on the engine's device.

@@ -148,4 +148,19 @@ TEST(kernels_fusion_cpu, AddRowsBroadcastAddsPerRowAndChecksShapes) {
   EXPECT_THROW(mk::AddRowsBroadcast(bad, rows), c10::Error);
 }
 
+TEST(kernels_fusion_cpu, CopySlicesCopiesEachSliceAndChecksBounds) {
+  const at::Tensor src = Randn({4, 4, 3, 5}, 70);
+  const std::vector<at::Tensor> out = mk::CopySlices(src, {2, 0, 3}, {1, 0, 3}, {3, 1, 1});
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_TRUE(at::equal(out[0], src[2].narrow(0, 1, 3)));
+  EXPECT_TRUE(at::equal(out[1], src[0].narrow(0, 0, 1)));
+  EXPECT_TRUE(at::equal(out[2], src[3].narrow(0, 3, 1)));
+  EXPECT_NE(out[0].data_ptr(), src[2][1].data_ptr());  // a copy, not a view
+  EXPECT_THROW(mk::CopySlices(src, {4}, {0}, {1}), c10::Error);     // row out of range
+  EXPECT_THROW(mk::CopySlices(src, {0}, {2}, {3}), c10::Error);     // past the end of dim 1
+  EXPECT_THROW(mk::CopySlices(src, {0}, {0}, {0}), c10::Error);     // empty slice
+  EXPECT_THROW(mk::CopySlices(src, {0, 1}, {0}, {1}), c10::Error);  // lists of different lengths
+  EXPECT_TRUE(mk::CopySlices(src, {}, {}, {}).empty());
+}
+
 }  // namespace
