@@ -1,5 +1,5 @@
-// Device-side float -> output dtype conversion with round-to-nearest-even, shared by the kernels that
-// write float32 / bf16 / fp16 outputs.
+// Device-side float <-> 16-bit conversions (round-to-nearest-even into bf16/fp16), shared by the
+// kernels that read or write float32 / bf16 / fp16.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,5 +19,9 @@ template <>
 __device__ __forceinline__ __half FromFloat<__half>(float v) {
   return __float2half_rn(v);
 }
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
 
 }  // namespace maskd::kernels

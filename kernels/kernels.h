@@ -38,10 +38,82 @@ using Stream = void*;
 at::Tensor RelPosAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& rel_h, const at::Tensor& rel_w, int64_t grid_h,
                            int64_t grid_w, double scale, Stream stream = nullptr);
+// rel_h / rel_w may also be 5-D, [B, H, grid_h, grid_w, grid_h] and [B, H, grid_h, grid_w, grid_w]
+// with the query index split into its grid row and column, any strides with the last one 1: the
+// skewed views RelPosTables returns (read in place by the CUDA kernel; the reference copies them).
+//
 // The same function in plain LibTorch (fp32 accumulation), any device and dtype.
 at::Tensor RelPosAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& rel_h, const at::Tensor& rel_w,
                                     int64_t grid_h, int64_t grid_w, double scale);
+
+// SAM's decomposed rel-pos terms as one matrix product instead of two gathers + einsums.
+//
+// With R_h[r, k] = table_h[r - k + grid_h - 1] (get_rel_pos when queries and keys share the grid),
+// q . R_h[r, k] = S[n, (grid_h - 1 - r) + k] where S = q @ rev_h^T and rev_h is table_h reversed
+// (row j = table_h[2 grid_h - 2 - j]); likewise for w with the query's column. So one GEMM
+// S = q @ [rev_h; rev_w]^T ([B, H, N, (2 grid_h - 1) + (2 grid_w - 1)], q's dtype, fp32
+// accumulation) holds every term, and rel_h / rel_w are strided ("skewed") 5-D views into it, which
+// RelPosAttention reads without a gather pass.
+struct RelPosTerms {
+  at::Tensor rel_h;  // [B, H, grid_h, grid_w, grid_h] view into `table`
+  at::Tensor rel_w;  // [B, H, grid_h, grid_w, grid_w] view into `table`
+  at::Tensor table;  // S, [B, H, N, Lh + Lw] contiguous
+};
+// rev_tables: [(2 grid_h - 1) + (2 grid_w - 1), D], ReversedRelPosTables of the gathered R_h / R_w.
+at::Tensor ReversedRelPosTables(const at::Tensor& Rh, const at::Tensor& Rw);
+// q: [B, H, N, D] (any strides), N = grid_h * grid_w. Plain LibTorch (one matmul), any device.
+RelPosTerms RelPosTables(const at::Tensor& q, const at::Tensor& rev_tables, int64_t grid_h,
+                         int64_t grid_w);
+
+// ---------------------------------------------------------------------------------------------------
+// The element-wise work between the encoder's matrix products, fused: residual add, LayerNorm and
+// the window partition (zero padding) or unpartition (crop) of SAM's ViT blocks in one pass.
+//
+// Token layouts: raster [B, H, W, C] (the residual stream), or windowed for window size ws > 0:
+// [B * nh * nw, ws, ws, C] with nh = ceil(H / ws), nw = ceil(W / ws), window (b, i, j) at index
+// (b * nh + i) * nw + j, token (y, x) of it at image position (i ws + y, j ws + x); positions past
+// H or W are padding (SAM's window_partition pads with zeros after norm1).
+//
+// x: the residual stream [B, H, W, C], contiguous, bf16/fp16/fp32; when `delta` is defined it is
+//   updated in place, x = x + delta (rounded to x's dtype), delta in the `delta_window` layout
+//   (0: raster; ws: windowed, its padding tokens ignored), contiguous.
+// Returns LayerNorm(x) over C (fp32 statistics, eps, weight/bias [C] in x's dtype) in the
+// `out_window` layout (0: raster; ws: windowed with zero padding tokens).
+at::Tensor AddLayerNorm(at::Tensor& x, const at::Tensor& delta, int64_t delta_window,
+                        const at::Tensor& weight, const at::Tensor& bias, double eps,
+                        int64_t out_window, Stream stream = nullptr);
+// The unfused composition in LibTorch (add_, layer_norm, pad/permute), any device and dtype.
+at::Tensor AddLayerNormReference(at::Tensor& x, const at::Tensor& delta, int64_t delta_window,
+                                 const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                 int64_t out_window);
+// Layout helpers (plain LibTorch views/copies), shared by the reference, the model and the tests.
+// [B, H, W, C] -> windowed [B * nh * nw, ws, ws, C] with zero padding.
+at::Tensor WindowPartition(const at::Tensor& x, int64_t ws);
+// windowed tokens (any shape with C last and B * nh * nw * ws * ws rows) -> [B, H, W, C], cropped.
+at::Tensor WindowUnpartition(const at::Tensor& windows, int64_t ws, int64_t B, int64_t H, int64_t W);
+
+// ---------------------------------------------------------------------------------------------------
+// The mask decoder's element-wise passes (decoder_fusion.cu), used by model/fast_decoder.cc.
+//
+// RowNorm: LayerNorm over the last dimension of x ([..., C], contiguous; fp32 statistics, weight and
+// bias [C] in x's dtype), then GELU (erf form) when `gelu`, in one pass. The CUDA kernel covers
+// bf16/fp16 with C in {32, 64, 128, 256} (GELU applied before rounding the normalised value);
+// everything else runs RowNormReference.
+at::Tensor RowNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps, bool gelu,
+                   Stream stream = nullptr);
+at::Tensor RowNormReference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
+                            bool gelu);
+// y += rows, rows [R, n] broadcast over y's leading dimensions (y [..., R, n], contiguous, in
+// place). Bit-identical to y.add_(rows) (fp32 sum, one rounding); CUDA kernel for bf16/fp16.
+void AddRowsBroadcast(at::Tensor& y, const at::Tensor& rows, Stream stream = nullptr);
+// For each i: a contiguous tensor of its own holding src[row[i]].narrow(0, first[i], count[i])
+// (src [G, K, ...]; the decoder's per-prompt mask logits out of its [G, 4, 256, 256] batch). On
+// CUDA all of them are copied by one kernel when every slice is 16-byte aligned; otherwise (and on
+// the CPU) by one clone each. Same values either way: a byte copy.
+std::vector<at::Tensor> CopySlices(const at::Tensor& src, const std::vector<int64_t>& row,
+                                   const std::vector<int64_t>& first, const std::vector<int64_t>& count,
+                                   Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------------
 // Image pre-processing on the device: Pillow-exact antialiased bilinear resize of uint8 RGB (the

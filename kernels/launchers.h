@@ -24,11 +24,14 @@ struct RelPosAttentionArgs {
   int64_t q_stride[3] = {0, 0, 0};
   int64_t k_stride[3] = {0, 0, 0};
   int64_t v_stride[3] = {0, 0, 0};
-  // [B, H, N, grid_h] and [B, H, N, grid_w], last dimension contiguous; float32 or q's dtype.
+  // rel_h[b, h, n, 0..grid_h) and rel_w[b, h, n, 0..grid_w), last dimension contiguous; float32 or
+  // q's dtype. Strides in elements for (b, h, query grid row n / grid_w, query grid column
+  // n % grid_w): a plain [B, H, N, g] tensor has (s_b, s_h, grid_w * s_n, s_n); the skewed views of
+  // kernels::RelPosTables have other row/column strides.
   const void* rel_h = nullptr;
   const void* rel_w = nullptr;
-  int64_t rel_h_stride[3] = {0, 0, 0};
-  int64_t rel_w_stride[3] = {0, 0, 0};
+  int64_t rel_h_stride[4] = {0, 0, 0, 0};
+  int64_t rel_w_stride[4] = {0, 0, 0, 0};
   bool rel_is_float32 = true;
   // [B, N, H, D] contiguous, q's dtype.
   void* out = nullptr;
@@ -41,6 +44,49 @@ const char* RelPosAttentionKernelName(const RelPosAttentionArgs& args, DType dty
 bool RelPosAttentionSupported(int head_dim, int grid_h, int grid_w, int seq);
 cudaError_t LaunchRelPosAttention(const RelPosAttentionArgs& args, DType dtype,
                                   cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------------
+// Residual add + LayerNorm with window (un)partition in the indexing (encoder_fusion.cu).
+struct AddLayerNormArgs {
+  void* x = nullptr;            // [B, H, W, C] contiguous, updated in place when delta is set
+  const void* delta = nullptr;  // nullptr, or [B, H, W, C] (delta_window 0) / windowed tokens
+  int delta_window = 0;
+  const void* weight = nullptr;  // [C], the dtype of x
+  const void* bias = nullptr;    // [C]
+  void* out = nullptr;           // out_tokens x C: raster (out_window 0) or windowed with padding
+  int out_window = 0;
+  int B = 0, H = 0, W = 0, C = 0;
+  int64_t out_tokens = 0;
+  float eps = 1e-6f;
+};
+// True when the 16-byte vector kernel applies (16-bit dtype, C = 256 k for k in 1..6); the generic
+// kernel handles everything else.
+bool AddLayerNormVectorized(int C, DType dtype);
+const char* AddLayerNormKernelName(int C, DType dtype);
+cudaError_t LaunchAddLayerNorm(const AddLayerNormArgs& args, DType dtype, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------------
+// The mask decoder's row LayerNorm (+ GELU) and broadcast add (decoder_fusion.cu).
+struct RowNormArgs {
+  const void* x = nullptr;       // [rows, C] contiguous, 16-byte aligned
+  const void* weight = nullptr;  // [C]
+  const void* bias = nullptr;    // [C]
+  void* out = nullptr;           // [rows, C]
+  int64_t rows = 0;
+  int C = 0;
+  float eps = 1e-6f;
+  bool gelu = false;
+};
+// True for 16-bit dtypes and C in {32, 64, 128, 256} (C / 8 lanes per row).
+bool RowNormVectorized(int C, DType dtype);
+cudaError_t LaunchRowNorm(const RowNormArgs& args, DType dtype, cudaStream_t stream);
+// y[i] += rows[i % period] for i < elements (16-bit dtypes, elements and period multiples of 8,
+// 16-byte aligned).
+cudaError_t LaunchAddRowsBroadcast(void* y, const void* rows, int64_t elements, int64_t period, DType dtype,
+                                   cudaStream_t stream);
+// table: `items` rows of {dst address, src address, bytes} on the device; every address 16-byte
+// aligned and every size a multiple of 16; max_bytes the largest size (sizes the grid).
+cudaError_t LaunchCopySlices(const int64_t* table, int64_t items, int64_t max_bytes, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------
 // Pillow-exact resize + normalise + pad (preprocess.cu).

@@ -1,4 +1,5 @@
 #include <array>
+#include <tuple>
 #include <cstdint>
 #include <utility>
 
@@ -30,14 +31,19 @@ std::array<int64_t, 4> CheckAttentionArgs(const at::Tensor& q, const at::Tensor&
   }
   TORCH_CHECK(grid_h > 0 && grid_w > 0 && grid_h * grid_w == N, "grid_h x grid_w: expected ",
               grid_h, " x ", grid_w, " = N = ", N, " (q is ", Describe(q), ")");
-  CheckDim(rel_h, "rel_h", 4);
-  CheckDim(rel_w, "rel_w", 4);
-  for (int64_t d = 0; d < 3; ++d) {
-    CheckSize(rel_h, "rel_h", d, q.size(d));
-    CheckSize(rel_w, "rel_w", d, q.size(d));
+  for (const auto& [t, name, g] : {std::tuple{&rel_h, "rel_h", grid_h}, std::tuple{&rel_w, "rel_w", grid_w}}) {
+    TORCH_CHECK(t->dim() == 4 || t->dim() == 5, name, ": expected [B, H, N, g] or [B, H, grid_h, grid_w, g], got ",
+                Describe(*t));
+    CheckSize(*t, name, 0, B);
+    CheckSize(*t, name, 1, H);
+    if (t->dim() == 4) {
+      CheckSize(*t, name, 2, N);
+    } else {
+      CheckSize(*t, name, 2, grid_h);
+      CheckSize(*t, name, 3, grid_w);
+    }
+    CheckSize(*t, name, t->dim() - 1, g);
   }
-  CheckSize(rel_h, "rel_h", 3, grid_h);
-  CheckSize(rel_w, "rel_w", 3, grid_w);
   for (const auto& [t, name] : {std::pair{&rel_h, "rel_h"}, std::pair{&rel_w, "rel_w"}}) {
     TORCH_CHECK(t->device() == q.device(), name, ": expected q's device ", q.device(), ", got ",
                 Describe(*t));
@@ -78,8 +84,9 @@ at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
   const at::Tensor q = AlignedForKernel(q_in);
   const at::Tensor k = AlignedForKernel(k_in);
   const at::Tensor v = AlignedForKernel(v_in);
-  const at::Tensor rel_h = rel_h_in.stride(3) == 1 ? rel_h_in : rel_h_in.contiguous();
-  const at::Tensor rel_w = rel_w_in.stride(3) == 1 ? rel_w_in : rel_w_in.contiguous();
+  auto last_contiguous = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };
+  const at::Tensor rel_h = last_contiguous(rel_h_in);
+  const at::Tensor rel_w = last_contiguous(rel_w_in);
   at::Tensor out = at::empty({B, N, H, D}, q.options());
   if (out.numel() == 0) return out;
 
@@ -93,9 +100,21 @@ at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
     a.q_stride[d] = q.stride(d);
     a.k_stride[d] = k.stride(d);
     a.v_stride[d] = v.stride(d);
-    a.rel_h_stride[d] = rel_h.stride(d);
-    a.rel_w_stride[d] = rel_w.stride(d);
   }
+  // (b, h, query grid row, query grid column) strides.
+  auto grid_strides = [&](const at::Tensor& t, int64_t* s) {
+    s[0] = t.stride(0);
+    s[1] = t.stride(1);
+    if (t.dim() == 4) {
+      s[2] = grid_w * t.stride(2);
+      s[3] = t.stride(2);
+    } else {
+      s[2] = t.stride(2);
+      s[3] = t.stride(3);
+    }
+  };
+  grid_strides(rel_h, a.rel_h_stride);
+  grid_strides(rel_w, a.rel_w_stride);
   a.rel_is_float32 = rel_h.scalar_type() == at::kFloat;
   a.out = out.data_ptr();
   a.batch = static_cast<int>(B);

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/launchers.h"
 
@@ -212,13 +213,14 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
     for (int r = warp; r < kRows; r += kWarps) {
       const int row = q0 + r;
       float* const dst = smem_bias + r * bias_pitch;
+      const int64_t qr = row / gw, qc = row % gw;
+      const int64_t rw_row = rw_base + qr * p.rel_w_stride[2] + qc * p.rel_w_stride[3];
+      const int64_t rh_row = rh_base + qr * p.rel_h_stride[2] + qc * p.rel_h_stride[3];
       for (int c = lane; c < gw + gh; c += 32) {
         float val = 0.0f;
         if (row < n) {
-          val = c < gw ? LoadAsFloat<T>(p.rel_w, rw_base + row * p.rel_w_stride[2] + c,
-                                        p.rel_is_float32)
-                       : LoadAsFloat<T>(p.rel_h, rh_base + row * p.rel_h_stride[2] + (c - gw),
-                                        p.rel_is_float32);
+          val = c < gw ? LoadAsFloat<T>(p.rel_w, rw_row + c, p.rel_is_float32)
+                       : LoadAsFloat<T>(p.rel_h, rh_row + (c - gw), p.rel_is_float32);
         }
         dst[c] = val * kLog2e;
       }
@@ -413,7 +415,16 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
 
 // Large sequences (global attention) get 8 warps (128 query rows: half the K/V smem traffic per
 // row); short ones (14x14 windows) 4 warps, which wastes fewer rows on the partial last tile.
-inline int WarpsFor(int seq) { return seq >= 1024 ? 8 : 4; }
+// MASKD_RELPOS_WINDOW_WARPS=8 runs the short (windowed) sequences with 8 warps too: a benchmarking
+// knob (the choice is measured, see BENCHMARKS.md), read once per process.
+inline int WindowWarps() {
+  static const int warps = [] {
+    const char* e = std::getenv("MASKD_RELPOS_WINDOW_WARPS");
+    return e != nullptr && std::atoi(e) == 8 ? 8 : 4;
+  }();
+  return warps;
+}
+inline int WarpsFor(int seq) { return seq >= 1024 ? 8 : WindowWarps(); }
 
 constexpr int kMaxSmemPerBlock = 227 * 1024;
 constexpr int kMaxDevices = 64;

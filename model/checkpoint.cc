@@ -2,6 +2,8 @@
 
 #include <caffe2/serialize/inline_container.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -11,8 +13,14 @@
 #include <unordered_map>
 #include <variant>
 
+#include <zlib.h>
+
 namespace maskd {
 namespace {
+
+// a * b and a + b for sizes read from a file, which may be chosen to wrap around.
+bool MulOverflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
+bool AddOverflows(int64_t a, int64_t b, int64_t* out) { return __builtin_add_overflow(a, b, out); }
 
 // ---------------------------------------------------------------------------------------------------
 // A restricted pickle machine.
@@ -325,18 +333,32 @@ class Unpickler {
     const auto size = AsInts(a->items[2], "tensor size");
     const auto stride = AsInts(a->items[3], "tensor stride");
     if (size.size() != stride.size()) throw PickleError("tensor size and stride differ in rank");
-    // Bounds: the furthest element must lie inside the storage.
+    // Bounds: the furthest element must lie inside the storage. Sizes and strides come from the
+    // file, so every product and sum is checked for overflow.
     int64_t last = offset;
+    int64_t numel = 1;
     bool empty = false;
     for (size_t i = 0; i < size.size(); ++i) {
       if (size[i] < 0 || stride[i] < 0) throw PickleError("negative tensor size or stride");
       if (size[i] == 0) empty = true;
-      last += (size[i] - 1) * stride[i];
+    }
+    for (size_t i = 0; i < size.size() && !empty; ++i) {
+      int64_t reach = 0;
+      if (MulOverflows(size[i] - 1, stride[i], &reach) || AddOverflows(last, reach, &last) ||
+          MulOverflows(numel, size[i], &numel))
+        throw PickleError("a tensor's size or stride overflows 64 bits");
     }
     const at::Tensor& storage = storages_.at(s->key);
     if (!empty && (offset < 0 || last >= storage.numel()))
       throw PickleError("a tensor reaches past its storage of " +
                         std::to_string(storage.numel()) + " elements");
+    // Zero or overlapping strides would make .contiguous() below allocate more than the file
+    // holds (16 bytes could ask for gigabytes); a saved state dict never has them.
+    if (!empty && numel > storage.numel())
+      throw PickleError("a tensor of " + std::to_string(numel) + " elements views a storage of " +
+                        std::to_string(storage.numel()) +
+                        " (zero or overlapping strides; expected a tensor no larger than its "
+                        "storage)");
     if (empty) return Make(at::empty(size, storage.options()));
     return Make(storage.as_strided(size, stride, offset).contiguous());
   }
@@ -374,7 +396,94 @@ bool ReadPrefix(const std::string& path, char* buf, size_t n, size_t* got, uint6
   return true;
 }
 
+uint64_t LE(const unsigned char* p, int n) {
+  uint64_t v = 0;
+  for (int i = n; i-- > 0;) v = (v << 8) | p[i];
+  return v;
+}
+
+// Record name (below the archive's top folder) -> CRC-32 from the zip central directory (zip64
+// too). miniz as built into LibTorch does not check CRCs, so a checkpoint corrupted in the middle
+// would load and serve; ReadTorchZip checks every record it reads against these.
+StatusOr<std::unordered_map<std::string, uint32_t>> ReadZipCrcs(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return InvalidArgument(path + ": cannot open the checkpoint file");
+  const uint64_t size = static_cast<uint64_t>(f.tellg());
+  auto read_at = [&](uint64_t at, uint64_t n, std::string* out) {
+    if (at > size || n > size - at) return false;
+    out->assign(n, '\0');
+    f.seekg(static_cast<std::streamoff>(at));
+    return static_cast<bool>(f.read(out->data(), static_cast<std::streamsize>(n)));
+  };
+  const Status corrupt = InvalidArgument(path + ": the zip central directory is corrupt");
+  // The end-of-central-directory record: 22 bytes plus a comment of up to 65535.
+  const uint64_t tail_len = std::min<uint64_t>(size, 22 + 65535);
+  std::string tail;
+  if (!read_at(size - tail_len, tail_len, &tail) || tail_len < 22) return corrupt;
+  const auto* t = reinterpret_cast<const unsigned char*>(tail.data());
+  int64_t eocd = -1;
+  for (int64_t i = static_cast<int64_t>(tail_len) - 22; i >= 0; --i) {
+    if (LE(t + i, 4) == 0x06054b50) {
+      eocd = i;
+      break;
+    }
+  }
+  if (eocd < 0) return corrupt;
+  uint64_t entries = LE(t + eocd + 10, 2), cd_size = LE(t + eocd + 12, 4),
+           cd_offset = LE(t + eocd + 16, 4);
+  if (entries == 0xffff || cd_size == 0xffffffff || cd_offset == 0xffffffff) {
+    // zip64: a locator just before the record points at the zip64 end record.
+    const uint64_t eocd_at = size - tail_len + static_cast<uint64_t>(eocd);
+    std::string loc, rec;
+    if (eocd_at < 20 || !read_at(eocd_at - 20, 20, &loc)) return corrupt;
+    const auto* l = reinterpret_cast<const unsigned char*>(loc.data());
+    if (LE(l, 4) != 0x07064b50 || !read_at(LE(l + 8, 8), 56, &rec)) return corrupt;
+    const auto* r = reinterpret_cast<const unsigned char*>(rec.data());
+    if (LE(r, 4) != 0x06064b50) return corrupt;
+    entries = LE(r + 32, 8), cd_size = LE(r + 40, 8), cd_offset = LE(r + 48, 8);
+  }
+  std::string cd;
+  if (!read_at(cd_offset, cd_size, &cd)) return corrupt;
+  std::unordered_map<std::string, uint32_t> crcs;
+  const auto* c = reinterpret_cast<const unsigned char*>(cd.data());
+  uint64_t at = 0;
+  for (uint64_t e = 0; e < entries; ++e) {
+    if (cd_size - at < 46 || LE(c + at, 4) != 0x02014b50) return corrupt;
+    const uint64_t name_len = LE(c + at + 28, 2), extra_len = LE(c + at + 30, 2),
+                   comment_len = LE(c + at + 32, 2);
+    if (cd_size - at - 46 < name_len + extra_len + comment_len) return corrupt;
+    std::string name(reinterpret_cast<const char*>(c + at + 46), name_len);
+    // Records are addressed below the top folder (named after the file, or "archive").
+    const size_t slash = name.find('/');
+    crcs[slash == std::string::npos ? name : name.substr(slash + 1)] =
+        static_cast<uint32_t>(LE(c + at + 16, 4));
+    at += 46 + name_len + extra_len + comment_len;
+  }
+  return crcs;
+}
+
+void CheckRecordCrc(const std::unordered_map<std::string, uint32_t>& crcs, const std::string& rec,
+                    const void* data, size_t n) {
+  auto it = crcs.find(rec);
+  if (it == crcs.end()) throw PickleError("record " + rec + " is not in the zip central directory");
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* p = static_cast<const Bytef*>(data);
+  for (size_t done = 0; done < n;) {  // crc32 takes a 32-bit length
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(n - done, 1u << 30));
+    crc = crc32(crc, p + done, chunk);
+    done += chunk;
+  }
+  if (static_cast<uint32_t>(crc) != it->second) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "CRC-32 %08x, expected %08x", static_cast<unsigned>(crc),
+                  static_cast<unsigned>(it->second));
+    throw PickleError("record " + rec + " is corrupt (" + buf + " from the zip directory)");
+  }
+}
+
 StatusOr<StateDict> ReadTorchZip(const std::string& path) {
+  StatusOr<std::unordered_map<std::string, uint32_t>> crcs = ReadZipCrcs(path);
+  if (!crcs.ok()) return crcs.status();
   try {
     caffe2::serialize::PyTorchStreamReader reader(path);
     // The archive's top folder (file stem or "archive") is handled by the reader; records are
@@ -382,16 +491,26 @@ StatusOr<StateDict> ReadTorchZip(const std::string& path) {
     if (!reader.hasRecord("data.pkl"))
       return InvalidArgument(path + ": zip archive without data.pkl (not a torch.save checkpoint)");
     auto [pkl, pkl_size] = reader.getRecord("data.pkl");
+    CheckRecordCrc(*crcs, "data.pkl", pkl.get(), pkl_size);
     auto load = [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
       const std::string rec = "data/" + key;
       if (!reader.hasRecord(rec)) throw PickleError("storage record " + rec + " is missing");
-      const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+      const size_t elem = c10::elementSize(dtype);
       const size_t have = reader.getRecordSize(rec);
-      if (have < bytes)
+      if (static_cast<uint64_t>(numel) > have / elem)
         throw PickleError("storage record " + rec + " holds " + std::to_string(have) +
-                          " bytes, expected " + std::to_string(bytes));
+                          " bytes, expected " + std::to_string(numel) + " elements of " +
+                          std::to_string(elem) + " bytes");
+      const size_t bytes = static_cast<size_t>(numel) * elem;
       at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
-      if (bytes) reader.getRecord(rec, t.data_ptr(), bytes);
+      if (have == bytes) {
+        if (bytes) reader.getRecord(rec, t.data_ptr(), bytes);
+        CheckRecordCrc(*crcs, rec, t.data_ptr(), bytes);
+      } else {  // a record longer than its storage: the CRC covers all of it
+        auto [all, all_size] = reader.getRecord(rec);
+        CheckRecordCrc(*crcs, rec, all.get(), all_size);
+        if (bytes) std::memcpy(t.data_ptr(), all.get(), bytes);
+      }
       return t;
     };
     Unpickler u(static_cast<const char*>(pkl.get()), pkl_size, load);
@@ -440,11 +559,18 @@ StatusOr<StateDict> ReadSafetensors(const std::string& path, uint64_t file_size)
       int64_t numel = 1;
       for (auto s : shape) {
         if (s < 0) return InvalidArgument(path + ": tensor '" + it.key() + "' has a negative size");
-        numel *= s;
+        if (MulOverflows(numel, s, &numel))
+          return InvalidArgument(path + ": tensor '" + it.key() +
+                                 "' has a shape whose element count overflows 64 bits");
       }
-      const uint64_t bytes = static_cast<uint64_t>(numel) * c10::elementSize(d->second);
+      int64_t signed_bytes = 0;
+      if (MulOverflows(numel, static_cast<int64_t>(c10::elementSize(d->second)), &signed_bytes))
+        return InvalidArgument(path + ": tensor '" + it.key() +
+                               "' has a shape whose byte size overflows 64 bits");
+      const uint64_t bytes = static_cast<uint64_t>(signed_bytes);
+      // Compared without adding to data_start, which offsets near 2^64 would wrap around.
       if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != bytes ||
-          data_start + off[1] > file_size)
+          off[1] > file_size - data_start)
         return InvalidArgument(path + ": tensor '" + it.key() +
                                "' has data offsets that do not match its shape or the file size "
                                "(truncated file?)");
@@ -457,6 +583,11 @@ StatusOr<StateDict> ReadSafetensors(const std::string& path, uint64_t file_size)
     return out;
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(path + ": bad safetensors header: " + e.what());
+  } catch (const c10::Error& e) {
+    return InvalidArgument(path + ": cannot read the safetensors data: " +
+                           e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InvalidArgument(path + ": cannot read the safetensors data: " + e.what());
   }
 }
 
@@ -530,10 +661,8 @@ StatusOr<StateDict> ReadStateDict(const std::string& path) {
   if (got < 8) return InvalidArgument(path + ": file too short to be a checkpoint (" +
                                       std::to_string(size) + " bytes)");
   if (magic[0] == 'P' && magic[1] == 'K') return ReadTorchZip(path);
-  if (static_cast<uint8_t>(magic[0]) == 0x80)
-    return InvalidArgument(path + ": legacy (pre-1.6, non-zip) torch.save format is not supported; "
-                                  "re-save it with torch.save in torch >= 1.6");
-  // safetensors: 8-byte little-endian header length, then a JSON object.
+  // safetensors: 8-byte little-endian header length, then a JSON object. Checked before the legacy
+  // pickle's 0x80 (PROTO): a header length of 128, 384, ... also starts with that byte.
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(static_cast<uint8_t>(magic[i])) << (8 * i);
   if (header_len > 0 && header_len < size) {
@@ -543,6 +672,9 @@ StatusOr<StateDict> ReadStateDict(const std::string& path) {
     f.get(c);
     if (c == '{') return ReadSafetensors(path, size);
   }
+  if (static_cast<uint8_t>(magic[0]) == 0x80)
+    return InvalidArgument(path + ": legacy (pre-1.6, non-zip) torch.save format is not supported; "
+                                  "re-save it with torch.save in torch >= 1.6");
   return InvalidArgument(path + ": not a checkpoint (neither a torch.save zip archive nor "
                                 "safetensors)");
 }

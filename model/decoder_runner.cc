@@ -1,7 +1,11 @@
 // EngineImpl's jagged mask decoder: prompts of many images in one pass per sparse-token count, each
-// pass replaying a CUDA graph captured per (prompt bucket, token count), or running eagerly. Items are
-// checked one by one: a bad item gets its own status and the others still decode.
+// pass replaying a CUDA graph captured per (prompt bucket, token count), or running eagerly. With the
+// shared-image decoder (FastPathOptions::shared_image_decoder) a pass groups its prompts by
+// embedding, so each image's side is computed once. Items are checked one by one: a bad item gets its
+// own status and the others still decode.
 #include "model/engine_impl.h"
+
+#include "kernels/kernels.h"
 
 namespace maskd {
 
@@ -11,46 +15,72 @@ constexpr int64_t kDecoderGraphBuckets[] = {1, 2, 4, 8, 16, 32, 64};
 constexpr int64_t kMaxGraphTokens = 16;
 constexpr size_t kMaxDecoderGraphs = 64;
 
-MaskDecoderImpl::Output EngineImpl::RunDecoder(const at::Tensor& src, const at::Tensor& sparse) {
+at::Tensor EngineImpl::Upload(const at::Tensor& host) const {
+  if (!device_.is_cuda()) return host.to(device_);
+  // pin_memory() copies into a block of the caching host allocator, which keeps it until the
+  // non-blocking copy recorded on the stream has run.
+  return host.pin_memory().to(device_, /*non_blocking=*/true);
+}
+
+std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(
+    const at::Tensor& image_side, bool per_prompt, const at::Tensor& sparse,
+    const std::function<MaskDecoderImpl::Output(const at::Tensor&, const at::Tensor&)>& run) {
 #ifdef MASKD_WITH_CUDA
   const int64_t G = sparse.size(0), T = sparse.size(1);
-  if (device_.is_cuda() && options_.fast.cuda_graphs && T <= kMaxGraphTokens) {
-    int64_t bucket = 0;
-    for (int64_t b : kDecoderGraphBuckets)
-      if (b >= G) {
-        bucket = b;
-        break;
-      }
-    if (bucket > 0) {
-      std::lock_guard<std::mutex> lock(decoder_graph_mu_);
-      auto it = decoder_graphs_.find({bucket, T});
-      if (it == decoder_graphs_.end() && decoder_graphs_.size() < kMaxDecoderGraphs) {
-        DecoderGraph g;
-        g.src = at::zeros({bucket, src.size(1), src.size(2), src.size(3)}, src.options());
-        g.sparse = at::zeros({bucket, T, sparse.size(2)}, sparse.options());
-        sam_->mask_decoder->forward(g.src, dense_pe_, g.sparse);  // warm-up outside the capture
-        c10::cuda::getCurrentCUDAStream().synchronize();
-        if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
-        g.graph = std::make_unique<at::cuda::CUDAGraph>();
-        g.graph->capture_begin(*decoder_pool_, cudaStreamCaptureModeThreadLocal);
-        auto out = sam_->mask_decoder->forward(g.src, dense_pe_, g.sparse);
-        g.graph->capture_end();
-        g.masks = out.masks;
-        g.iou = out.iou_predictions;
-        it = decoder_graphs_.emplace(std::make_pair(bucket, T), std::move(g)).first;
-      }
-      if (it != decoder_graphs_.end()) {
-        DecoderGraph& g = it->second;
-        // Rows past G keep whatever they held: every decoder operation is per row.
-        g.src.narrow(0, 0, G).copy_(src);
-        g.sparse.narrow(0, 0, G).copy_(sparse);
-        g.graph->replay();
-        return {g.masks.narrow(0, 0, G).clone(), g.iou.narrow(0, 0, G).clone()};
-      }
+  if (!device_.is_cuda() || !options_.fast.cuda_graphs || T > kMaxGraphTokens) return std::nullopt;
+  int64_t bucket = 0;
+  for (int64_t b : kDecoderGraphBuckets)
+    if (b >= G) {
+      bucket = b;
+      break;
     }
+  if (bucket == 0) return std::nullopt;
+  std::lock_guard<std::mutex> lock(decoder_graph_mu_);
+  auto it = decoder_graphs_.find({bucket, T});
+  if (it == decoder_graphs_.end() && decoder_graphs_.size() < kMaxDecoderGraphs) {
+    DecoderGraph g;
+    std::vector<int64_t> shape = image_side.sizes().vec();
+    if (per_prompt) shape[0] = bucket;
+    g.src = at::zeros(shape, image_side.options());
+    g.sparse = at::zeros({bucket, T, sparse.size(2)}, sparse.options());
+    run(g.src, g.sparse);  // warm-up outside the capture
+    c10::cuda::getCurrentCUDAStream().synchronize();
+    if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
+    g.graph = std::make_unique<at::cuda::CUDAGraph>();
+    g.graph->capture_begin(*decoder_pool_, cudaStreamCaptureModeThreadLocal);
+    auto out = run(g.src, g.sparse);
+    g.graph->capture_end();
+    g.masks = out.masks;
+    g.iou = out.iou_predictions;
+    it = decoder_graphs_.emplace(std::make_pair(bucket, T), std::move(g)).first;
   }
+  if (it == decoder_graphs_.end()) return std::nullopt;
+  DecoderGraph& g = it->second;
+  // Rows past G keep whatever they held: every decoder operation is per prompt row.
+  if (per_prompt) g.src.narrow(0, 0, G).copy_(image_side);
+  else g.src.copy_(image_side);
+  g.sparse.narrow(0, 0, G).copy_(sparse);
+  g.graph->replay();
+  return MaskDecoderImpl::Output{g.masks.narrow(0, 0, G).clone(), g.iou.narrow(0, 0, G).clone()};
+#else
+  (void)image_side, (void)per_prompt, (void)sparse, (void)run;
+  return std::nullopt;
 #endif
-  return sam_->mask_decoder->forward(src, dense_pe_, sparse);
+}
+
+MaskDecoderImpl::Output EngineImpl::RunDecoder(const at::Tensor& src, const at::Tensor& sparse) {
+  auto run = [this](const at::Tensor& s, const at::Tensor& sp) { return sam_->mask_decoder->forward(s, dense_pe_, sp); };
+  if (auto out = ReplayDecoderGraph(src, /*per_prompt=*/true, sparse, run)) return std::move(*out);
+  return run(src, sparse);
+}
+
+MaskDecoderImpl::Output EngineImpl::RunSharedDecoder(const at::Tensor& keys, const at::Tensor& group_of,
+                                                     const at::Tensor& sparse) {
+  if (keys.size(0) == 1) {
+    auto run = [this](const at::Tensor& k, const at::Tensor& sp) { return shared_dec_->ForwardKeys(k, {}, sp); };
+    if (auto out = ReplayDecoderGraph(keys, /*per_prompt=*/false, sparse, run)) return std::move(*out);
+  }
+  return shared_dec_->ForwardKeys(keys, group_of, sparse);
 }
 
 Status EngineImpl::CheckDecodeItem(const DecodeItem& item, size_t i) const {
@@ -131,9 +161,46 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
           mask_inputs.push_back(PayloadOf(*item.prompt.mask_input).tensor[item.prompt.mask_input_index]);
         }
       }
-      const at::Tensor c = at::from_blob(coords.data(), {G, T, 2}, at::kFloat).to(device_);
-      const at::Tensor l = at::from_blob(labels.data(), {G, T}, at::kLong).to(device_);
+      const at::Tensor c = Upload(at::from_blob(coords.data(), {G, T, 2}, at::kFloat));
+      const at::Tensor l = Upload(at::from_blob(labels.data(), {G, T}, at::kLong));
       const at::Tensor sparse = sam_->prompt_encoder->EmbedTokens(c, l).to(dtype_);
+      if (shared_dec_) {
+        // Groups of prompts with one image side: the prompts of one embedding without a mask input;
+        // a prompt with a mask input is a group of its own (its dense embedding is its own).
+        std::vector<at::Tensor> group_src, group_masks;
+        std::vector<int64_t> group_of(static_cast<size_t>(G)), mask_groups;
+        std::map<const void*, int64_t> by_embedding;
+        size_t next_mask = 0;
+        for (int64_t g = 0; g < G; ++g) {
+          const auto& item = items[idx[g]];
+          const at::Tensor& e = PayloadOf(*item.embedding).tensor;
+          if (item.prompt.mask_input) {
+            mask_groups.push_back(static_cast<int64_t>(group_src.size()));
+            group_masks.push_back(mask_inputs[next_mask++]);
+            group_of[g] = static_cast<int64_t>(group_src.size());
+            group_src.push_back(e);
+            continue;
+          }
+          auto [it, fresh] = by_embedding.emplace(e.data_ptr(), static_cast<int64_t>(group_src.size()));
+          if (fresh) group_src.push_back(e);
+          group_of[g] = it->second;
+        }
+        const int64_t ng = static_cast<int64_t>(group_src.size());
+        at::Tensor src = at::stack(group_src);
+        if (mask_groups.empty()) {
+          src = src + no_mask_;
+        } else {
+          const at::Tensor dense_m = sam_->prompt_encoder->EmbedMasks(at::stack(group_masks).unsqueeze(1).to(dtype_));
+          at::Tensor dense = no_mask_.expand({ng, -1, src.size(2), src.size(3)}).clone();
+          dense.index_copy_(0, Upload(at::tensor(mask_groups, at::TensorOptions().dtype(at::kLong))), dense_m);
+          src = src + dense;
+        }
+        const at::Tensor group_index =
+            ng > 1 ? Upload(at::tensor(group_of, at::TensorOptions().dtype(at::kLong))) : at::Tensor();
+        auto dec = RunSharedDecoder(SharedImageDecoder::GroupKeys(src), group_index, sparse);
+        pending.push_back({dec.iou_predictions, dec.masks, idx});
+        continue;
+      }
       at::Tensor src = at::stack(embs);
       if (mask_rows.empty()) {
         src = src + no_mask_;
@@ -141,14 +208,33 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
         const at::Tensor m = at::stack(mask_inputs).unsqueeze(1).to(dtype_);
         const at::Tensor dense_m = sam_->prompt_encoder->EmbedMasks(m);
         at::Tensor dense = no_mask_.expand({G, -1, src.size(2), src.size(3)}).clone();
-        const at::Tensor rows = at::tensor(mask_rows, at::TensorOptions().dtype(at::kLong)).to(device_);
+        const at::Tensor rows = Upload(at::tensor(mask_rows, at::TensorOptions().dtype(at::kLong)));
         dense.index_copy_(0, rows, dense_m);
         src = src + dense;
       }
       auto dec = RunDecoder(src, sparse);
       pending.push_back({dec.iou_predictions, dec.masks, idx});
     }
-    for (auto& p : pending) {
+    // Every pass's mask copies are queued before the first score download synchronises, so the
+    // host waits once, for work that is already all on the stream.
+    std::vector<std::vector<at::Tensor>> logits(pending.size());
+    for (size_t k = 0; k < pending.size(); ++k) {
+      const Pending& p = pending[k];
+      const int64_t nt = p.scores.size(1);
+      std::vector<int64_t> row, first, count;
+      for (size_t g = 0; g < p.idx.size(); ++g) {
+        const bool multi = items[p.idx[g]].prompt.multimask;
+        row.push_back(static_cast<int64_t>(g));
+        first.push_back(multi ? 1 : 0);
+        count.push_back(multi ? nt - 1 : 1);
+      }
+      // A copy of its own per prompt (one launch for all): a view would keep the whole batch's
+      // [G, 4, 256, 256] alive for as long as any one result is stored, and bytes() would
+      // under-count it.
+      logits[k] = kernels::CopySlices(p.masks, row, first, count);
+    }
+    for (size_t k = 0; k < pending.size(); ++k) {
+      const Pending& p = pending[k];
       const at::Tensor scores = p.scores.to(at::kCPU, at::kFloat).contiguous();
       const float* s = scores.data_ptr<float>();
       const int64_t nt = scores.size(1);
@@ -157,9 +243,7 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
         const int64_t first = multi ? 1 : 0, count = multi ? nt - 1 : 1;
         DecodedPrompt d;
         d.scores.assign(s + g * nt + first, s + g * nt + first + count);
-        // A copy of its own: a view would keep the whole batch's [G, 4, 256, 256] alive for as long
-        // as any one result is stored, and bytes() would under-count it.
-        d.logits = WrapMaskLogits(p.masks[static_cast<int64_t>(g)].narrow(0, first, count).clone());
+        d.logits = WrapMaskLogits(std::move(logits[k][g]));
         out[p.idx[g]] = std::move(d);
       }
     }

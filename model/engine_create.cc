@@ -5,6 +5,7 @@
 #include <torch/cuda.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "model/checkpoint.h"
@@ -44,12 +45,27 @@ StatusOr<at::Device> ParseDevice(const std::string& name) {
 }
 
 std::string WeightsDigest(const StateDict& sd) {
+  // Over the tensors in name order, each framed with its name, dtype and shape: the same weights
+  // give the same identity (and image_ids) whatever the container (.pth keeps file order,
+  // safetensors does not) and however they are ordered in it.
+  std::vector<const std::pair<std::string, at::Tensor>*> sorted;
+  for (const auto& kv : sd) sorted.push_back(&kv);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto* a, const auto* b) { return a->first < b->first; });
   XXH3_state_t* st = XXH3_createState();
   XXH3_128bits_reset(st);
-  for (const auto& [name, t] : sd) {
-    XXH3_128bits_update(st, name.data(), name.size());
-    const at::Tensor c = t.contiguous();
-    XXH3_128bits_update(st, c.data_ptr(), c.nbytes());
+  auto framed = [st](const void* p, uint64_t n) {
+    XXH3_128bits_update(st, &n, sizeof n);
+    XXH3_128bits_update(st, p, n);
+  };
+  for (const auto* kv : sorted) {
+    const at::Tensor c = kv->second.contiguous();
+    framed(kv->first.data(), kv->first.size());
+    const std::string dtype = c10::toString(c.scalar_type());
+    framed(dtype.data(), dtype.size());
+    const std::vector<int64_t> shape = c.sizes().vec();
+    framed(shape.data(), shape.size() * sizeof(int64_t));
+    framed(c.data_ptr(), c.nbytes());
   }
   const XXH128_hash_t h = XXH3_128bits_digest(st);
   XXH3_freeState(st);

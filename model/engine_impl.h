@@ -3,11 +3,13 @@
 //
 //   engine.cc             lifecycle: construction, Init, Reconfigure, warm-up, identity, cache-tier
 //                         moves (ToHost/ToDevice), mask-logit uploads, memory stats
-//   fast_path.cc          the fast-path policy: which attention, precision paths, int8/2:4, graphs
+//   fast_path.cc          the fast-path policy: which attention, fused encoder ops and the GELU
+//                         epilogue, precision paths, int8/2:4, the shared-image decoder, graphs
 //   image_preparation.cc  Prepare/PrepareResized: longest-side resize, normalisation, padding
 //   encoder_runner.cc     Encode: batch planning by measured cost, the encoder graph cache per batch size
-//   decoder_runner.cc     DecodeEach: the jagged decode, token-count buckets, the decoder graph cache
-//                         per prompt bucket, a status per item
+//   decoder_runner.cc     DecodeEach: the jagged decode, token-count buckets, prompts grouped by
+//                         image for the shared-image decoder, the decoder graph cache per prompt
+//                         bucket, pinned non-blocking uploads, a status per item
 //   mask_postprocess.cc   Postprocess: upscale, crop, threshold, stats, RLE/bitmask
 //   engine_create.cc      Engine::Create: device parsing, checkpoint loading, the weight hash
 //
@@ -18,6 +20,7 @@
 #include <torch/types.h>
 
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +31,7 @@
 #include "model/api/engine.h"
 #include "model/batch_plan.h"
 #include "model/engine_handles.h"
+#include "model/fast_decoder.h"
 #include "model/sam.h"
 #include "model/sam_config.h"
 
@@ -154,8 +158,20 @@ class EngineImpl final : public Engine {
  private:
   void Log(LogLevel l, const std::string& m) const { options_.log(l, m); }
   at::Tensor Normalize(const at::Tensor& hwc_u8, int h, int w) const;
+  // A host tensor on the engine's device without a host synchronisation: a plain .to(cuda) of
+  // pageable memory waits for the stream, which in the decoder stalled the launches of every pass.
+  at::Tensor Upload(const at::Tensor& host) const;
   at::Tensor RunEncoder(const at::Tensor& batch);
   MaskDecoderImpl::Output RunDecoder(const at::Tensor& src, const at::Tensor& sparse);
+  // The shared-image decoder on group keys [G, HW, D] (graph replay when G == 1).
+  MaskDecoderImpl::Output RunSharedDecoder(const at::Tensor& keys, const at::Tensor& group_of,
+                                           const at::Tensor& sparse);
+  // Replays the decoder graph for `sparse`'s prompt count (padded to a bucket) and token count,
+  // capturing it on first use; image_side is copied into the graph's static input (padded to the
+  // bucket too when per_prompt). nullopt: no graph for this shape (run eagerly).
+  std::optional<MaskDecoderImpl::Output> ReplayDecoderGraph(
+      const at::Tensor& image_side, bool per_prompt, const at::Tensor& sparse,
+      const std::function<MaskDecoderImpl::Output(const at::Tensor&, const at::Tensor&)>& run);
   Status PrepareFastPath();
   Status CaptureEncoderGraphs();
   std::string Identity() const;
@@ -179,6 +195,9 @@ class EngineImpl final : public Engine {
   at::Tensor no_mask_;      // [1, D, 1, 1] engine dtype
   at::Tensor pixel_mean_, pixel_std_;  // [3, 1, 1] float32, engine device
   bool gpu_pre_ = false, gpu_post_ = false;
+  // Set by PrepareFastPath with FastPathOptions::shared_image_decoder (it holds tables derived from
+  // the decoder's weights on their final device and dtype).
+  std::unique_ptr<SharedImageDecoder> shared_dec_;
   // Encoder batch sizes with their cost per pass (encoder_runner.cc plans with it). Written by
   // Init/Reconfigure/Warmup only, which overlap no other call; read by Encode.
   std::vector<EncoderBatchCost> encoder_costs_;
@@ -197,6 +216,8 @@ class EngineImpl final : public Engine {
   // them and their static buffers from copy-in to clone-out.
   struct DecoderGraph {
     std::unique_ptr<at::cuda::CUDAGraph> graph;
+    // src: the per-prompt image side [bucket, D, h, w], or with the shared-image decoder the one
+    // image's group keys [1, HW, D] (a configuration uses one kind: Reconfigure clears the graphs).
     at::Tensor src, sparse, masks, iou;
   };
   std::mutex decoder_graph_mu_;

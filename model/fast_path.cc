@@ -1,7 +1,8 @@
 // The fast-path policy of EngineImpl, one function: which attention the encoder uses (the fused
 // kernel where it applies: CUDA, bf16/fp16 and the head widths it was written for; SDPA with rel-pos
 // folded elsewhere on CUDA; the original's arithmetic on CPU and in fp32, where parity matters more
-// than speed), the decoder's SDPA in reduced precision, int8 or 2:4 linears (CUDA only, opt-in, they
+// than speed), the fused encoder element-wise kernels and the fc1 GELU epilogue (CUDA only; the
+// epilogue never in fp32), the decoder's SDPA in reduced precision, the shared-image decoder, int8 or 2:4 linears (CUDA only, opt-in, they
 // trade accuracy), GPU pre/post-processing, the encoder batch sizes and their CUDA graphs.
 #include "model/engine_impl.h"
 
@@ -30,6 +31,12 @@ Status EngineImpl::PrepareFastPath() {
   if (attn == AttentionImpl::kFused && options_.precision == Precision::kFloat32)
     return InvalidArgument("attention 'fused' runs in bf16 or fp16, not fp32");
   sam_->image_encoder->SetAttention(attn);
+  // Both CUDA-only in effect (on CPU the fused kernels would run their LibTorch references).
+  // The GELU epilogue is an approximation: never in fp32, which promises the original's arithmetic.
+  const bool gelu = cuda && f.fuse_encoder_ops && f.gelu_epilogue && options_.precision != Precision::kFloat32;
+  sam_->image_encoder->SetFusion(cuda && f.fuse_encoder_ops, gelu);
+  if (cuda && f.fuse_encoder_ops) optimisations_.push_back("fused-encoder-ops");
+  if (gelu) optimisations_.push_back("gelu-epilogue");
   for (auto& b : sam_->image_encoder->block_list) b->attn->fold_pad_v = !cuda;
   if (attn != AttentionImpl::kMath) optimisations_.push_back(AttentionImplName(attn));
   if (cuda && options_.precision != Precision::kFloat32) {
@@ -52,6 +59,11 @@ Status EngineImpl::PrepareFastPath() {
       b->mlp->lin2_fast = make(b->mlp->lin2);
     }
     optimisations_.push_back(f.int8 ? "int8-dynamic-quant" : "sparse-2:4");
+  }
+  shared_dec_.reset();
+  if (f.shared_image_decoder) {
+    shared_dec_ = std::make_unique<SharedImageDecoder>(*sam_->mask_decoder, dense_pe_);
+    optimisations_.push_back("shared-image-decoder");
   }
   gpu_pre_ = cuda && f.gpu_preprocess;
   gpu_post_ = cuda && f.gpu_postprocess;

@@ -50,6 +50,26 @@ at::Tensor MlpBlockImpl::forward(const at::Tensor& x) {
   return LinearForward(lin2, lin2_fast, h);
 }
 
+namespace {
+// linear over [..., in] as one 2-D GEMM (bias in the epilogue), viewed back to [..., out].
+at::Tensor FlatLinear(torch::nn::Linear& linear, const std::shared_ptr<FastLinear>& fast, const at::Tensor& x) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  const at::Tensor y = LinearForward(linear, fast, x.reshape({-1, shape.back()}));
+  shape.back() = y.size(-1);
+  return y.view(shape);
+}
+}  // namespace
+
+at::Tensor MlpBlockImpl::ForwardFused(const at::Tensor& x, bool gelu_epilogue) {
+  if (!gelu_epilogue || lin1_fast || lin2_fast) return forward(x);
+  std::vector<int64_t> shape = x.sizes().vec();
+  const at::Tensor x2 = x.reshape({-1, shape.back()});
+  const at::Tensor h = at::_addmm_activation(lin1->bias, x2, lin1->weight.t(), 1, 1, /*use_gelu=*/true);
+  const at::Tensor y = at::addmm(lin2->bias, h, lin2->weight.t());
+  shape.back() = y.size(1);
+  return y.view(shape);
+}
+
 at::Tensor GetRelPos(int64_t q_size, int64_t k_size, const at::Tensor& rel_pos) {
   const int64_t max_rel_dist = 2 * std::max(q_size, k_size) - 1;
   at::Tensor resized = rel_pos;
@@ -93,6 +113,7 @@ void RelPosAttentionImpl::Prepare() {
   onehot.index_put_({j, j.div(grid, "floor")}, 1);
   onehot.index_put_({j, grid + j.remainder(grid)}, 1);
   key_onehot_ = onehot;
+  rev_tables_ = kernels::ReversedRelPosTables(Rh_, Rw_);
 }
 
 // rel_h[b, h, i, k] = sum_c q[b, h, i, c] R_h[row(i), k, c] (and rel_w by column), from the unscaled q.
@@ -109,8 +130,8 @@ at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
               "x", W);
   const int64_t N = H * W;
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  const at::Tensor qkv_out =
-      LinearForward(qkv, qkv_fast, x).reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
+  const at::Tensor qkv_lin = flat_linear ? FlatLinear(qkv, qkv_fast, x) : LinearForward(qkv, qkv_fast, x);
+  const at::Tensor qkv_out = qkv_lin.reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
   at::Tensor q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];  // [B, heads, N, hd] views
   at::Tensor out;                                              // [B, N, heads, hd] or [B*heads, N, hd]
   switch (impl) {
@@ -165,13 +186,19 @@ at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
       break;
     }
     case AttentionImpl::kFused: {
-      at::Tensor rel_h, rel_w;
-      RelTables(q, &rel_h, &rel_w);
-      out = kernels::RelPosAttention(q, k, v, rel_h, rel_w, H, W, scale);
+      if (rel_pos_gemm) {
+        const kernels::RelPosTerms t = kernels::RelPosTables(q, rev_tables_, H, W);
+        out = kernels::RelPosAttention(q, k, v, t.rel_h, t.rel_w, H, W, scale);
+      } else {
+        at::Tensor rel_h, rel_w;
+        RelTables(q, &rel_h, &rel_w);
+        out = kernels::RelPosAttention(q, k, v, rel_h, rel_w, H, W, scale);
+      }
       break;
     }
   }
-  return LinearForward(proj, proj_fast, out.reshape({B, H, W, C}));
+  const at::Tensor o = out.reshape({B, H, W, C});
+  return flat_linear ? FlatLinear(proj, proj_fast, o) : LinearForward(proj, proj_fast, o);
 }
 
 EncoderBlockImpl::EncoderBlockImpl(const SamConfig& c, int64_t window) : window_size(window) {
@@ -187,23 +214,27 @@ EncoderBlockImpl::EncoderBlockImpl(const SamConfig& c, int64_t window) : window_
 at::Tensor EncoderBlockImpl::forward(const at::Tensor& x0) {
   const at::Tensor shortcut = x0;
   at::Tensor x = norm1->forward(x0);
-  const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
+  const int64_t B = x.size(0), H = x.size(1), W = x.size(2);
   if (window_size > 0) {
     // Window partition with zero padding to a multiple of the window (the padded tokens take part
-    // in attention, exactly as in the original).
-    const int64_t ws = window_size;
-    const int64_t pad_h = (ws - H % ws) % ws, pad_w = (ws - W % ws) % ws;
-    if (pad_h > 0 || pad_w > 0) x = at::constant_pad_nd(x, {0, 0, 0, pad_w, 0, pad_h});
-    const int64_t Hp = H + pad_h, Wp = W + pad_w;
-    x = x.view({B, Hp / ws, ws, Wp / ws, ws, C}).permute({0, 1, 3, 2, 4, 5}).reshape({-1, ws, ws, C});
-    x = attn->forward(x);
-    x = x.view({B, Hp / ws, Wp / ws, ws, ws, C}).permute({0, 1, 3, 2, 4, 5}).reshape({B, Hp, Wp, C});
-    if (pad_h > 0 || pad_w > 0) x = x.slice(1, 0, H).slice(2, 0, W);
+    // in attention, exactly as in the original), and back.
+    x = kernels::WindowUnpartition(attn->forward(kernels::WindowPartition(x, window_size)), window_size, B, H, W);
   } else {
     x = attn->forward(x);
   }
   x = shortcut + x;
   return x + mlp->forward(norm2->forward(x));
+}
+
+at::Tensor EncoderBlockImpl::ForwardFused(at::Tensor& x, const at::Tensor& pending, bool gelu_epilogue) {
+  // norm1 (+ the previous block's residual) written straight into the window layout, attention,
+  // then the un-partitioned attention output added to the residual stream together with norm2.
+  const at::Tensor xn = kernels::AddLayerNorm(x, pending, 0, norm1->weight, norm1->bias,
+                                              norm1->options.eps(), window_size);
+  const at::Tensor a = attn->forward(xn).contiguous();
+  const at::Tensor xn2 = kernels::AddLayerNorm(x, a, window_size, norm2->weight, norm2->bias,
+                                               norm2->options.eps(), 0);
+  return mlp->ForwardFused(xn2, gelu_epilogue);
 }
 
 ImageEncoderViTImpl::ImageEncoderViTImpl(const SamConfig& c) {
@@ -234,10 +265,29 @@ void ImageEncoderViTImpl::Prepare() {
   for (auto& b : block_list) b->attn->Prepare();
 }
 
+void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu) {
+  fused_ops = fused;
+  gelu_epilogue = fused && gelu;
+  for (auto& b : block_list) {
+    b->attn->rel_pos_gemm = fused;
+    b->attn->flat_linear = fused;
+  }
+}
+
 at::Tensor ImageEncoderViTImpl::forward(const at::Tensor& input) {
-  at::Tensor x = patch_embed->forward(input);
-  x = x + pos_embed;
-  for (auto& b : block_list) x = b->forward(x);
+  const at::Tensor patches = patch_embed->forward(input);
+  if (!fused_ops) {
+    at::Tensor x = patches + pos_embed;
+    for (auto& b : block_list) x = b->forward(x);
+    return neck->forward(x.permute({0, 3, 1, 2}));
+  }
+  // The residual stream must be contiguous for the fused kernels: add into a fresh buffer (the
+  // patch embedding is a permuted NCHW view).
+  at::Tensor x = at::empty(patches.sizes(), patches.options());
+  at::add_out(x, patches, pos_embed);
+  at::Tensor pending;
+  for (auto& b : block_list) pending = b->ForwardFused(x, pending, gelu_epilogue);
+  if (pending.defined()) x.add_(pending);
   return neck->forward(x.permute({0, 3, 1, 2}));
 }
 

@@ -38,6 +38,10 @@ TORCH_MODULE(PatchEmbed);
 struct MlpBlockImpl : torch::nn::Module {
   MlpBlockImpl(int64_t dim, int64_t hidden);
   at::Tensor forward(const at::Tensor& x);
+  // The fused path: with gelu_epilogue (and no int8/2:4 replacement), fc1's bias + GELU run in the
+  // cuBLASLt epilogue (its tanh approximation of GELU) and fc2's bias in its epilogue; otherwise
+  // the same as forward.
+  at::Tensor ForwardFused(const at::Tensor& x, bool gelu_epilogue);
   torch::nn::Linear lin1{nullptr}, lin2{nullptr};
   std::shared_ptr<FastLinear> lin1_fast, lin2_fast;
 };
@@ -61,6 +65,13 @@ struct RelPosAttentionImpl : torch::nn::Module {
   // kSdpaFolded: zero-pad v to the augmented q/k width so that the generic SDPA dispatcher can
   // use flash (which wants equal widths); false on CUDA calls cuDNN's attention with the narrow v.
   bool fold_pad_v = true;
+  // kFused: the rel-pos terms as one matmul read through skewed views (kernels::RelPosTables)
+  // instead of two einsums over gathered tables.
+  bool rel_pos_gemm = false;
+  // qkv and proj as 2-D GEMMs over all tokens ([B*H*W, C]): at::linear folds only 2-D/3-D inputs
+  // into one addmm with the bias in the cuBLASLt epilogue; a 4-D input gets a matmul and a separate
+  // broadcast bias add. Set with the fused path (the unfused one keeps the original's arithmetic).
+  bool flat_linear = false;
   int64_t num_heads, head_dim, grid;
 
  private:
@@ -68,6 +79,7 @@ struct RelPosAttentionImpl : torch::nn::Module {
   void RelTables(const at::Tensor& q, at::Tensor* rel_h, at::Tensor* rel_w) const;
   at::Tensor Rh_, Rw_;       // [grid, grid, head_dim] in the module dtype
   at::Tensor key_onehot_;    // [grid*grid, padded extra] for kSdpaFolded
+  at::Tensor rev_tables_;    // [(2 grid - 1) * 2, head_dim] for rel_pos_gemm
   int64_t folded_width_ = 0;
 };
 TORCH_MODULE(RelPosAttention);
@@ -75,6 +87,11 @@ TORCH_MODULE(RelPosAttention);
 struct EncoderBlockImpl : torch::nn::Module {
   EncoderBlockImpl(const SamConfig& c, int64_t window_size);
   at::Tensor forward(const at::Tensor& x);
+  // The same block with its element-wise work in two fused kernels (kernels::AddLayerNorm):
+  // x is the residual stream [B, H, W, C], contiguous, updated in place; `pending` (undefined for
+  // the first block) is the previous block's MLP output, added here instead of in that block.
+  // Returns this block's MLP output, still to be added to x.
+  at::Tensor ForwardFused(at::Tensor& x, const at::Tensor& pending, bool gelu_epilogue);
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   RelPosAttention attn{nullptr};
   MlpBlock mlp{nullptr};
@@ -88,6 +105,12 @@ struct ImageEncoderViTImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   void SetAttention(AttentionImpl impl);
   void Prepare();
+  // The fused block path (EncoderBlockImpl::ForwardFused, rel-pos terms as one matmul) and, on top
+  // of it, fc1's GELU in the GEMM epilogue. Numerically the unfused arithmetic except the GELU
+  // epilogue (tanh approximation).
+  void SetFusion(bool fused_ops, bool gelu_epilogue);
+  bool fused_ops = false;
+  bool gelu_epilogue = false;
 
   PatchEmbed patch_embed{nullptr};
   at::Tensor pos_embed;

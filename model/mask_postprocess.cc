@@ -41,7 +41,8 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
       at::Tensor geom = at::from_blob(geometry.data(), {M, 4}, at::kInt).clone();
       kernels::MaskPostprocessOutput r;
       if (gpu_post_) {
-        r = kernels::MaskPostprocess(all.to(at::kFloat).contiguous(), geom, config_.img_size,
+        // The kernel reads bf16/fp16 logits itself (widening is exact): no float copy of the batch.
+        r = kernels::MaskPostprocess(all.contiguous(), geom, config_.img_size,
                                      enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask);
       } else {
         // The original's float32 arithmetic in plain LibTorch, on the engine's device.

@@ -70,6 +70,13 @@ Status LoadStateDict(torch::nn::Module& model, const StateDict& tensors, const s
     if (!src.is_floating_point() && target.is_floating_point())
       return InvalidArgument(source + ": '" + name + "' has non-float dtype " +
                              std::string(c10::toString(src.scalar_type())));
+    // One NaN or inf weight makes every score NaN, silently: refuse the file instead.
+    if (src.is_floating_point()) {
+      const int64_t bad = src.numel() - at::isfinite(src).sum().item<int64_t>();
+      if (bad > 0)
+        return InvalidArgument(source + ": tensor '" + name + "' has " + std::to_string(bad) +
+                               " NaN or infinite value(s) (expected finite weights)");
+    }
     target.copy_(src);
   }
   return Status::Ok();

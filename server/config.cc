@@ -147,9 +147,18 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
   for (const char* n : {"cuda-graphs", "int8", "sparse24", "gpu-preprocess", "gpu-postprocess"}) {
     app.get_option(std::string("--") + n)->group(g_dev);
   }
+  // CLI11 alone reads any number as a bool ("--warmup 2" = true): a typo must not pass silently.
+  const CLI::Validator boolean_word(
+      [](std::string& v) -> std::string {
+        return ParseBool(v) ? std::string()
+                            : "\"" + v + "\" is not a boolean (expected true, false, 1, 0, on, off, "
+                                          "yes or no)";
+      },
+      "BOOL");
   env(app.add_option("--warmup", c.warmup,
                      "Warm every prepared shape up before serving (health stays NOT_SERVING until "
                      "then)")
+          ->check(boolean_word)
           ->type_name("BOOL")
           ->capture_default_str()
           ->group(g_dev),
@@ -260,6 +269,7 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->group(g_log),
       "log-level");
   env(app.add_option("--access-log", c.access_log, "One log line per call")
+          ->check(boolean_word)
           ->type_name("BOOL")
           ->capture_default_str()
           ->group(g_log),
@@ -397,8 +407,42 @@ ConfigParseResult ParseConfig(int argc, const char* const* argv) {
                                : (env != nullptr && *env) ? "$MASKD_CHECKPOINT"
                                                           : "\"checkpoint\" of --config " + config.config_file;
   }
+  if (Status s = ValidateConfig(config); !s.ok()) {
+    out.exit = true;
+    out.exit_code = 2;
+    out.output = s.message() + "\n";
+    return out;
+  }
   out.config = std::move(config);
   return out;
+}
+
+Status ValidateConfig(const ServerConfig& c) {
+  struct NonZero {
+    const char* flag;
+    uint64_t value;
+    const char* why;
+  };
+  for (const NonZero& n : {
+           NonZero{"--max-image-bytes", c.max_image_bytes, "no image could be sent"},
+           NonZero{"--cache-device-bytes", c.cache_device_bytes,
+                   "no embedding could be kept, so no image could be segmented"},
+           NonZero{"--result-store-bytes", c.result_store_bytes,
+                   "every result_id would be unknown at once"},
+       }) {
+    if (n.value == 0) {
+      return InvalidArgument(std::string(n.flag) + " = 0 (expected at least 1 byte; with 0 " + n.why +
+                             ")");
+    }
+  }
+  // Written so that NaN fails too (every comparison with NaN is false).
+  if (!(c.shutdown_grace_s >= 0.0 && c.shutdown_grace_s <= 3600.0)) {
+    std::ostringstream v;
+    v << c.shutdown_grace_s;
+    return InvalidArgument("--shutdown-grace-s = " + v.str() +
+                           " (expected a number of seconds, 0 .. 3600)");
+  }
+  return Status::Ok();
 }
 
 StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {

@@ -86,8 +86,12 @@ struct ConfigParseResult {
   std::string output;
 };
 
-// Flags > MASKD_* environment > --config JSON file > defaults.
+// Flags > MASKD_* environment > --config JSON file > defaults. Ends with ValidateConfig.
 ConfigParseResult ParseConfig(int argc, const char* const* argv);
+
+// Settings that parse but would leave the API unusable (a zero byte limit, a NaN grace period):
+// INVALID_ARGUMENT naming the flag, the value and what is expected. MaskServer checks it too.
+Status ValidateConfig(const ServerConfig& config);
 
 // "0.0.0.0:50051", "[::1]:0" -> host and port; INVALID_ARGUMENT naming --listen.
 StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <grpcpp/grpcpp.h>
 
@@ -29,5 +30,12 @@ std::string ClientRequestId(grpc::CallbackServerContext* context);
 
 // Milliseconds since t0 (access-log latencies).
 inline double Millis(Clock::time_point t0) { return static_cast<double>(MicrosSince(t0)) / 1000.0; }
+
+// Text that came from a request (tags, ids, error messages that echo request fields), made safe for
+// one log line: control characters (C0, DEL, C1) become \n, \r, \t, \xHH or \u00HH, bytes that are
+// not valid UTF-8 become \xHH, and a backslash becomes \\ so that an escape cannot be forged
+// either. Every log line that carries such text passes it through here: a newline in request_tag
+// must not start a forged log line.
+std::string LogSafe(std::string_view text);
 
 }  // namespace maskd::server

@@ -29,14 +29,15 @@ struct MaskService::UnaryCall {
     if (service->options_.access_log) {
       spdlog::info("[{}] access method={} peer={} status={} latency_ms={:.3f} images={} prompts={} "
                    "cached={}{}{}",
-                   control->request_id(), method, peer, StatusCodeName(status.code()),
+                   control->request_id(), method, LogSafe(peer), StatusCodeName(status.code()),
                    Millis(arrival), images, prompts, cached ? "true" : "false",
-                   tag.empty() ? "" : " tag=", tag);
+                   tag.empty() ? "" : " tag=", LogSafe(tag));
     }
     if (!status.ok() && status.code() == StatusCode::kInternal) {
-      spdlog::error("[{}] {} failed: {}", control->request_id(), method, status.message());
+      spdlog::error("[{}] {} failed: {}", control->request_id(), method, LogSafe(status.message()));
     } else if (!status.ok()) {
-      spdlog::debug("[{}] {} failed: {}", control->request_id(), method, status.ToString());
+      spdlog::debug("[{}] {} failed: {}", control->request_id(), method,
+                    LogSafe(status.ToString()));
     }
     MaskService* s = service;
     reactor->Finish(ToGrpcStatus(status));
@@ -232,13 +233,13 @@ grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* cont
   return call->reactor;
 }
 
-grpc::ServerBidiReactor<v1::SegmentRequest, v1::SegmentResponse>* MaskService::SegmentStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MaskService::SegmentStream(
     grpc::CallbackServerContext* context) {
   Backend backend;
   Status admit = Admit(&backend);
   if (!admit.ok()) {
     // A reactor that only finishes: streams refused while loading or draining.
-    class Refuse final : public grpc::ServerBidiReactor<v1::SegmentRequest, v1::SegmentResponse> {
+    class Refuse final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
      public:
       Refuse(MaskService* s, const Status& st) : service_(s) { Finish(ToGrpcStatus(st)); }
       void OnDone() override {

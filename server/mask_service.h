@@ -43,7 +43,14 @@ struct Backend {
   std::vector<DeviceWorker*> workers;
 };
 
-class MaskService final : public v1::MaskService::CallbackService {
+// SegmentStream is a raw (ByteBuffer) method: with the typed one, gRPC reports a message that does
+// not parse exactly like the client's end of the stream, and the stream ended OK with the rest of
+// the messages silently dropped. The reactor parses each message itself instead.
+using MaskServiceBase = v1::MaskService::WithCallbackMethod_Embed<
+    v1::MaskService::WithCallbackMethod_Segment<v1::MaskService::WithRawCallbackMethod_SegmentStream<
+        v1::MaskService::WithCallbackMethod_GetInfo<v1::MaskService::Service>>>>;
+
+class MaskService final : public MaskServiceBase {
  public:
   explicit MaskService(ServiceOptions options);
   ~MaskService() override;
@@ -63,7 +70,7 @@ class MaskService final : public v1::MaskService::CallbackService {
   grpc::ServerUnaryReactor* Segment(grpc::CallbackServerContext* context,
                                     const v1::SegmentRequest* request,
                                     v1::SegmentResponse* response) override;
-  grpc::ServerBidiReactor<v1::SegmentRequest, v1::SegmentResponse>* SegmentStream(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SegmentStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
                                     const v1::GetInfoRequest* request,

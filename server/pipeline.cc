@@ -8,6 +8,7 @@
 
 #include "model/io/rle.h"
 #include "model/io/image_id.h"
+#include "server/logging.h"
 
 namespace maskd::server {
 
@@ -149,7 +150,7 @@ void Pipeline::Resolve(const JobPtr& job) {
       });
   static const char* kOutcome[] = {"hit", "joined another request's encode", "miss (encoding)",
                                    "host-tier hit (promoting)", "not cached"};
-  spdlog::debug("[{}] image {} -> {}: {}", job->rid(), image_id,
+  spdlog::debug("[{}] image {} -> {}: {}", job->rid(), LogSafe(image_id),
                 routed.worker ? routed.worker->label() : std::string("no device"),
                 kOutcome[static_cast<int>(routed.acquired.outcome)]);
   switch (routed.acquired.outcome) {
@@ -266,13 +267,9 @@ Status Pipeline::BuildDecodeItems(const JobPtr& job, std::vector<DecodeItem>* it
     PromptSpec spec = d.spec;
     if (d.mask == PromptDraft::Mask::kResult) {
       const std::string f = field + ".mask_input.result_id";
-      StatusOr<StoredResult> stored = worker->results().Get(d.result_id, f);
+      // Scoped to this request's image: another image's result answers like an unknown id.
+      StatusOr<StoredResult> stored = worker->results().Get(d.result_id, f, e.image_id);
       if (!stored.ok()) return stored.status();
-      if (stored->image_id != e.image_id) {
-        return InvalidArgument(f + " = \"" + d.result_id + "\" is a result of image " +
-                               stored->image_id + ", not of this request's image " + e.image_id +
-                               " (expected a result of the same image)");
-      }
       const uint32_t index = d.mask_index ? *d.mask_index : static_cast<uint32_t>(stored->best_index);
       if (index >= static_cast<uint32_t>(stored->num_masks)) {
         return InvalidArgument(field + ".mask_input.mask_index = " + std::to_string(index) +
@@ -478,7 +475,7 @@ void Pipeline::ReportImage(const JobPtr& job, StatusOr<std::string> image_id) {
 void Pipeline::Finish(const JobPtr& job, Status status) {
   if (job->finished.exchange(true)) {
     spdlog::error("[{}] request finished twice (second status {}): a server bug", job->rid(),
-                  status.ToString());
+                  LogSafe(status.ToString()));
     return;
   }
   const uint64_t total_us = MicrosSince(job->arrival);

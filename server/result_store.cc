@@ -1,20 +1,28 @@
 #include "server/result_store.h"
 
+#include <cstdlib>
+
+#include <openssl/rand.h>
+#include <spdlog/spdlog.h>
+
 namespace maskd::server {
 
-ResultStore::ResultStore(uint64_t capacity_bytes) : capacity_bytes_(capacity_bytes) {
-  std::random_device rd;
-  std::seed_seq seed{rd(), rd(), rd(), rd()};
-  rng_.seed(seed);
-}
+ResultStore::ResultStore(uint64_t capacity_bytes) : capacity_bytes_(capacity_bytes) {}
 
 std::string ResultStore::NewIdLocked() {
   static const char kHex[] = "0123456789abcdef";
+  constexpr int kIdBytes = 16;  // 128 bits: guessing a live id is hopeless
   for (;;) {
+    unsigned char raw[kIdBytes];
+    if (RAND_bytes(raw, kIdBytes) != 1) {
+      // No safe fallback exists: a predictable id would let clients read each other's results.
+      spdlog::critical("OpenSSL RAND_bytes failed: cannot make unguessable result ids");
+      std::abort();
+    }
     std::string id = "r";
-    for (int w = 0; w < 2; ++w) {
-      uint64_t v = rng_();
-      for (int i = 0; i < 16; ++i, v >>= 4) id.push_back(kHex[v & 15]);
+    for (unsigned char b : raw) {
+      id.push_back(kHex[b >> 4]);
+      id.push_back(kHex[b & 15]);
     }
     if (!entries_.count(id)) return id;
   }
@@ -36,10 +44,11 @@ std::string ResultStore::Put(StoredResult result) {
   return id;
 }
 
-StatusOr<StoredResult> ResultStore::Get(const std::string& result_id, std::string_view field) {
+StatusOr<StoredResult> ResultStore::Get(const std::string& result_id, std::string_view field,
+                                        std::string_view image_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto e = entries_.find(result_id);
-  if (e == entries_.end()) {
+  if (e == entries_.end() || (!image_id.empty() && e->second.value.image_id != image_id)) {
     return NotFound(std::string(field) + " = \"" + result_id +
                     "\" is not a stored result (unknown, or evicted from the result store or with "
                     "its image): send the previous mask as mask_input.logits or segment again");

@@ -7,7 +7,6 @@
 #include <list>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -33,11 +32,15 @@ class ResultStore {
  public:
   explicit ResultStore(uint64_t capacity_bytes);
 
-  // Stores `result` and returns its new id (unguessable, unique). A result larger than the whole
-  // store is not kept; its id is then unknown right away (NOT_FOUND on use, like an evicted one).
+  // Stores `result` and returns its new id: 128 bits from the OS CSPRNG (OpenSSL RAND_bytes) in hex,
+  // so that no client can predict another's ids. A result larger than the whole store is not kept;
+  // its id is then unknown right away (NOT_FOUND on use, like an evicted one).
   std::string Put(StoredResult result);
-  // NOT_FOUND naming the id when unknown or evicted. Refreshes its LRU position.
-  StatusOr<StoredResult> Get(const std::string& result_id, std::string_view field);
+  // NOT_FOUND naming the id when unknown or evicted. Refreshes its LRU position. With a non-empty
+  // image_id, a result of another image answers exactly like an unknown id: telling them apart
+  // would confirm that the id exists and reveal which image it belongs to.
+  StatusOr<StoredResult> Get(const std::string& result_id, std::string_view field,
+                             std::string_view image_id = {});
   void DropImage(const std::string& image_id);
 
   ResultStoreCounters counters() const;
@@ -59,7 +62,6 @@ class ResultStore {
   std::list<std::string> lru_;  // front = most recently used
   uint64_t bytes_ = 0;
   uint64_t evictions_ = 0;
-  std::mt19937_64 rng_;
 };
 
 }  // namespace maskd::server

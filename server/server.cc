@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "server/logging.h"
+#include "server/parse_error_interceptor.h"
 
 namespace maskd::server {
 
@@ -31,6 +32,7 @@ void MaskServer::SetHealth(bool serving) {
 }
 
 Status MaskServer::StartListening() {
+  MASKD_RETURN_IF_ERROR(ValidateConfig(config_));
   StatusOr<std::pair<std::string, int>> listen = ParseListen(config_.listen);
   if (!listen.ok()) return listen.status();
   StatusOr<CheckpointChoice> checkpoint = ResolveCheckpoint(config_);
@@ -48,6 +50,12 @@ Status MaskServer::StartListening() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);
+  // gRPC sets SO_REUSEPORT by default, so a second maskd on the same port would start "fine" and
+  // silently take a share of the first one's connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeParseErrorInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(service_.get());
   // The largest request: a raw image at the pixel limit (or an encoded one at the byte limit) plus
   // client logits (kLowResSide^2 floats) for every prompt.
@@ -60,7 +68,8 @@ Status MaskServer::StartListening() {
   if (!grpc_server_ || port_ == 0) {
     grpc_server_.reset();
     return Unavailable("--listen = \"" + config_.listen +
-                       "\" could not be bound (in use, or not an address of this machine)");
+                       "\" could not be bound: address already in use (another maskd or program "
+                       "listens there), or not an address of this machine (expected a free port)");
   }
   SetHealth(false);
   address_ = listen->first + ":" + std::to_string(port_);

@@ -17,7 +17,7 @@ StreamReactor::StreamReactor(MaskService* service, grpc::CallbackServerContext* 
       deadline_(SteadyDeadline(context->deadline())),
       cancelled_flag_(std::make_shared<std::atomic<bool>>(false)) {
   if (service_->options_.access_log) {
-    spdlog::debug("[{}] SegmentStream opened by {}", rid_, peer_);
+    spdlog::debug("[{}] SegmentStream opened by {}", rid_, LogSafe(peer_));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -29,13 +29,22 @@ StreamReactor::StreamReactor(MaskService* service, grpc::CallbackServerContext* 
 void StreamReactor::OnReadDone(bool ok) {
   Actions a;
   Message* m = nullptr;
+  // Parsed before taking the lock: no other read can start until reading_ is cleared below.
+  v1::SegmentRequest request;
+  const bool parsed =
+      ok && grpc::SerializationTraits<v1::SegmentRequest>::Deserialize(&read_buf_, &request).ok();
   {
     std::lock_guard<std::mutex> lock(mu_);
     reading_ = false;
     if (!ok) {
       reads_done_ = true;
+    } else if (!parsed) {
+      // Nothing more is read: the stream ends with INVALID_ARGUMENT once the responses to the
+      // earlier messages are written, so the client knows which messages were not answered.
+      reads_done_ = true;
+      malformed_message_ = static_cast<int64_t>(next_seq_);
     } else if (!finished_ && !draining_ && !cancelled_) {
-      m = AcceptLocked();
+      m = AcceptLocked(std::move(request));
     }
     ScheduleLocked(&a);
   }
@@ -78,7 +87,7 @@ void StreamReactor::OnDone() {
       messages = messages_;
     }
     spdlog::info("[{}] access method=SegmentStream peer={} status={} latency_ms={:.3f} messages={}",
-                 rid_, peer_, status, Millis(arrival_), messages);
+                 rid_, LogSafe(peer_), status, Millis(arrival_), messages);
   }
   MaskService* s = service_;
   s->RemoveStream(this);
@@ -111,13 +120,12 @@ StreamReactor::Actions StreamReactor::Drain() {
   return a;
 }
 
-StreamReactor::Message* StreamReactor::AcceptLocked() {
+StreamReactor::Message* StreamReactor::AcceptLocked(v1::SegmentRequest request) {
   auto m = std::make_unique<Message>();
   m->seq = next_seq_++;
   m->rid = rid_ + "." + std::to_string(m->seq);
   m->arrival = Clock::now();
-  m->request = std::move(read_buf_);
-  read_buf_.Clear();
+  m->request = std::move(request);
   auto flag = cancelled_flag_;
   m->control = std::make_shared<CallControl>(m->rid, deadline_, [flag] { return flag->load(); });
   m->names_image = m->request.image_source_case() != v1::SegmentRequest::IMAGE_SOURCE_NOT_SET;
@@ -147,7 +155,7 @@ void StreamReactor::ScheduleLocked(Actions* a) {
     auto it = pending_.find(next_write_);
     if (it != pending_.end() && it->second->ready) {
       write_in_flight_ = true;
-      a->write = &it->second->response;
+      a->write = &it->second->wire;
       ++starting_;
     }
   }
@@ -165,6 +173,13 @@ void StreamReactor::ScheduleLocked(Actions* a) {
     if (cancelled_) {
       a->finish_status = grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the stream");
       final_status_name_ = "CANCELLED";
+    } else if (malformed_message_ >= 0) {
+      a->finish_status = ToGrpcStatus(InvalidArgument(
+          "SegmentStream message " + std::to_string(malformed_message_) +
+          " (counting from 0) is not a valid maskd.v1.SegmentRequest (expected a serialized "
+          "SegmentRequest): the earlier messages were answered, it and any later ones were not "
+          "read"));
+      final_status_name_ = "INVALID_ARGUMENT";
     } else if (draining_ && !reads_done_) {
       a->finish_status = ToGrpcStatus(
           Unavailable("the server is shutting down: reconnect to another server or retry later"));
@@ -257,14 +272,25 @@ void StreamReactor::Complete(Message* m, const Status& status) {
   if (service_->options_.access_log) {
     spdlog::info("[{}] access method=SegmentStream.message peer={} status={} latency_ms={:.3f} "
                  "images={} prompts={} cached={}",
-                 m->rid, peer_, StatusCodeName(status.code()), Millis(m->arrival),
+                 m->rid, LogSafe(peer_), StatusCodeName(status.code()), Millis(m->arrival),
                  m->names_image ? 1 : 0, m->request.prompts_size(),
                  m->response.cached() ? "true" : "false");
   }
   if (!status.ok() && status.code() == StatusCode::kInternal) {
-    spdlog::error("[{}] SegmentStream message failed: {}", m->rid, status.message());
+    spdlog::error("[{}] SegmentStream message failed: {}", m->rid, LogSafe(status.message()));
   }
   m->control->MarkFinished();
+  using ResponseTraits = grpc::SerializationTraits<v1::SegmentResponse>;
+  bool own_buffer = false;
+  if (!ResponseTraits::Serialize(m->response, &m->wire, &own_buffer).ok()) {
+    // Only a response over protobuf's 2 GiB limit gets here; answer the message with that error.
+    m->response.Clear();
+    m->response.set_request_tag(m->request.request_tag());
+    v1::StreamError* e = m->response.mutable_error();
+    e->set_code(static_cast<int32_t>(grpc::StatusCode::INTERNAL));
+    e->set_message("the response to this message could not be serialized");
+    (void)ResponseTraits::Serialize(m->response, &m->wire, &own_buffer);
+  }
   Actions a;
   {
     std::lock_guard<std::mutex> lock(mu_);

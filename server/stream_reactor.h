@@ -25,7 +25,7 @@ namespace maskd::server {
 //
 // The stream's "current image" is tracked in read order: a message that names an image creates a
 // new CurrentImage, which later messages without an image wait on until it resolves to an id.
-class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v1::SegmentResponse> {
+class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamReactor(MaskService* service, grpc::CallbackServerContext* context, Backend backend);
 
@@ -40,7 +40,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
   // under an operation that is about to start.
   struct Actions {
     bool read = false;
-    v1::SegmentResponse* write = nullptr;
+    grpc::ByteBuffer* write = nullptr;
     bool finish = false;
     grpc::Status finish_status;
     bool empty() const { return !read && write == nullptr && !finish; }
@@ -90,6 +90,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
     Clock::time_point arrival;
     v1::SegmentRequest request;
     v1::SegmentResponse response;
+    grpc::ByteBuffer wire;  // `response`, serialized once it is complete
     CallControlPtr control;
     std::shared_ptr<CurrentImage> image;  // produced (names an image) or consumed (omits it)
     bool names_image = false;
@@ -99,8 +100,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
     bool dispatched = false;
   };
 
-  // Requires mu_. Takes read_buf_ into a new message in read order.
-  Message* AcceptLocked();
+  // Requires mu_. Takes the parsed request into a new message in read order.
+  Message* AcceptLocked(v1::SegmentRequest request);
 
   // Requires mu_: the next write, read or the end of the stream.
   void ScheduleLocked(Actions* a);
@@ -125,7 +126,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
   // Guards everything below, and read_buf_ between reads. gRPC operations are started only after
   // it is released (see Actions).
   std::mutex mu_;
-  v1::SegmentRequest read_buf_;
+  grpc::ByteBuffer read_buf_;
   std::map<uint64_t, std::unique_ptr<Message>> pending_;  // by sequence number
   uint64_t next_seq_ = 0, next_write_ = 0;
   bool reading_ = false, reads_done_ = false, write_in_flight_ = false;
@@ -134,6 +135,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::SegmentRequest, v
   std::shared_ptr<CurrentImage> current_;
   uint64_t messages_ = 0;
   std::string final_status_name_ = "UNKNOWN";
+  int64_t malformed_message_ = -1;  // the sequence number of a message that did not parse
 };
 
 }  // namespace maskd::server

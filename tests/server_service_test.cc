@@ -328,13 +328,13 @@ TEST(ServerService, MaskInputByResultIdAndByLogits) {
             std::string::npos)
       << bad_index.status().message();
 
-  // A result of another image is refused; an unknown id is NOT_FOUND.
+  // A result of another image answers like an unknown id (NOT_FOUND, no other image's id); an
+  // unknown id is NOT_FOUND.
   auto other_image = m.Embed(Encoded(20, 20, 6));
   ASSERT_TRUE(other_image.ok());
   auto wrong_image = m.Segment(ById(other_image->image_id(), {refine}));
-  EXPECT_EQ(wrong_image.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(wrong_image.status().message().find("is a result of image " + first->image_id()),
-            std::string::npos)
+  EXPECT_EQ(wrong_image.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(wrong_image.status().message().find(first->image_id()), std::string::npos)
       << wrong_image.status().message();
   v1::Prompt unknown = Click(1, 1);
   unknown.mutable_mask_input()->set_result_id("r-no-such-result");

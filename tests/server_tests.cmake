@@ -1,8 +1,8 @@
 # Tests of server/ (maskd_server), included by tests/CMakeLists.txt.
 #
-# Unit tests run the server against a fake engine: maskd_fake_engine defines the engine.h handle
-# classes itself, so these binaries link it INSTEAD of maskd_model (never both). The end-to-end test
-# links the real engine.
+# Unit tests run the server against a fake engine: maskd_fake_engine (tests/fake_engine.h) implements
+# the abstract Engine of model/api, so these binaries never see the real engine or torch. The
+# end-to-end tests link the real engine.
 add_library(maskd_fake_engine STATIC fake_engine.cc)
 target_include_directories(maskd_fake_engine PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(maskd_fake_engine PUBLIC maskd_io)
@@ -20,3 +20,13 @@ maskd_add_test(server_service_test SOURCES server_service_test.cc
 maskd_add_test(server_e2e_test SOURCES server_e2e_test.cc
                LIBS maskd_server maskd_model maskd_client nlohmann_json::nlohmann_json)
 add_dependencies(server_e2e_test maskd)
+
+# Issue #14 hardening: server-facing findings through real gRPC (fake engines).
+maskd_add_test(hardening_server_test SOURCES hardening_server_test.cc
+               LIBS maskd_server maskd_client maskd_fake_engine)
+add_dependencies(hardening_server_test maskd)
+maskd_add_test(hardening_config_test SOURCES hardening_config_test.cc
+               LIBS maskd_server maskd_fake_engine)
+# Issue #14 hardening with the real engine (the built-in demo model; needs no golden data).
+maskd_add_test(hardening_e2e_test SOURCES hardening_e2e_test.cc
+               LIBS maskd_server maskd_model maskd_client)

@@ -51,6 +51,19 @@ struct FastPathOptions {
   bool gpu_preprocess = false;
   // Upscale/crop/threshold masks and encode COCO RLE on the device.
   bool gpu_postprocess = false;
+  // The encoder blocks' element-wise work in two fused kernels each (residual add + LayerNorm +
+  // window partition/unpartition) and, with the fused attention, the rel-pos terms as one matmul
+  // read in place. Same arithmetic as without (bit-for-bit up to the LayerNorm's summation order).
+  bool fuse_encoder_ops = false;
+  // fc1's bias + GELU in the cuBLASLt GEMM epilogue. cuBLASLt's GELU is the tanh approximation, not
+  // the erf form of SAM's nn.GELU: a difference below bf16 rounding for most activations (maskbench
+  // reports the logit and mask differences against fp32). Needs fuse_encoder_ops; CUDA only.
+  bool gelu_epilogue = false;
+  // The mask decoder with the image side shared between the prompts of one image (the first block's
+  // keys, values and image queries once per image; model/fast_decoder.h) and the positional
+  // encoding's share of each projection precomputed. The same function up to floating-point
+  // reassociation; CPU or CUDA.
+  bool shared_image_decoder = false;
 
   // Everything that helps on CUDA: fused attention, graphs, GPU pre/post-processing (not int8 or
   // 2:4 sparsity, which trade accuracy for speed and are opt-in).

@@ -17,10 +17,13 @@ struct ImageRGB8 {
 
 // The shape SAM's longest-side resize gives: (width, height) scaled so max(width, height) == target,
 // rounded as the original (ResizeLongestSide.get_preprocess_shape: scale in double, round half up).
+// One deviation: a side is never below 1 pixel. The original rounds the short side of e.g. a
+// 1 x 4000 or 1 x 2049 image to 0, an empty image no mask can be cropped from; any other shape is
+// unchanged.
 inline std::pair<int, int> ResizedSize(int width, int height, int target) {
   const double scale = target * 1.0 / std::max(width, height);
-  const int w = static_cast<int>(width * scale + 0.5);
-  const int h = static_cast<int>(height * scale + 0.5);
+  const int w = std::max(1, static_cast<int>(width * scale + 0.5));
+  const int h = std::max(1, static_cast<int>(height * scale + 0.5));
   return {w, h};
 }
 

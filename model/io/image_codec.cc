@@ -49,9 +49,9 @@ Status CheckSize(uint64_t width, uint64_t height, const ImageLimits& limits, std
 // ---- JPEG -------------------------------------------------------------------------------------
 
 // libjpeg reports fatal errors through error_exit, which must not return: we longjmp back to the
-// decode function (the documented pattern). Truncation is only a warning in libjpeg (it pads the
-// image with grey), so that warning is promoted to an error: a half-grey image would give silently
-// wrong masks.
+// decode function (the documented pattern). Truncated or corrupt entropy data is only a warning in
+// libjpeg (it pads the image with grey), so those warnings are promoted to errors: a half-grey
+// image would give silently wrong masks.
 struct JpegError {
   jpeg_error_mgr mgr;
   jmp_buf jump;
@@ -65,10 +65,44 @@ void JpegErrorExit(j_common_ptr cinfo) {
 }
 
 void JpegEmitMessage(j_common_ptr cinfo, int msg_level) {
-  if (msg_level == -1 && cinfo->err->msg_code == JWRN_JPEG_EOF) {
-    JpegErrorExit(cinfo);
+  if (msg_level != -1) return;  // trace messages
+  switch (cinfo->err->msg_code) {
+    // About metadata or stray bytes between segments: the pixels are intact (Pillow tolerates
+    // these too).
+    case JWRN_EXTRANEOUS_DATA:
+    case JWRN_ADOBE_XFORM:
+    case JWRN_JFIF_MAJOR:
+    case JWRN_BOGUS_ICC:
+      return;
+    // Premature end of file or of a data segment (a file cut short, or cut and closed with EOI),
+    // bad Huffman/arithmetic codes, broken progression: pixels are missing.
+    default:
+      JpegErrorExit(cinfo);
   }
-  // Other warnings (e.g. extraneous bytes before a marker) are tolerated, as by Pillow.
+}
+
+// Huffman-coded scans spend at least one bit on every 8x8 block of each component they cover, and
+// a decodable file has a scan for every component, so a file smaller than that for its declared
+// size is truncated or lies about the size; refused before libjpeg allocates for the declared size.
+// Arithmetic coding has no such floor; there the decode stops at the first missing byte instead.
+Status CheckJpegPlausibleSize(const jpeg_decompress_struct& cinfo, size_t file_bytes,
+                              std::string_view field) {
+  if (cinfo.arith_code) return Status::Ok();
+  uint64_t fewest_blocks = 0;
+  for (int c = 0; c < cinfo.num_components; ++c) {
+    const uint64_t blocks = uint64_t{cinfo.comp_info[c].width_in_blocks} *
+                            cinfo.comp_info[c].height_in_blocks;
+    if (c == 0 || blocks < fewest_blocks) fewest_blocks = blocks;
+  }
+  const uint64_t min_bytes = fewest_blocks / 8;
+  if (file_bytes >= min_bytes) return Status::Ok();
+  return InvalidArgument(Prefix(field) + "JPEG image declares " +
+                         std::to_string(cinfo.image_width) + " x " +
+                         std::to_string(cinfo.image_height) + " pixels in " +
+                         std::to_string(file_bytes) + " bytes (expected at least " +
+                         std::to_string(min_bytes) +
+                         " bytes, one bit per 8x8 block: the file is truncated or its size is "
+                         "false)");
 }
 
 struct JpegDestination {
@@ -116,6 +150,8 @@ bool RunJpegDecode(jpeg_decompress_struct* cinfo, JpegError* jerr, std::string_v
   jpeg_read_header(cinfo, TRUE);
   st->status = CheckSize(cinfo->image_width, cinfo->image_height, limits, field, "JPEG");
   if (!st->status.ok()) return true;
+  st->status = CheckJpegPlausibleSize(*cinfo, bytes.size(), field);
+  if (!st->status.ok()) return true;
   const bool cmyk = cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK;
   cinfo->out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   jpeg_start_decompress(cinfo);
@@ -124,9 +160,12 @@ bool RunJpegDecode(jpeg_decompress_struct* cinfo, JpegError* jerr, std::string_v
   st->row.resize(static_cast<size_t>(w) * cinfo->output_components);
   st->out.width = w;
   st->out.height = h;
-  st->out.pixels.resize(static_cast<size_t>(w) * h * 3);
+  // Reserved (address space only) and grown row by row: a file that ends early costs the memory
+  // of the rows it really has, not of the size it declares.
+  st->out.pixels.reserve(static_cast<size_t>(w) * h * 3);
   while (cinfo->output_scanline < cinfo->output_height) {
     const size_t y = cinfo->output_scanline;
+    st->out.pixels.resize((y + 1) * w * 3);
     uint8_t* dst = st->out.pixels.data() + y * w * 3;
     JSAMPROW rows[1] = {cmyk ? st->row.data() : dst};
     jpeg_read_scanlines(cinfo, rows, 1);
@@ -197,6 +236,7 @@ struct PngDecodeState {
   Out out;
   std::vector<png_bytep> rows;
   Status status;
+  uint64_t bytes = 0;  // the file's size
 };
 
 template <typename Out>
@@ -208,6 +248,22 @@ bool RunPngDecode(png_structp png, png_infop info, const ImageLimits& limits, st
   const png_uint_32 h = png_get_image_height(png, info);
   st->status = CheckSize(w, h, limits, field, "PNG");
   if (!st->status.ok()) return true;
+  {
+    // Deflate cannot compress better than 1032:1, so fewer bytes than that for the declared rows
+    // mean a truncated file or a false size: refused before the pixel buffer is allocated.
+    const uint64_t bits_per_pixel =
+        uint64_t{png_get_channels(png, info)} * png_get_bit_depth(png, info);
+    const uint64_t raw = uint64_t{h} * (1 + (uint64_t{w} * bits_per_pixel + 7) / 8);
+    const uint64_t min_bytes = raw / 1032;
+    if (st->bytes < min_bytes) {
+      st->status = InvalidArgument(Prefix(field) + "PNG image declares " + std::to_string(w) + " x " +
+                                   std::to_string(h) + " pixels in " + std::to_string(st->bytes) +
+                                   " bytes (expected at least " + std::to_string(min_bytes) +
+                                   " bytes at deflate's best ratio: the file is truncated or its "
+                                   "size is false)");
+      return true;
+    }
+  }
   const int color_type = png_get_color_type(png, info);
   png_set_expand(png);  // palette -> RGB, grey < 8 bits -> 8 bits, tRNS -> alpha
   png_set_strip_16(png);
@@ -250,6 +306,7 @@ StatusOr<Out> DecodePngImpl(std::string_view bytes, const ImageLimits& limits, s
   }
   png_set_read_fn(png, &reader, PngRead);
   PngDecodeState<Out> st;
+  st.bytes = bytes.size();
   const bool decoded = RunPngDecode(png, info, limits, field, gray, &st);
   png_destroy_read_struct(&png, &info, nullptr);
   if (!decoded) {

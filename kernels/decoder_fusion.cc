@@ -1,0 +1,132 @@
+// ATen side of the mask decoder's element-wise kernels (decoder_fusion.cu); the LibTorch references
+// are the CPU path and the fallback for shapes and dtypes the kernels do not cover.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/internal.h"
+#include "kernels/kernels.h"
+
+namespace maskd::kernels {
+
+using internal::Describe;
+
+at::Tensor RowNormReference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
+                            bool gelu) {
+  at::Tensor y = at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
+  return gelu ? at::gelu(y) : y;
+}
+
+at::Tensor RowNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps, bool gelu,
+                   Stream stream) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) > 0, "x: expected [..., C], got ", Describe(x));
+  const int64_t C = x.size(-1);
+  for (const auto* t : {&weight, &bias})
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == C && t->scalar_type() == x.scalar_type() && t->device() == x.device(),
+                "weight/bias: expected [", C, "] of x's dtype and device, got ", Describe(*t));
+#ifdef MASKD_WITH_CUDA
+  if (x.is_cuda() && x.is_contiguous() && x.scalar_type() != at::kFloat &&
+      detail::RowNormVectorized(static_cast<int>(C), internal::ToDType(x.scalar_type(), "x")) &&
+      weight.is_contiguous() && bias.is_contiguous()) {
+    internal::StreamScope scope(stream, x.device());
+    at::Tensor out = at::empty_like(x);
+    const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0;
+    if (aligned) {
+      detail::RowNormArgs a;
+      a.x = x.data_ptr();
+      a.weight = weight.data_ptr();
+      a.bias = bias.data_ptr();
+      a.out = out.data_ptr();
+      a.rows = x.numel() / C;
+      a.C = static_cast<int>(C);
+      a.eps = static_cast<float>(eps);
+      a.gelu = gelu;
+      internal::CheckLaunch(detail::LaunchRowNorm(a, internal::ToDType(x.scalar_type(), "x"), scope.get()),
+                            "RowNormKernel");
+      return out;
+    }
+  }
+#endif
+  (void)stream;
+  return RowNormReference(x, weight, bias, eps, gelu);
+}
+
+void AddRowsBroadcast(at::Tensor& y, const at::Tensor& rows, Stream stream) {
+  TORCH_CHECK(rows.dim() == 2 && y.dim() >= 2 && y.size(-1) == rows.size(1) && y.size(-2) == rows.size(0),
+              "AddRowsBroadcast: expected y [..., ", rows.size(0), ", ", rows.size(1), "] for rows ", Describe(rows),
+              ", got ", Describe(y));
+  TORCH_CHECK(rows.scalar_type() == y.scalar_type() && rows.device() == y.device(),
+              "AddRowsBroadcast: rows must have y's dtype and device");
+#ifdef MASKD_WITH_CUDA
+  if (y.is_cuda() && y.is_contiguous() && rows.is_contiguous() && y.scalar_type() != at::kFloat &&
+      rows.numel() % 8 == 0 && reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(rows.data_ptr()) % 16 == 0) {
+    internal::StreamScope scope(stream, y.device());
+    internal::CheckLaunch(detail::LaunchAddRowsBroadcast(y.data_ptr(), rows.data_ptr(), y.numel(), rows.numel(),
+                                                         internal::ToDType(y.scalar_type(), "y"), scope.get()),
+                          "AddRowsBroadcastKernel");
+    return;
+  }
+#endif
+  (void)stream;
+  y.add_(rows);
+}
+
+std::vector<at::Tensor> CopySlices(const at::Tensor& src, const std::vector<int64_t>& row,
+                                   const std::vector<int64_t>& first, const std::vector<int64_t>& count,
+                                   Stream stream) {
+  TORCH_CHECK(src.dim() >= 2, "CopySlices: expected src [G, K, ...], got ", Describe(src));
+  TORCH_CHECK(row.size() == first.size() && row.size() == count.size(),
+              "CopySlices: row, first and count must have one entry per slice (", row.size(), ", ", first.size(),
+              ", ", count.size(), ")");
+  const int64_t G = src.size(0), K = src.size(1);
+  for (size_t i = 0; i < row.size(); ++i)
+    TORCH_CHECK(row[i] >= 0 && row[i] < G && first[i] >= 0 && count[i] >= 1 && first[i] + count[i] <= K,
+                "CopySlices: slice ", i, " (row ", row[i], ", first ", first[i], ", count ", count[i],
+                ") is outside src ", Describe(src));
+  std::vector<at::Tensor> out;
+  out.reserve(row.size());
+#ifdef MASKD_WITH_CUDA
+  const int64_t inner_bytes = src.numel() / std::max<int64_t>(G * K, 1) * static_cast<int64_t>(src.element_size());
+  if (src.is_cuda() && src.is_contiguous() && inner_bytes % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(src.data_ptr()) % 16 == 0 && !row.empty()) {
+    internal::StreamScope scope(stream, src.device());
+    const int64_t n = static_cast<int64_t>(row.size());
+    at::Tensor table = at::empty({n, 3}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    int64_t* t = table.data_ptr<int64_t>();
+    const auto* base = static_cast<const char*>(src.data_ptr());
+    int64_t max_bytes = 0;
+    std::vector<int64_t> shape = src.sizes().vec();
+    shape.erase(shape.begin());
+    for (int64_t i = 0; i < n; ++i) {
+      shape[0] = count[i];
+      out.push_back(at::empty(shape, src.options()));
+      const int64_t bytes = count[i] * inner_bytes;
+      t[3 * i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out.back().data_ptr()));
+      t[3 * i + 1] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base + (row[i] * K + first[i]) * inner_bytes));
+      t[3 * i + 2] = bytes;
+      max_bytes = std::max(max_bytes, bytes);
+    }
+    // The caching allocator aligns blocks to 512 bytes, but say so rather than assume it.
+    bool aligned = true;
+    for (const auto& o : out) aligned = aligned && reinterpret_cast<uintptr_t>(o.data_ptr()) % 16 == 0;
+    if (aligned) {
+      // Pinned + non_blocking: the copy of the table is ordered on the stream, the host does not wait,
+      // and the caching host allocator keeps the buffer until the copy has run.
+      const at::Tensor table_dev = table.to(src.device(), /*non_blocking=*/true);
+      internal::CheckLaunch(detail::LaunchCopySlices(table_dev.data_ptr<int64_t>(), n, max_bytes, scope.get()),
+                            "CopySlicesKernel");
+      return out;
+    }
+    out.clear();
+  }
+#endif
+  (void)stream;
+  for (size_t i = 0; i < row.size(); ++i) out.push_back(src[row[i]].narrow(0, first[i], count[i]).clone());
+  return out;
+}
+
+}  // namespace maskd::kernels

@@ -1,0 +1,162 @@
+// ATen side of the encoder's fused element-wise kernels (encoder_fusion.cu) and of the rel-pos
+// tables as one matrix product; the LibTorch references double as the CPU path.
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/internal.h"
+#include "kernels/kernels.h"
+
+namespace maskd::kernels {
+namespace {
+
+using internal::CheckDim;
+using internal::Describe;
+
+struct Geometry {
+  int64_t B, H, W, C;
+};
+
+// Checks x, delta, weight and bias; returns x's geometry.
+Geometry CheckAddLayerNormArgs(const at::Tensor& x, const at::Tensor& delta, int64_t delta_window,
+                               const at::Tensor& weight, const at::Tensor& bias,
+                               int64_t out_window) {
+  CheckDim(x, "x", 4);
+  TORCH_CHECK(x.is_contiguous(), "x: expected a contiguous [B, H, W, C] tensor, got ", Describe(x));
+  const Geometry g{x.size(0), x.size(1), x.size(2), x.size(3)};
+  TORCH_CHECK(delta_window >= 0 && out_window >= 0, "window sizes: expected >= 0, got delta ",
+              delta_window, ", out ", out_window);
+  for (const auto& [t, name] : {std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
+    CheckDim(*t, name, 1);
+    TORCH_CHECK(t->size(0) == g.C && t->is_contiguous() && t->scalar_type() == x.scalar_type() &&
+                    t->device() == x.device(),
+                name, ": expected a contiguous [", g.C, "] tensor of x's dtype and device, got ",
+                Describe(*t));
+  }
+  if (delta.defined()) {
+    int64_t rows = g.B * g.H * g.W;
+    if (delta_window > 0) {
+      const int64_t nh = (g.H + delta_window - 1) / delta_window;
+      const int64_t nw = (g.W + delta_window - 1) / delta_window;
+      rows = g.B * nh * nw * delta_window * delta_window;
+    }
+    TORCH_CHECK(delta.is_contiguous() && delta.numel() == rows * g.C && delta.size(-1) == g.C &&
+                    delta.scalar_type() == x.scalar_type() && delta.device() == x.device(),
+                "delta: expected a contiguous tensor of ", rows, " tokens x ", g.C,
+                " channels (window ", delta_window, ") of x's dtype and device, got ", Describe(delta));
+  }
+  return g;
+}
+
+#ifdef MASKD_WITH_CUDA
+at::Tensor AddLayerNormCuda(at::Tensor& x, const at::Tensor& delta, int64_t delta_window,
+                            const at::Tensor& weight, const at::Tensor& bias, double eps,
+                            int64_t out_window, Stream stream) {
+  const Geometry g = CheckAddLayerNormArgs(x, delta, delta_window, weight, bias, out_window);
+  const detail::DType dtype = internal::ToDType(x.scalar_type(), "x");
+  const bool vec = detail::AddLayerNormVectorized(static_cast<int>(g.C), dtype);
+  internal::StreamScope scope(stream, x.device());
+  at::Tensor out;
+  if (out_window > 0) {
+    const int64_t nh = (g.H + out_window - 1) / out_window, nw = (g.W + out_window - 1) / out_window;
+    out = at::empty({g.B * nh * nw, out_window, out_window, g.C}, x.options());
+  } else {
+    out = at::empty_like(x);
+  }
+  if (vec) {
+    // 16-byte vector accesses: every row starts 16-byte aligned when the bases are.
+    for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&x, &delta, &weight, &bias, &out})
+      TORCH_CHECK(!t->defined() || reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                  "AddLayerNorm: expected 16-byte aligned tensors, got ", Describe(*t));
+  }
+  detail::AddLayerNormArgs a;
+  a.x = x.data_ptr();
+  a.delta = delta.defined() ? delta.data_ptr() : nullptr;
+  a.delta_window = static_cast<int>(delta_window);
+  a.weight = weight.data_ptr();
+  a.bias = bias.data_ptr();
+  a.out = out.data_ptr();
+  a.out_window = static_cast<int>(out_window);
+  a.B = static_cast<int>(g.B);
+  a.H = static_cast<int>(g.H);
+  a.W = static_cast<int>(g.W);
+  a.C = static_cast<int>(g.C);
+  a.out_tokens = out.numel() / g.C;
+  a.eps = static_cast<float>(eps);
+  internal::CheckLaunch(detail::LaunchAddLayerNorm(a, dtype, scope.get()),
+                        detail::AddLayerNormKernelName(a.C, dtype));
+  return out;
+}
+#endif
+
+}  // namespace
+
+at::Tensor WindowPartition(const at::Tensor& x, int64_t ws) {
+  const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
+  const int64_t pad_h = (ws - H % ws) % ws, pad_w = (ws - W % ws) % ws;
+  at::Tensor p = x;
+  if (pad_h > 0 || pad_w > 0) p = at::constant_pad_nd(x, {0, 0, 0, pad_w, 0, pad_h});
+  const int64_t Hp = H + pad_h, Wp = W + pad_w;
+  return p.view({B, Hp / ws, ws, Wp / ws, ws, C}).permute({0, 1, 3, 2, 4, 5}).reshape({-1, ws, ws, C});
+}
+
+at::Tensor WindowUnpartition(const at::Tensor& windows, int64_t ws, int64_t B, int64_t H, int64_t W) {
+  const int64_t C = windows.size(-1);
+  const int64_t Hp = (H + ws - 1) / ws * ws, Wp = (W + ws - 1) / ws * ws;
+  at::Tensor x = windows.reshape({B, Hp / ws, Wp / ws, ws, ws, C}).permute({0, 1, 3, 2, 4, 5}).reshape({B, Hp, Wp, C});
+  if (Hp > H || Wp > W) x = x.slice(1, 0, H).slice(2, 0, W);
+  return x;
+}
+
+at::Tensor AddLayerNormReference(at::Tensor& x, const at::Tensor& delta, int64_t delta_window,
+                                 const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                 int64_t out_window) {
+  const Geometry g = CheckAddLayerNormArgs(x, delta, delta_window, weight, bias, out_window);
+  if (delta.defined())
+    x.add_(delta_window > 0 ? WindowUnpartition(delta, delta_window, g.B, g.H, g.W) : delta.view_as(x));
+  const at::Tensor y = at::layer_norm(x, {g.C}, weight, bias, eps);
+  return out_window > 0 ? WindowPartition(y, out_window) : y;
+}
+
+at::Tensor AddLayerNorm(at::Tensor& x, const at::Tensor& delta, int64_t delta_window,
+                        const at::Tensor& weight, const at::Tensor& bias, double eps,
+                        int64_t out_window, Stream stream) {
+#ifdef MASKD_WITH_CUDA
+  if (x.is_cuda()) return AddLayerNormCuda(x, delta, delta_window, weight, bias, eps, out_window, stream);
+#endif
+  (void)stream;
+  return AddLayerNormReference(x, delta, delta_window, weight, bias, eps, out_window);
+}
+
+at::Tensor ReversedRelPosTables(const at::Tensor& Rh, const at::Tensor& Rw) {
+  // R[r, k] = table[r - k + g - 1]; rev[j] = table[2g - 2 - j], so rev[(g - 1 - r) + k] = R[r, k]:
+  // rev[0..g) = R[g - 1, :] and rev[g - 1 + m] = R[g - 1 - m, g - 1] for m in [1, g).
+  auto reversed = [](const at::Tensor& R) {
+    CheckDim(R, "R", 3);
+    const int64_t g = R.size(0);
+    TORCH_CHECK(R.size(1) == g, "R: expected [g, g, D], got ", Describe(R));
+    return at::cat({R[g - 1], R.select(1, g - 1).slice(0, 0, g - 1).flip({0})}, 0);
+  };
+  return at::cat({reversed(Rh), reversed(Rw)}, 0).contiguous();
+}
+
+RelPosTerms RelPosTables(const at::Tensor& q, const at::Tensor& rev_tables, int64_t grid_h,
+                         int64_t grid_w) {
+  CheckDim(q, "q", 4);
+  CheckDim(rev_tables, "rev_tables", 2);
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
+  const int64_t Lh = 2 * grid_h - 1, Lw = 2 * grid_w - 1, L = Lh + Lw;
+  TORCH_CHECK(grid_h > 0 && grid_w > 0 && grid_h * grid_w == N, "grid ", grid_h, " x ", grid_w,
+              ": expected N = ", N, " tokens (q is ", Describe(q), ")");
+  TORCH_CHECK(rev_tables.size(0) == L && rev_tables.size(1) == D,
+              "rev_tables: expected [", L, ", ", D, "], got ", Describe(rev_tables));
+  RelPosTerms t;
+  t.table = at::matmul(q, rev_tables.to(q.scalar_type()).t()).contiguous();
+  const int64_t off = t.table.storage_offset();
+  t.rel_h = t.table.as_strided({B, H, grid_h, grid_w, grid_h}, {H * N * L, N * L, grid_w * L - 1, L, 1},
+                               off + grid_h - 1);
+  t.rel_w = t.table.as_strided({B, H, grid_h, grid_w, grid_w}, {H * N * L, N * L, grid_w * L, L - 1, 1},
+                               off + Lh + grid_w - 1);
+  return t;
+}
+
+}  // namespace maskd::kernels

@@ -1,0 +1,224 @@
+#include "model/fast_decoder.h"
+
+#include <torch/nn/modules/conv.h>
+#include <torch/types.h>
+
+#include <cmath>
+
+#include "kernels/kernels.h"
+
+namespace maskd {
+
+namespace {
+
+// `l` applied to pe ([HW, D], fp32): the positional encoding's share of l(keys + pe), with l's bias.
+at::Tensor PeTerm(const at::Tensor& pe, const torch::nn::Linear& l) {
+  return at::addmm(l->bias.to(at::kFloat), pe, l->weight.to(at::kFloat).t());
+}
+
+at::Tensor Norm(const torch::nn::LayerNorm& n, const at::Tensor& x) {
+  return at::layer_norm(x, n->options.normalized_shape(), n->weight, n->bias, n->options.eps());
+}
+
+at::Tensor Lin(const torch::nn::Linear& l, const at::Tensor& x) { return at::linear(x, l->weight, l->bias); }
+
+}  // namespace
+
+SharedImageDecoder::SharedImageDecoder(MaskDecoderImpl& decoder, const at::Tensor& dense_pe) : dec_(decoder) {
+  torch::NoGradGuard no_grad;
+  TORCH_CHECK(dense_pe.dim() == 4 && dense_pe.size(0) == 1, "dense_pe: expected [1, D, h, w]");
+  dim_ = dense_pe.size(1);
+  h_ = dense_pe.size(2);
+  w_ = dense_pe.size(3);
+  const int64_t hw = h_ * w_;
+  // The pe as the original adds it: in the decoder's dtype.
+  const at::Tensor pe = dense_pe.flatten(2).transpose(1, 2)[0].to(at::kFloat);  // [HW, D]
+  auto& tr = *dec_.transformer;
+  TORCH_CHECK(!tr.layer_list.empty(), "the decoder has no two-way blocks");
+  for (auto& blk : tr.layer_list) {
+    auto& t2i = *blk->cross_attn_token_to_image;
+    auto& i2t = *blk->cross_attn_image_to_token;
+    internal_ = t2i.q_proj->weight.size(0);
+    heads_ = t2i.num_heads;
+    TORCH_CHECK(i2t.q_proj->weight.size(0) == internal_ && i2t.num_heads == heads_,
+                "the two cross attentions of a block differ in width or heads");
+    const auto dt = t2i.k_proj->weight.scalar_type();
+    BlockTables t;
+    t.w = at::cat({t2i.k_proj->weight, t2i.v_proj->weight, i2t.q_proj->weight}, 0).contiguous();
+    t.pe_bias = at::cat({PeTerm(pe, t2i.k_proj), t2i.v_proj->bias.to(at::kFloat).unsqueeze(0).expand({hw, internal_}),
+                         PeTerm(pe, i2t.q_proj)},
+                        1)
+                    .to(dt)
+                    .contiguous();
+    const at::Tensor& wo = i2t.out_proj->weight;  // [D, I], columns (head, channel)
+    t.wo_heads = wo.view({dim_, heads_, internal_ / heads_}).permute({1, 2, 0}).contiguous();
+    t.wo_bias = i2t.out_proj->bias;
+    blocks_.push_back(std::move(t));
+  }
+  auto& fin = *tr.final_attn_token_to_image;
+  final_.w = at::cat({fin.k_proj->weight, fin.v_proj->weight}, 0).contiguous();
+  final_.pe_bias = at::cat({PeTerm(pe, fin.k_proj), fin.v_proj->bias.to(at::kFloat).unsqueeze(0).expand({hw, internal_})}, 1)
+                       .to(fin.k_proj->weight.scalar_type())
+                       .contiguous();
+
+  const auto conv1 = dec_.output_upscaling->ptr<torch::nn::ConvTranspose2dImpl>(0);
+  const auto conv2 = dec_.output_upscaling->ptr<torch::nn::ConvTranspose2dImpl>(3);
+  TORCH_CHECK(conv1 && conv2 && dec_.output_upscaling->ptr<LayerNorm2dImpl>(1), "unexpected output_upscaling layout");
+  // A k=2, s=2 transposed convolution is one GEMM per input pixel: x[Cin] . W[Cin, (dy, dx, o)].
+  auto gemm_weight = [](const torch::nn::ConvTranspose2dImpl& c) {
+    return c.weight.permute({0, 2, 3, 1}).reshape({c.weight.size(0), 4 * c.weight.size(1)}).contiguous();
+  };
+  up1_w_ = gemm_weight(*conv1);
+  up1_b_ = conv1->bias.repeat({4});
+  up2_w_ = gemm_weight(*conv2);
+  up2_b_ = conv2->bias.repeat({4});
+}
+
+at::Tensor SharedImageDecoder::GroupKeys(const at::Tensor& src_groups) {
+  return src_groups.flatten(2).transpose(1, 2).contiguous();
+}
+
+MaskDecoderImpl::Output SharedImageDecoder::forward(const at::Tensor& src_groups, const at::Tensor& group_of,
+                                                    const at::Tensor& sparse) const {
+  return ForwardKeys(GroupKeys(src_groups), group_of, sparse);
+}
+
+at::Tensor SharedImageDecoder::TokenToImage(const DecoderAttentionImpl& attn, const at::Tensor& q_tokens,
+                                            const at::Tensor& k, const at::Tensor& v) const {
+  // q_tokens [N, L, D] (with their pe), k / v [N, HW, I] (projected, possibly strided views).
+  const int64_t n = q_tokens.size(0), l = q_tokens.size(1), hw = k.size(1), c = internal_ / heads_;
+  const at::Tensor q = Lin(attn.q_proj, q_tokens).view({n, l, heads_, c}).transpose(1, 2);
+  const at::Tensor kh = k.view({n, hw, heads_, c}).transpose(1, 2);
+  const at::Tensor vh = v.view({n, hw, heads_, c}).transpose(1, 2);
+  at::Tensor out;
+  if (attn.use_sdpa) {
+    out = at::scaled_dot_product_attention(q, kh, vh);
+  } else {
+    at::Tensor a = at::matmul(q, kh.transpose(2, 3)) / std::sqrt(static_cast<double>(c));
+    out = at::matmul(at::softmax(a, -1), vh);
+  }
+  return Lin(attn.out_proj, out.transpose(1, 2).reshape({n, l, internal_}));
+}
+
+at::Tensor SharedImageDecoder::ImageToToken(const TwoWayAttentionBlockImpl& blk, const BlockTables& t,
+                                            const at::Tensor& q_img, bool q_img_shared, const at::Tensor& residual,
+                                            const at::Tensor& queries, const at::Tensor& query_pe) const {
+  // Per prompt b: keys' = norm4(residual_b + out_proj(softmax(q_img_b k_b^T / sqrt(c)) v_b)), with k_b / v_b
+  // the prompt's T tokens projected. out_proj(P V) + bias = sum over heads h of P_h (V_h Wo_h^T) + bias:
+  // U_b [(h, t), D] = V_b,h Wo_h^T + bias / H (each head's softmax row sums to 1, so the bias comes out
+  // once), and the update is residual_b + P_b U_b with P_b [HW, (h, t)]: one batched GEMM.
+  auto& i2t = *blk.cross_attn_image_to_token;
+  const int64_t b = queries.size(0), tt = queries.size(1), hw = q_img.size(1), c = internal_ / heads_;
+  const at::Tensor kt = Lin(i2t.k_proj, queries + query_pe);  // [B, T, I]
+  const at::Tensor vt = Lin(i2t.v_proj, queries);             // [B, T, I]
+  at::Tensor u = at::bmm(vt.reshape({b * tt, heads_, c}).transpose(0, 1), t.wo_heads);  // [H, B*T, D]
+  u = u.view({heads_, b, tt, dim_}).permute({1, 0, 2, 3}).reshape({b, heads_ * tt, dim_});
+  u = u + t.wo_bias / static_cast<double>(heads_);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c));
+  at::Tensor p;
+  if (q_img_shared) {
+    // One image for every prompt: [H, HW, c] x [H, c, B*T] in one batched GEMM.
+    const at::Tensor qh = q_img[0].view({hw, heads_, c}).permute({1, 0, 2});
+    const at::Tensor kh = (kt * scale).reshape({b * tt, heads_, c}).permute({1, 2, 0});
+    const at::Tensor s = at::bmm(qh, kh).view({heads_, hw, b, tt});
+    p = at::softmax(s, -1, at::kFloat).permute({2, 1, 0, 3});  // [B, HW, H, T]
+  } else {
+    const at::Tensor qh = q_img.view({b, hw, heads_, c}).permute({0, 2, 1, 3});             // [B, H, HW, c]
+    const at::Tensor kh = (kt * scale).view({b, tt, heads_, c}).permute({0, 2, 3, 1});      // [B, H, c, T]
+    p = at::softmax(at::matmul(qh, kh), -1, at::kFloat).permute({0, 2, 1, 3});            // [B, HW, H, T]
+  }
+  p = p.to(u.scalar_type()).contiguous().view({b, hw, heads_ * tt});
+  const at::Tensor updated = at::baddbmm(residual, p, u);
+  auto& n4 = blk.norm4;
+  return kernels::RowNorm(updated, n4->weight, n4->bias, n4->options.eps(), /*gelu=*/false);
+}
+
+MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_keys, const at::Tensor& group_of,
+                                                        const at::Tensor& sparse) const {
+  const int64_t g = group_keys.size(0), b = sparse.size(0), hw = h_ * w_;
+  TORCH_CHECK(group_keys.dim() == 3 && group_keys.size(1) == hw && group_keys.size(2) == dim_,
+              "group keys: expected [G, ", hw, ", ", dim_, "]");
+  TORCH_CHECK(g == 1 || (group_of.defined() && group_of.numel() == b), "group_of: expected one group per prompt");
+  const at::Tensor output_tokens = at::cat({dec_.iou_token->weight, dec_.mask_tokens->weight}, 0);
+  const at::Tensor tokens =
+      at::cat({output_tokens.unsqueeze(0).expand({b, -1, -1}), sparse.to(output_tokens.scalar_type())}, 1);
+  const at::Tensor& query_pe = tokens;
+  at::Tensor queries = tokens;
+  auto& tr = *dec_.transformer;
+  const int64_t tt = tokens.size(1);
+
+  // The first block reads the group's image side; every later one the prompt's own keys.
+  at::Tensor keys;  // [B, HW, D] once per prompt
+  for (size_t i = 0; i < tr.layer_list.size(); ++i) {
+    auto& blk = *tr.layer_list[i];
+    const BlockTables& t = blocks_[i];
+    if (blk.skip_first_layer_pe) {
+      queries = blk.self_attn->forward(queries, queries, queries);
+    } else {
+      const at::Tensor q = queries + query_pe;
+      queries = queries + blk.self_attn->forward(q, q, queries);
+    }
+    queries = Norm(blk.norm1, queries);
+    const bool group_level = !keys.defined();
+    const at::Tensor& x = group_level ? group_keys : keys;
+    // token->image k, v and image->token q of this block from one GEMM (pe shares in the table).
+    at::Tensor y = at::linear(x, t.w);  // [N, HW, 3I]
+    kernels::AddRowsBroadcast(y, t.pe_bias);
+    at::Tensor k = y.narrow(2, 0, internal_), v = y.narrow(2, internal_, internal_),
+               q_img = y.narrow(2, 2 * internal_, internal_);
+    const at::Tensor q_tokens = queries + query_pe;
+    at::Tensor attn;
+    if (group_level && g == 1) {
+      // Every prompt's tokens are queries of one attention over the image's keys.
+      attn = TokenToImage(*blk.cross_attn_token_to_image, q_tokens.reshape({1, b * tt, dim_}), k, v)
+                 .view({b, tt, dim_});
+    } else {
+      if (group_level) {
+        k = k.index_select(0, group_of);
+        v = v.index_select(0, group_of);
+      }
+      attn = TokenToImage(*blk.cross_attn_token_to_image, q_tokens, k, v);
+    }
+    queries = Norm(blk.norm2, queries + attn);
+    queries = Norm(blk.norm3, queries + blk.mlp->forward(queries));
+    at::Tensor residual = x;
+    bool shared = false;
+    if (group_level && g == 1) {
+      residual = x.expand({b, hw, dim_});
+      shared = true;
+    } else if (group_level) {
+      residual = x.index_select(0, group_of);
+      q_img = q_img.index_select(0, group_of);
+    }
+    keys = ImageToToken(blk, t, q_img, shared, residual, queries, query_pe);
+  }
+  {
+    auto& fin = *tr.final_attn_token_to_image;
+    at::Tensor y = at::linear(keys, final_.w);  // [B, HW, 2I]
+    kernels::AddRowsBroadcast(y, final_.pe_bias);
+    const at::Tensor attn =
+        TokenToImage(fin, queries + query_pe, y.narrow(2, 0, internal_), y.narrow(2, internal_, internal_));
+    queries = Norm(tr.norm_final_attn, queries + attn);
+  }
+  const int64_t m = dec_.num_mask_tokens;
+  const at::Tensor iou_token_out = queries.select(1, 0);
+  const at::Tensor mask_tokens_out = queries.slice(1, 1, 1 + m);
+  std::vector<at::Tensor> hyper;
+  for (int64_t j = 0; j < m; ++j) hyper.push_back(dec_.hypernetwork_list[j]->forward(mask_tokens_out.select(1, j)));
+  return {Upscale(keys, at::stack(hyper, 1)), dec_.iou_prediction_head->forward(iou_token_out)};
+}
+
+at::Tensor SharedImageDecoder::Upscale(const at::Tensor& keys, const at::Tensor& hyper_in) const {
+  // keys [B, HW, D] -> conv1 as a GEMM: rows (b, y, x), columns (dy, dx, c1) -> rows (b, y, x, dy, dx)
+  // -> LayerNorm2d + GELU -> conv2: rows (b, y, x, dy, dx, ddy, ddx) -> GELU -> hypernetwork product.
+  // The pixel order is fixed once, on the [B, masks, 4h, 4w] result: pixel (4y + 2dy + ddy, 4x + 2dx + ddx).
+  const int64_t b = keys.size(0), c1 = up1_w_.size(1) / 4, c2 = up2_w_.size(1) / 4, m = hyper_in.size(1);
+  const auto norm = dec_.output_upscaling->ptr<LayerNorm2dImpl>(1);
+  at::Tensor x = at::addmm(up1_b_, keys.reshape({b * h_ * w_, dim_}), up1_w_).view({-1, c1});
+  x = kernels::RowNorm(x, norm->weight, norm->bias, norm->eps, /*gelu=*/true);
+  x = at::gelu(at::addmm(up2_b_, x, up2_w_)).view({b, h_ * w_ * 16, c2});
+  const at::Tensor masks = at::bmm(x, hyper_in.transpose(1, 2));  // [B, HW*16, M]
+  return masks.view({b, h_, w_, 2, 2, 2, 2, m}).permute({0, 7, 1, 3, 5, 2, 4, 6}).reshape({b, m, 4 * h_, 4 * w_});
+}
+
+}  // namespace maskd

@@ -1,0 +1,60 @@
+#include "server/parse_error_interceptor.h"
+
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+#include "server/logging.h"
+
+namespace maskd::server {
+namespace {
+
+class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit ParseErrorInterceptor(grpc::experimental::ServerRpcInfo* info) : info_(info) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    // For a unary call the request is deserialized before any handler exists; a failure leaves
+    // the received message empty (null) and gRPC answers UNIMPLEMENTED with no message.
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr) {
+      unparsable_ = true;
+    }
+    if (unparsable_ &&
+        methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS) &&
+        methods->GetSendStatus().error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      const std::string method = info_->method() ? info_->method() : "?";
+      spdlog::info("[{}] access method={} status=INVALID_ARGUMENT: the request did not parse",
+                   NewRequestId(), LogSafe(method));
+      methods->ModifySendStatus(grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          "the request to " + method +
+              " is not a valid protobuf message of the method's request type (expected a "
+              "serialized maskd.v1 request)"));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  grpc::experimental::ServerRpcInfo* const info_;
+  bool unparsable_ = false;
+};
+
+class Factory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    if (info->type() != grpc::experimental::ServerRpcInfo::Type::UNARY) return nullptr;
+    return new ParseErrorInterceptor(info);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+MakeParseErrorInterceptorFactory() {
+  return std::make_unique<Factory>();
+}
+
+}  // namespace maskd::server

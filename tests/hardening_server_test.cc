@@ -1,0 +1,391 @@
+// Regression tests for the server-facing findings of issue #14, each through a real gRPC connection
+// to a whole in-process server on an ephemeral loopback port (fake engines).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <future>
+#include <regex>
+#include <set>
+
+#include <sys/wait.h>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include "client/client.h"
+#include "model/io/image_codec.h"
+#include "server/logging.h"
+#include "server/result_store.h"
+#include "server/server.h"
+#include "tests/fake_engine.h"
+
+namespace maskd::server {
+namespace {
+
+using client::Client;
+using client::ClientOptions;
+using fake::FakeEngine;
+using fake::FakeEngineOptions;
+
+v1::Image EncodedPicture(int w, int h, int seed) {
+  ImageRGB8 im{w, h, std::vector<uint8_t>(static_cast<size_t>(w) * h * 3)};
+  for (size_t i = 0; i < im.pixels.size(); ++i) {
+    im.pixels[i] = static_cast<uint8_t>((i * 13 + static_cast<size_t>(seed) * 57) & 0xff);
+  }
+  v1::Image out;
+  out.set_encoded(*EncodePngRgb(im));
+  return out;
+}
+
+v1::Prompt Point(float x, float y) {
+  v1::Prompt p;
+  auto* pt = p.add_points();
+  pt->set_x(x);
+  pt->set_y(y);
+  pt->set_label(v1::POINT_LABEL_FOREGROUND);
+  return p;
+}
+
+ServerConfig TestConfig() {
+  ServerConfig c;
+  c.listen = "127.0.0.1:0";
+  c.models_dir = "/nonexistent-maskd-test-models";
+  c.device = "cpu:0";
+  c.encoder_queue_delay_us = 0;
+  c.decoder_queue_delay_us = 0;
+  c.decode_threads = 1;
+  c.postprocess_threads = 1;
+  c.shutdown_grace_s = 2;
+  return c;
+}
+
+EngineFactory FakeFactory() {
+  return [](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
+    FakeEngineOptions fo;
+    fo.device = eo.device;
+    return std::unique_ptr<Engine>(std::make_unique<FakeEngine>(fo));
+  };
+}
+
+// A loaded server with fake engines and a client connected to it.
+struct TestServer {
+  explicit TestServer(ServerConfig c = TestConfig()) : server(c, FakeFactory(), 0) {
+    spdlog::set_level(spdlog::level::err);
+    Status s = server.Start();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    ClientOptions co;
+    co.target = "127.0.0.1:" + std::to_string(server.port());
+    co.timeout = std::chrono::milliseconds(20000);
+    client = std::make_unique<Client>(co);
+  }
+  ~TestServer() { server.Shutdown(); }
+  MaskServer server;
+  std::unique_ptr<Client> client;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 1: result ids are unguessable and scoped to their image.
+
+TEST(HardeningResultIds, AreHex128BitAndNeverRepeat) {
+  ResultStore a(1 << 20), b(1 << 20);
+  const std::regex shape("r[0-9a-f]{32}");
+  std::set<std::string> seen;
+  for (int i = 0; i < 200; ++i) {
+    for (ResultStore* store : {&a, &b}) {
+      StoredResult r;
+      r.image_id = "img";
+      r.bytes = 1;
+      const std::string id = store->Put(r);
+      EXPECT_TRUE(std::regex_match(id, shape)) << id;
+      EXPECT_TRUE(seen.insert(id).second) << "repeated id " << id;
+    }
+  }
+}
+
+TEST(HardeningResultIds, ForeignImageLooksExactlyLikeAnUnknownId) {
+  ResultStore store(1 << 20);
+  StoredResult r;
+  r.image_id = "image-of-client-a";
+  r.bytes = 1;
+  const std::string id = store.Put(r);
+  EXPECT_TRUE(store.Get(id, "f", "image-of-client-a").ok());
+  auto foreign = store.Get(id, "f", "image-of-client-b");
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_EQ(foreign.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(foreign.status().message().find("image-of-client-a"), std::string::npos);
+}
+
+TEST(HardeningResultIds, AnotherImagesResultIsNotFoundWithTheUnknownIdMessage) {
+  TestServer t;
+  // Client A segments its image and gets a result id.
+  v1::SegmentRequest a;
+  *a.mutable_image() = EncodedPicture(40, 30, 1);
+  *a.add_prompts() = Point(10, 10);
+  auto ra = t.client->Segment(a);
+  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+  const std::string stolen = ra->results(0).result_id();
+  ASSERT_FALSE(stolen.empty());
+
+  // Client B uses it on its own image, and then an id that never existed.
+  auto ask = [&](const std::string& result_id) {
+    v1::SegmentRequest b;
+    *b.mutable_image() = EncodedPicture(32, 32, 2);
+    v1::Prompt p = Point(5, 5);
+    p.mutable_mask_input()->set_result_id(result_id);
+    *b.add_prompts() = p;
+    return t.client->Segment(b);
+  };
+  auto with_stolen = ask(stolen);
+  const std::string never = "r" + std::string(32, '0');
+  auto with_unknown = ask(never);
+  ASSERT_FALSE(with_stolen.ok());
+  ASSERT_FALSE(with_unknown.ok());
+  EXPECT_EQ(with_stolen.status().code(), StatusCode::kNotFound) << with_stolen.status().ToString();
+  EXPECT_EQ(with_unknown.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(with_stolen.status().message().find(ra->image_id()), std::string::npos)
+      << with_stolen.status().message();
+  // Same answer except for the echoed id: nothing tells B that the id exists.
+  std::string normalised = with_stolen.status().message();
+  normalised.replace(normalised.find(stolen), stolen.size(), never);
+  EXPECT_EQ(normalised, with_unknown.status().message());
+
+  // Client A can still refine with it on its own image.
+  v1::SegmentRequest again;
+  again.set_image_id(ra->image_id());
+  v1::Prompt p = Point(12, 12);
+  p.mutable_mask_input()->set_result_id(stolen);
+  *again.add_prompts() = p;
+  auto own = t.client->Segment(again);
+  EXPECT_TRUE(own.ok()) << own.status().ToString();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 2: a second server on a port that is in use fails instead of sharing it (SO_REUSEPORT).
+
+TEST(HardeningListen, SecondServerOnTheSamePortFails) {
+  TestServer first;
+  ASSERT_GT(first.server.port(), 0);
+  ServerConfig c = TestConfig();
+  c.listen = "127.0.0.1:" + std::to_string(first.server.port());
+  MaskServer second(c, FakeFactory(), 0);
+  Status s = second.StartListening();
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("address already in use"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(c.listen), std::string::npos) << s.message();
+  // The first one still answers.
+  EXPECT_TRUE(first.client->GetInfo().ok());
+}
+
+TEST(HardeningListen, BinaryExitsNonZeroWhenThePortIsTaken) {
+  const std::string binary = std::string(MASKD_BINARY_DIR) + "/server/maskd";
+  ASSERT_EQ(access(binary.c_str(), X_OK), 0) << binary << " is not built";
+  TestServer first;
+  const std::string listen = "127.0.0.1:" + std::to_string(first.server.port());
+  // The port is checked before the model loads, so the demo model (no checkpoint) is enough.
+  // `timeout`: should the bind wrongly succeed, the server must not keep the test waiting forever.
+  const std::string cmd = "timeout 60 " + binary +
+                          " --models-dir /nonexistent-maskd-test-models --device cpu --listen " +
+                          listen + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string log;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) log.append(buf, n);
+  const int status = pclose(p);
+  ASSERT_TRUE(WIFEXITED(status)) << log;
+  EXPECT_NE(WEXITSTATUS(status), 0) << log;
+  EXPECT_NE(log.find("address already in use"), std::string::npos) << log;
+  EXPECT_TRUE(first.client->GetInfo().ok());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 4: request text cannot forge log lines.
+
+TEST(HardeningLogSafe, EscapesControlsBackslashesAndInvalidUtf8) {
+  EXPECT_EQ(LogSafe("plain tag 42"), "plain tag 42");
+  EXPECT_EQ(LogSafe("a\nb\rc\td"), "a\\nb\\rc\\td");
+  EXPECT_EQ(LogSafe(std::string("nul\0esc\x1b[31m\x7f", 13)), "nul\\x00esc\\x1b[31m\\x7f");
+  EXPECT_EQ(LogSafe("back\\slash\\n"), "back\\\\slash\\\\n");  // a literal "\n" stays tellable
+  const std::string utf8 = "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80";  // valid: kept
+  EXPECT_EQ(LogSafe(utf8), utf8);
+  EXPECT_EQ(LogSafe("\xc2\x85next-line"), "\\u0085next-line");               // C1 NEL
+  // A stray byte, a cut sequence, an overlong form.
+  EXPECT_EQ(LogSafe("bad \xff \xc3 \xc0\xaf"), "bad \\xff \\xc3 \\xc0\\xaf");
+  EXPECT_EQ(LogSafe("\xed\xa0\x80"), "\\xed\\xa0\\x80");                      // a UTF-16 surrogate
+  EXPECT_EQ(LogSafe("cut at the end \xe2\x82"), "cut at the end \\xe2\\x82");
+}
+
+// Captures what the server logs (spdlog's default logger) for one test.
+class CapturedLog {
+ public:
+  CapturedLog() : old_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    sink->set_pattern("%L %v");
+    auto logger = std::make_shared<spdlog::logger>("hardening-capture", sink);
+    logger->set_level(spdlog::level::debug);
+    spdlog::set_default_logger(logger);
+  }
+  ~CapturedLog() { spdlog::set_default_logger(old_); }
+  std::string text() {
+    spdlog::default_logger()->flush();
+    return out_.str();
+  }
+
+ private:
+  std::shared_ptr<spdlog::logger> old_;
+  std::ostringstream out_;
+};
+
+TEST(HardeningLogSafe, NewlinesInRequestTagAndEchoedIdsStayOnTheirLine) {
+  TestServer t;  // sets the level to err: capture from here on
+  CapturedLog log;
+  v1::SegmentRequest r;
+  *r.mutable_image() = EncodedPicture(24, 24, 3);
+  r.set_request_tag("mine\n2026-01-01 00:00:00.000 I 1 [admin] access method=Forged status=OK");
+  v1::Prompt p = Point(3, 3);
+  p.mutable_mask_input()->set_result_id("rx\nFORGED-ERROR-LINE\r");
+  *r.add_prompts() = p;
+  auto res = t.client->Segment(r);
+  EXPECT_EQ(res.status().code(), StatusCode::kNotFound);
+  const std::string text = log.text();
+  // One access line with the tag escaped, one debug line with the echoed id escaped.
+  EXPECT_NE(text.find(" tag=mine\\n2026-01-01 00:00:00.000 I 1 [admin] access method=Forged"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("rx\\nFORGED-ERROR-LINE\\r"), std::string::npos) << text;
+  std::istringstream lines(text);
+  std::string line;
+  int count = 0;
+  while (std::getline(lines, line)) {
+    ++count;
+    EXPECT_TRUE(line.rfind("I ", 0) == 0 || line.rfind("D ", 0) == 0) << "forged line: " << line;
+    EXPECT_EQ(line.find('\r'), std::string::npos) << line;
+  }
+  EXPECT_GE(count, 2) << text;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 7: a message that does not parse ends the stream with INVALID_ARGUMENT, not OK.
+
+grpc::ByteBuffer Wire(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string Serialized(const v1::SegmentRequest& r) {
+  std::string out;
+  EXPECT_TRUE(r.SerializeToString(&out));
+  return out;
+}
+
+TEST(HardeningStream, MalformedThirdOfFourMessagesEndsWithInvalidArgument) {
+  TestServer t;
+  v1::SegmentRequest first;
+  *first.mutable_image() = EncodedPicture(32, 24, 4);
+  *first.add_prompts() = Point(4, 4);
+  first.set_request_tag("m0");
+  v1::SegmentRequest next;
+  *next.add_prompts() = Point(8, 8);
+  next.set_request_tag("m1");
+  // Field 1 (image), length 100, but only 7 bytes follow: not a parsable SegmentRequest.
+  const std::string malformed("\x0a\x64garbage", 9);
+  v1::SegmentRequest after = next;
+  after.set_request_tag("m3");
+  ASSERT_FALSE(v1::SegmentRequest().ParseFromString(malformed));
+
+  grpc::CompletionQueue cq;
+  grpc::GenericStub stub(t.client->channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto call = stub.PrepareCall(&ctx, "/maskd.v1.MaskService/SegmentStream", &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  intptr_t next_tag = 1;
+  auto step = [&]() {
+    const intptr_t want = next_tag++;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(next_tag));
+  ASSERT_TRUE(step());
+  for (const std::string& bytes : {Serialized(first), Serialized(next), malformed, Serialized(after)}) {
+    call->Write(Wire(bytes), reinterpret_cast<void*>(next_tag));
+    if (!step()) break;  // the server may have ended the stream already
+  }
+  call->WritesDone(reinterpret_cast<void*>(next_tag));
+  step();
+  std::vector<v1::SegmentResponse> responses;
+  for (;;) {
+    grpc::ByteBuffer b;
+    call->Read(&b, reinterpret_cast<void*>(next_tag));
+    if (!step()) break;
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(b.Dump(&slices).ok());
+    std::string bytes;
+    for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    v1::SegmentResponse r;
+    ASSERT_TRUE(r.ParseFromString(bytes));
+    responses.push_back(r);
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(next_tag));
+  step();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  ASSERT_EQ(responses.size(), 2u);
+  EXPECT_EQ(responses[0].request_tag(), "m0");
+  EXPECT_EQ(responses[1].request_tag(), "m1");
+  EXPECT_FALSE(responses[0].has_error()) << responses[0].error().message();
+  EXPECT_FALSE(responses[1].has_error()) << responses[1].error().message();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("message 2"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("SegmentRequest"), std::string::npos) << status.error_message();
+}
+
+TEST(HardeningUnary, UnparsableRequestIsInvalidArgument) {
+  TestServer t;
+  grpc::GenericStub stub(t.client->channel());
+  for (const char* method : {"/maskd.v1.MaskService/Segment", "/maskd.v1.MaskService/Embed"}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::ByteBuffer request = Wire(std::string("\x0a\x64garbage", 9)), response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status s) { done.set_value(s); });
+    const grpc::Status s = done.get_future().get();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(method), std::string::npos) << s.error_message();
+  }
+  // Real UNIMPLEMENTED answers (no such method) are left alone.
+  grpc::ClientContext ctx;
+  grpc::ByteBuffer request = Wire(""), response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/maskd.v1.MaskService/NoSuchMethod", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { done.set_value(s); });
+  EXPECT_EQ(done.get_future().get().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  // And well-formed requests still work.
+  EXPECT_TRUE(t.client->GetInfo().ok());
+}
+
+TEST(HardeningStream, WellFormedStreamsStillEndOk) {
+  TestServer t;
+  auto session = t.client->OpenSession();
+  v1::SegmentRequest first;
+  *first.mutable_image() = EncodedPicture(32, 24, 5);
+  *first.add_prompts() = Point(4, 4);
+  auto r0 = session->Send(first);
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  v1::SegmentRequest next;
+  *next.add_prompts() = Point(9, 9);
+  auto r1 = session->Send(next);
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_TRUE(session->Finish().ok());
+}
+
+}  // namespace
+}  // namespace maskd::server

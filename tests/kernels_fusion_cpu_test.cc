@@ -1,0 +1,166 @@
+// The encoder-fusion helpers' LibTorch references (the CPU path) against independent plain
+// computations: AddLayerNorm's layouts and in-place residual, the window (un)partition, and the
+// rel-pos terms as one matmul with skewed views against the gathered tables + einsum of SAM.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/kernels.h"
+
+namespace mk = maskd::kernels;
+
+namespace {
+
+at::Generator Gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+at::Tensor Randn(at::IntArrayRef s, uint64_t seed) { return at::randn(s, Gen(seed), at::kFloat); }
+double MaxAbs(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// Token (y, x) of image b in the windowed layout, written out by hand.
+at::Tensor WindowToken(const at::Tensor& windows, int64_t ws, int64_t b, int64_t H, int64_t W, int64_t y,
+                       int64_t x) {
+  const int64_t nh = (H + ws - 1) / ws, nw = (W + ws - 1) / ws;
+  return windows[(b * nh + y / ws) * nw + x / ws][y % ws][x % ws];
+}
+
+TEST(kernels_fusion_cpu, WindowPartitionPadsWithZerosAndUnpartitionCrops) {
+  const int64_t B = 2, H = 5, W = 7, C = 3, ws = 3;
+  const at::Tensor x = Randn({B, H, W, C}, 1);
+  const at::Tensor w = mk::WindowPartition(x, ws);
+  ASSERT_EQ(w.sizes(), (std::vector<int64_t>{B * 2 * 3, ws, ws, C}));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t y = 0; y < 6; ++y)
+      for (int64_t xx = 0; xx < 9; ++xx) {
+        const at::Tensor tok = WindowToken(w, ws, b, H, W, y, xx);
+        if (y < H && xx < W)
+          EXPECT_TRUE(at::equal(tok, x[b][y][xx])) << b << " " << y << " " << xx;
+        else
+          EXPECT_EQ(tok.abs().max().item<float>(), 0.f) << "padding token " << y << " " << xx;
+      }
+  EXPECT_TRUE(at::equal(mk::WindowUnpartition(w, ws, B, H, W), x));
+}
+
+TEST(kernels_fusion_cpu, AddLayerNormAddsInPlaceAndWritesEveryLayout) {
+  const int64_t B = 2, H = 5, W = 6, C = 8;
+  const at::Tensor w = Randn({C}, 2), bias = Randn({C}, 3);
+  for (int64_t delta_window : {0, 4}) {
+    for (int64_t out_window : {0, 4}) {
+      for (bool with_delta : {false, true}) {
+        const at::Tensor x0 = Randn({B, H, W, C}, 4) * 3 + 1;
+        at::Tensor delta;
+        at::Tensor expected_x = x0.clone();
+        if (with_delta) {
+          // delta in its own layout; in the windowed one its padding tokens hold garbage that must
+          // be ignored.
+          const at::Tensor d = Randn({B, H, W, C}, 5);
+          delta = delta_window > 0 ? mk::WindowPartition(d, delta_window).contiguous() : d;
+          if (delta_window > 0) {
+            const at::Tensor garbage = (mk::WindowPartition(at::ones({B, H, W, C}), delta_window) == 0);
+            delta = delta.masked_fill(garbage, 1e6);
+          }
+          expected_x = x0 + d;
+        }
+        // LayerNorm written out: mean, biased variance, eps 1e-6.
+        const at::Tensor mean = expected_x.mean(-1, true);
+        const at::Tensor var = (expected_x - mean).pow(2).mean(-1, true);
+        const at::Tensor ln = (expected_x - mean) / at::sqrt(var + 1e-6) * w + bias;
+        const at::Tensor expected = out_window > 0 ? mk::WindowPartition(ln, out_window) : ln;
+        at::Tensor x = x0.clone();
+        const at::Tensor out = mk::AddLayerNorm(x, delta, delta_window, w, bias, 1e-6, out_window);
+        SCOPED_TRACE("delta_window " + std::to_string(delta_window) + " out_window " +
+                     std::to_string(out_window) + " delta " + std::to_string(with_delta));
+        EXPECT_EQ(out.sizes(), expected.sizes());
+        EXPECT_LT(MaxAbs(out, expected), 2e-5);
+        EXPECT_LT(MaxAbs(x, expected_x), 1e-6);
+      }
+    }
+  }
+}
+
+TEST(kernels_fusion_cpu, AddLayerNormRejectsMismatchedArguments) {
+  at::Tensor x = Randn({1, 4, 4, 8}, 6);
+  const at::Tensor w = Randn({8}, 7), b = Randn({8}, 8);
+  EXPECT_THROW(mk::AddLayerNorm(x, Randn({1, 4, 4, 7}, 9), 0, w, b, 1e-6, 0), c10::Error);
+  EXPECT_THROW(mk::AddLayerNorm(x, at::Tensor(), 0, Randn({7}, 9), b, 1e-6, 0), c10::Error);
+  at::Tensor nc = Randn({1, 4, 8, 4}, 10).transpose(2, 3);
+  EXPECT_THROW(mk::AddLayerNorm(nc, at::Tensor(), 0, w, b, 1e-6, 0), c10::Error);
+  // A windowed delta must have the padded token count: 4x4 in windows of 3 -> 4 windows of 9.
+  EXPECT_THROW(mk::AddLayerNorm(x, Randn({1, 4, 4, 8}, 11), 3, w, b, 1e-6, 0), c10::Error);
+  EXPECT_NO_THROW(mk::AddLayerNorm(x, Randn({4, 3, 3, 8}, 12), 3, w, b, 1e-6, 0));
+}
+
+// SAM's get_rel_pos for equal sizes: R[r, k] = table[r - k + g - 1].
+at::Tensor Gathered(const at::Tensor& table, int64_t g) {
+  std::vector<at::Tensor> rows;
+  for (int64_t r = 0; r < g; ++r) {
+    std::vector<at::Tensor> ks;
+    for (int64_t k = 0; k < g; ++k) ks.push_back(table[r - k + g - 1]);
+    rows.push_back(at::stack(ks));
+  }
+  return at::stack(rows);
+}
+
+TEST(kernels_fusion_cpu, RelPosTablesEqualTheGatheredEinsums) {
+  for (auto [gh, gw] : std::vector<std::pair<int64_t, int64_t>>{{4, 4}, {3, 5}, {14, 14}}) {
+    const int64_t B = 2, H = 3, D = 8, N = gh * gw;
+    const at::Tensor th = Randn({2 * gh - 1, D}, 20), tw = Randn({2 * gw - 1, D}, 21);
+    const at::Tensor Rh = Gathered(th, gh), Rw = Gathered(tw, gw);
+    // q as a strided view, like the qkv projection's.
+    const at::Tensor qkv = Randn({B, N, 3, H, D}, 22);
+    const at::Tensor q = qkv.permute({2, 0, 3, 1, 4})[0];
+    const mk::RelPosTerms t = mk::RelPosTables(q, mk::ReversedRelPosTables(Rh, Rw), gh, gw);
+    ASSERT_EQ(t.rel_h.sizes(), (std::vector<int64_t>{B, H, gh, gw, gh}));
+    ASSERT_EQ(t.rel_w.sizes(), (std::vector<int64_t>{B, H, gh, gw, gw}));
+    const at::Tensor r_q = q.reshape({B, H, gh, gw, D});
+    const at::Tensor rel_h = at::einsum("bnhwc,hkc->bnhwk", {r_q, Rh});
+    const at::Tensor rel_w = at::einsum("bnhwc,wkc->bnhwk", {r_q, Rw});
+    EXPECT_LT(MaxAbs(t.rel_h, rel_h), 1e-4) << gh << "x" << gw;
+    EXPECT_LT(MaxAbs(t.rel_w, rel_w), 1e-4) << gh << "x" << gw;
+    // The attention reference reads the 5-D views like the 4-D tensors.
+    const at::Tensor k = qkv.permute({2, 0, 3, 1, 4})[1], v = qkv.permute({2, 0, 3, 1, 4})[2];
+    const at::Tensor a5 = mk::RelPosAttentionReference(q, k, v, t.rel_h, t.rel_w, gh, gw, 0.3);
+    const at::Tensor a4 = mk::RelPosAttentionReference(q, k, v, rel_h.reshape({B, H, N, gh}),
+                                                       rel_w.reshape({B, H, N, gw}), gh, gw, 0.3);
+    EXPECT_LT(MaxAbs(a5, a4), 1e-5);
+  }
+}
+
+TEST(kernels_fusion_cpu, RowNormIsLayerNormThenGeluOnTheCpu) {
+  const at::Tensor x = Randn({6, 64}, 50) * 3 + 1, w = Randn({64}, 51), b = Randn({64}, 52);
+  const at::Tensor mean = x.mean(-1, true), var = x.var(-1, false, true);
+  const at::Tensor ln = (x - mean) / at::sqrt(var + 1e-6) * w + b;
+  EXPECT_LT(MaxAbs(mk::RowNorm(x, w, b, 1e-6, false), ln), 1e-4);
+  const at::Tensor gelu = 0.5 * ln * (1 + at::erf(ln / std::sqrt(2.0)));
+  EXPECT_LT(MaxAbs(mk::RowNorm(x, w, b, 1e-6, true), gelu), 1e-4);
+  EXPECT_THROW(mk::RowNorm(x, Randn({32}, 53), b, 1e-6, false), c10::Error);
+}
+
+TEST(kernels_fusion_cpu, AddRowsBroadcastAddsPerRowAndChecksShapes) {
+  at::Tensor y = Randn({3, 5, 8}, 60);
+  const at::Tensor rows = Randn({5, 8}, 61), before = y.clone();
+  mk::AddRowsBroadcast(y, rows);
+  for (int64_t i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(y[i], before[i] + rows));
+  at::Tensor bad = Randn({3, 4, 8}, 62);
+  EXPECT_THROW(mk::AddRowsBroadcast(bad, rows), c10::Error);
+}
+
+TEST(kernels_fusion_cpu, CopySlicesCopiesEachSliceAndChecksBounds) {
+  const at::Tensor src = Randn({4, 4, 3, 5}, 70);
+  const std::vector<at::Tensor> out = mk::CopySlices(src, {2, 0, 3}, {1, 0, 3}, {3, 1, 1});
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_TRUE(at::equal(out[0], src[2].narrow(0, 1, 3)));
+  EXPECT_TRUE(at::equal(out[1], src[0].narrow(0, 0, 1)));
+  EXPECT_TRUE(at::equal(out[2], src[3].narrow(0, 3, 1)));
+  EXPECT_NE(out[0].data_ptr(), src[2][1].data_ptr());  // a copy, not a view
+  EXPECT_THROW(mk::CopySlices(src, {4}, {0}, {1}), c10::Error);     // row out of range
+  EXPECT_THROW(mk::CopySlices(src, {0}, {2}, {3}), c10::Error);     // past the end of dim 1
+  EXPECT_THROW(mk::CopySlices(src, {0}, {0}, {0}), c10::Error);     // empty slice
+  EXPECT_THROW(mk::CopySlices(src, {0, 1}, {0}, {1}), c10::Error);  // lists of different lengths
+  EXPECT_TRUE(mk::CopySlices(src, {}, {}, {}).empty());
+}
+
+}  // namespace

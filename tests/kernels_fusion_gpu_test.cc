@@ -1,0 +1,227 @@
+// The encoder's fused element-wise kernel (AddLayerNorm) and the fused attention reading the skewed
+// rel-pos views, each against its LibTorch reference on fresh random inputs (never zeros), with the
+// outputs poisoned first (see kernels_gpu_test.cc: a NaN block is freed right before the call, so
+// the caching allocator hands it out again and an unwritten element fails as non-finite).
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/kernels.h"
+
+namespace mk = maskd::kernels;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                     \
+  do {                                                                         \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";        \
+    if (!mk::BuiltWithCuda()) GTEST_SKIP() << "built without MASKD_WITH_CUDA"; \
+  } while (0)
+
+const at::Device kCuda(at::kCUDA, 0);
+
+at::Tensor Randn(at::IntArrayRef sizes, uint64_t seed, at::ScalarType t, double std = 1.0, double mean = 0) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return (at::randn(sizes, gen, at::kFloat) * std + mean).to(kCuda, t);
+}
+
+void Poison(int64_t bytes) {
+  at::Tensor p = at::full({bytes / 4 + 1}, 0x7fc07fc0, at::TensorOptions().device(kCuda).dtype(at::kInt));
+  (void)p;
+}
+
+struct Err {
+  double rel_l2, max_abs;
+  bool finite;
+};
+Err Compare(const at::Tensor& out, const at::Tensor& ref) {
+  const at::Tensor o = out.to(at::kDouble), r = ref.to(at::kDouble);
+  return {(o - r).norm().item<double>() / r.norm().item<double>(), (o - r).abs().max().item<double>(),
+          o.isfinite().all().item<bool>()};
+}
+
+struct LnCase {
+  int64_t B, H, W, C, delta_window, out_window;
+  bool with_delta;
+};
+
+std::string Name(const LnCase& c, at::ScalarType t) {
+  return std::to_string(c.B) + "x" + std::to_string(c.H) + "x" + std::to_string(c.W) + "x" + std::to_string(c.C) +
+         " delta_window " + std::to_string(c.delta_window) + " out_window " + std::to_string(c.out_window) +
+         (c.with_delta ? " +delta " : " ") + c10::toString(t);
+}
+
+// Tolerances against the same arithmetic in LibTorch (fp32 statistics; only the summation order
+// differs, then both round to the output type): bf16 <= 1 ulp of |y| <= ~5 (max abs 4e-2, rel L2
+// 4e-3); fp16 max abs 5e-3; fp32 1e-4. The residual sum x + delta rounds identically: exact.
+double MaxAbsTol(at::ScalarType t) { return t == at::kBFloat16 ? 4e-2 : t == at::kHalf ? 5e-3 : 1e-4; }
+double RelTol(at::ScalarType t) { return t == at::kBFloat16 ? 4e-3 : t == at::kHalf ? 1e-3 : 1e-5; }
+
+TEST(kernels_fusion_gpu, AddLayerNormMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<LnCase> cases = {
+      {2, 64, 64, 768, 0, 14, true},    // vit_b norm1: residual from the MLP, windowed output
+      {2, 64, 64, 768, 14, 0, true},    // vit_b norm2: windowed attention output un-partitioned
+      {2, 64, 64, 1280, 0, 0, true},    // vit_h global block
+      {1, 64, 64, 1024, 0, 14, false},  // vit_l first block: no pending residual
+      {2, 10, 13, 96, 4, 4, true},      // generic kernel (C not a multiple of 256), both windowed
+      {1, 7, 9, 256, 0, 3, true},       // vector kernel, tiny grid with heavy padding
+  };
+  uint64_t seed = 100;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (const LnCase& c : cases) {
+      SCOPED_TRACE(Name(c, t));
+      const at::Tensor x0 = Randn({c.B, c.H, c.W, c.C}, ++seed, t, 2.0, 0.5);
+      const at::Tensor w = Randn({c.C}, ++seed, t), b = Randn({c.C}, ++seed, t);
+      at::Tensor delta;
+      if (c.with_delta) {
+        const at::Tensor d = Randn({c.B, c.H, c.W, c.C}, ++seed, t);
+        delta = c.delta_window > 0 ? mk::WindowPartition(d, c.delta_window).contiguous() : d;
+      }
+      at::Tensor x_ref = x0.clone();
+      const at::Tensor ref = mk::AddLayerNormReference(x_ref, delta, c.delta_window, w, b, 1e-6, c.out_window);
+      at::Tensor x = x0.clone();
+      Poison(ref.numel() * 4 + (1 << 20));
+      const at::Tensor out = mk::AddLayerNorm(x, delta, c.delta_window, w, b, 1e-6, c.out_window);
+      ASSERT_EQ(out.sizes(), ref.sizes());
+      const Err e = Compare(out, ref);
+      EXPECT_TRUE(e.finite) << "unwritten (NaN-poisoned) or non-finite outputs";
+      EXPECT_LE(e.max_abs, MaxAbsTol(t));
+      EXPECT_LE(e.rel_l2, RelTol(t));
+      EXPECT_TRUE(at::equal(x, x_ref)) << "the residual stream must round exactly like x + delta";
+      if (c.out_window > 0) {
+        // Padding tokens are exact zeros.
+        const at::Tensor pad = mk::WindowPartition(at::ones({c.B, c.H, c.W, 1}, x.options()), c.out_window) == 0;
+        EXPECT_EQ(out.masked_select(pad.expand_as(out)).abs().sum().item<double>(), 0.0);
+      }
+    }
+  }
+}
+
+TEST(kernels_fusion_gpu, RelPosAttentionReadsTheSkewedTablesLikeGatheredOnes) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t B, H, g, D;
+  };
+  uint64_t seed = 500;
+  for (const Case& c : std::vector<Case>{{8, 12, 14, 64}, {2, 16, 14, 80}, {1, 12, 64, 64}, {1, 16, 64, 80}}) {
+    SCOPED_TRACE(std::to_string(c.B) + "x" + std::to_string(c.H) + " grid " + std::to_string(c.g) + " D " +
+                 std::to_string(c.D));
+    const int64_t N = c.g * c.g;
+    const at::ScalarType t = at::kBFloat16;
+    const at::Tensor qkv = Randn({c.B, N, 3, c.H, c.D}, ++seed, t);
+    const at::Tensor qkv_p = qkv.permute({2, 0, 3, 1, 4});
+    const at::Tensor q = qkv_p[0], k = qkv_p[1], v = qkv_p[2];
+    // Gathered tables as get_rel_pos makes them: R[r, k] = table[r - k + g - 1].
+    const at::Tensor r = at::arange(c.g, at::TensorOptions().dtype(at::kLong).device(kCuda));
+    const at::Tensor idx = r.unsqueeze(1) - r.unsqueeze(0) + (c.g - 1);
+    const at::Tensor Rh = Randn({2 * c.g - 1, c.D}, ++seed, t, 0.3).index({idx});
+    const at::Tensor Rw = Randn({2 * c.g - 1, c.D}, ++seed, t, 0.3).index({idx});
+    const mk::RelPosTerms terms = mk::RelPosTables(q, mk::ReversedRelPosTables(Rh, Rw), c.g, c.g);
+    // The gathered tables as SAM computes them (einsum), as plain 4-D tensors.
+    const at::Tensor r_q = q.reshape({c.B, c.H, c.g, c.g, c.D}).to(at::kFloat);
+    const at::Tensor rel_h = at::einsum("bnhwc,hkc->bnhwk", {r_q, Rh.to(at::kFloat)}).reshape({c.B, c.H, N, c.g});
+    const at::Tensor rel_w = at::einsum("bnhwc,wkc->bnhwk", {r_q, Rw.to(at::kFloat)}).reshape({c.B, c.H, N, c.g});
+    // The skewed terms equal the einsums up to bf16 rounding of the product.
+    EXPECT_LE(Compare(terms.rel_h, rel_h.view({c.B, c.H, c.g, c.g, c.g})).rel_l2, 8e-3);
+    EXPECT_LE(Compare(terms.rel_w, rel_w.view({c.B, c.H, c.g, c.g, c.g})).rel_l2, 8e-3);
+    // The kernel on the skewed views against the reference on the same values, and against the
+    // kernel on contiguous copies of them (the same function of the same numbers: exact).
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    const at::Tensor ref = mk::RelPosAttentionReference(q, k, v, terms.rel_h, terms.rel_w, c.g, c.g, scale);
+    Poison(ref.numel() * 4 + (1 << 20));
+    const at::Tensor out = mk::RelPosAttention(q, k, v, terms.rel_h, terms.rel_w, c.g, c.g, scale);
+    const Err e = Compare(out, ref);
+    EXPECT_TRUE(e.finite);
+    EXPECT_LE(e.rel_l2, 1.5e-2);
+    EXPECT_LE(e.max_abs, 4e-2);
+    const at::Tensor out4 = mk::RelPosAttention(q, k, v, terms.rel_h.reshape({c.B, c.H, N, c.g}).contiguous(),
+                                                terms.rel_w.reshape({c.B, c.H, N, c.g}).contiguous(), c.g, c.g, scale);
+    EXPECT_TRUE(at::equal(out, out4));
+  }
+}
+
+// The decoder's row LayerNorm (+ GELU) against LayerNorm then GELU in fp32 on the same inputs (the
+// kernel applies GELU before its one rounding, the reference rounds twice: compared with fp32 math).
+TEST(kernels_fusion_gpu, RowNormMatchesLayerNormAndGelu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 300;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+    for (int64_t C : {32, 64, 128, 256}) {
+      for (bool gelu : {false, true}) {
+        for (int64_t rows : {1, 7, 4096 * 3 + 5}) {
+          const at::Tensor x = Randn({rows, C}, seed++, t, 2.0, 0.5);
+          const at::Tensor w = Randn({C}, seed++, t, 0.5, 1.0), b = Randn({C}, seed++, t, 0.3);
+          Poison(rows * C * 2);
+          const at::Tensor out = mk::RowNorm(x, w, b, 1e-6, gelu);
+          const at::Tensor ref32 = mk::RowNormReference(x.to(at::kFloat), w.to(at::kFloat), b.to(at::kFloat), 1e-6, gelu);
+          const Err e = Compare(out, ref32);
+          const std::string name = std::to_string(rows) + "x" + std::to_string(C) + (gelu ? " gelu " : " ") +
+                                   c10::toString(t);
+          EXPECT_TRUE(e.finite) << name;
+          // One rounding of |y| <~ 6: bf16 half-ulp 1.6e-2, fp16 2e-3.
+          EXPECT_LE(e.max_abs, t == at::kBFloat16 ? 3.2e-2 : 4e-3) << name;
+          EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 4e-3 : 1e-3) << name;
+        }
+      }
+    }
+  }
+  // Widths the kernel does not cover fall back to the reference, on the device.
+  const at::Tensor x = Randn({5, 96}, seed++, at::kBFloat16), w = Randn({96}, seed++, at::kBFloat16),
+                   b = Randn({96}, seed++, at::kBFloat16);
+  EXPECT_TRUE(at::equal(mk::RowNorm(x, w, b, 1e-6, true), mk::RowNormReference(x, w, b, 1e-6, true)));
+}
+
+TEST(kernels_fusion_gpu, AddRowsBroadcastEqualsAtenAdd) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 400;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (auto [n, r, c] : {std::tuple<int64_t, int64_t, int64_t>{64, 4096, 384}, {3, 4096, 256}, {1, 5, 8}, {2, 3, 12}}) {
+      at::Tensor y = Randn({n, r, c}, seed++, t);
+      const at::Tensor rows = Randn({r, c}, seed++, t);
+      const at::Tensor ref = y + rows;
+      mk::AddRowsBroadcast(y, rows);
+      EXPECT_TRUE(at::equal(y, ref)) << n << "x" << r << "x" << c << " " << c10::toString(t);
+    }
+  }
+}
+
+TEST(kernels_fusion_gpu, CopySlicesEqualsPerSliceClonesAndOwnsItsMemory) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 500;
+  // [G, 4, 256, 256] as the decoder makes it, and odd inner sizes that are not 16-byte multiples
+  // (those take the per-slice fallback and must give the same answer).
+  for (at::ScalarType t : {at::kBFloat16, at::kFloat}) {
+    for (auto shape : {std::vector<int64_t>{64, 4, 256, 256}, std::vector<int64_t>{5, 4, 8, 8},
+                       std::vector<int64_t>{3, 4, 3, 5}}) {
+      const at::Tensor src = Randn(shape, seed++, t);
+      std::vector<int64_t> row, first, count;
+      for (int64_t g = 0; g < shape[0]; ++g) {
+        // Multimask (masks 1..3) and single-mask (mask 0) prompts mixed, rows out of order.
+        row.push_back((g * 7) % shape[0]);
+        first.push_back(g % 3 == 0 ? 0 : 1);
+        count.push_back(g % 3 == 0 ? 1 : 3);
+      }
+      Poison(src.nbytes());
+      const std::vector<at::Tensor> out = mk::CopySlices(src, row, first, count);
+      ASSERT_EQ(out.size(), row.size());
+      for (size_t i = 0; i < out.size(); ++i) {
+        const at::Tensor ref = src[row[i]].narrow(0, first[i], count[i]);
+        ASSERT_TRUE(out[i].is_contiguous());
+        ASSERT_EQ(out[i].sizes(), ref.sizes());
+        EXPECT_TRUE(at::equal(out[i], ref)) << "slice " << i << " of " << src.sizes() << " " << c10::toString(t);
+        // Its own storage: not a view of src, and not shared with another slice.
+        EXPECT_NE(out[i].data_ptr(), ref.data_ptr());
+        if (i > 0) EXPECT_NE(out[i].data_ptr(), out[i - 1].data_ptr());
+        EXPECT_EQ(out[i].storage().nbytes(), ref.nbytes());
+      }
+    }
+  }
+}
+
+}  // namespace

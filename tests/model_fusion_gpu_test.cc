@@ -1,0 +1,82 @@
+// The fused encoder path on CUDA (the AddLayerNorm kernels, the fused attention on the skewed rel-pos
+// views, the cuBLASLt GELU epilogue) against the unfused encoder on the same weights and input, in
+// bf16, on vit_b's block shapes (768 wide, 12 heads of 64, windows of 14 on a 64x64 grid).
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "kernels/kernels.h"
+#include "model/image_encoder.h"
+#include "model/sam.h"
+#include "model/sam_config.h"
+
+namespace maskd {
+namespace {
+
+double RelL2(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble);
+  return (x - y).norm().item<double>() / y.norm().item<double>();
+}
+
+TEST(EncoderFusionCuda, FusedEncoderMatchesUnfusedOnVitBShapes) {
+  if (!torch::cuda::is_available() || !kernels::BuiltWithCuda()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  SamConfig c = *SamPreset("vit_b");
+  c.depth = 3;  // windowed, windowed, global
+  c.global_attn_indexes = {2};
+  ImageEncoderViT enc(c);
+  RandomizeWeights(*enc, 21);
+  enc->to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  enc->Prepare();
+  torch::manual_seed(22);
+  const at::Tensor x = torch::randn({2, 3, 1024, 1024}).to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  enc->SetAttention(AttentionImpl::kFused);
+  enc->SetFusion(false, false);
+  const at::Tensor ref = enc->forward(x);
+  enc->SetFusion(true, false);
+  const at::Tensor fused = enc->forward(x);
+  ASSERT_TRUE(fused.isfinite().all().item<bool>());
+  // Same arithmetic up to the LayerNorm's summation order and the rel-pos matmul's (bf16 outputs):
+  // differences of a few bf16 ulps that the following blocks carry along.
+  const double e_fused = RelL2(fused, ref);
+  EXPECT_LE(e_fused, 2e-2);
+  enc->SetFusion(true, true);
+  const at::Tensor gelu = enc->forward(x);
+  ASSERT_TRUE(gelu.isfinite().all().item<bool>());
+  const double e_gelu = RelL2(gelu, ref);
+  EXPECT_LE(e_gelu, 3e-2);
+  // The bf16 fast path against fp32 arithmetic on the same weights, for scale.
+  enc->to(at::kFloat);
+  enc->Prepare();
+  enc->SetAttention(AttentionImpl::kMath);
+  enc->SetFusion(false, false);
+  const at::Tensor fp32 = enc->forward(x.to(at::kFloat));
+  const double e_bf16 = RelL2(ref, fp32);
+  std::printf("encoder rel L2: fused vs unfused bf16 %.3e, +gelu epilogue %.3e, unfused bf16 vs fp32 %.3e, "
+              "fused+gelu vs fp32 %.3e\n", e_fused, e_gelu, e_bf16, RelL2(gelu, fp32));
+  // Fusion adds no more error than bf16 itself has.
+  EXPECT_LE(RelL2(gelu, fp32), 1.5 * e_bf16 + 1e-3);
+}
+
+TEST(EncoderFusionCuda, GeluEpilogueMatchesTanhGelu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(23);
+  MlpBlock mlp(768, 3072);
+  mlp->to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  const at::Tensor x = torch::randn({4096, 768}).to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  const at::Tensor ref = mlp->lin2->forward(at::gelu(mlp->lin1->forward(x).to(at::kFloat), "tanh").to(at::kBFloat16));
+  const at::Tensor out = mlp->ForwardFused(x, true);
+  EXPECT_LE(RelL2(out, ref), 1e-2);
+  // Which GELU the epilogue computes, measured on fc1 alone in fp32 arithmetic of bf16 inputs.
+  const at::Tensor h = at::_addmm_activation(mlp->lin1->bias, x, mlp->lin1->weight.t(), 1, 1, true).to(at::kFloat);
+  const at::Tensor pre = at::addmm(mlp->lin1->bias.to(at::kFloat), x.to(at::kFloat), mlp->lin1->weight.t().to(at::kFloat));
+  const double d_erf = (h - at::gelu(pre)).abs().max().item<double>();
+  const double d_tanh = (h - at::gelu(pre, "tanh")).abs().max().item<double>();
+  std::printf("fc1 GELU epilogue: max |diff| vs erf GELU %.3e, vs tanh GELU %.3e (|pre| max %.2f)\n", d_erf,
+              d_tanh, pre.abs().max().item<double>());
+  EXPECT_LE(std::min(d_erf, d_tanh), 0.1);
+}
+
+}  // namespace
+}  // namespace maskd

@@ -1,0 +1,77 @@
+// The fused encoder path (AddLayerNorm with the window layouts, the rel-pos terms as one matmul, the
+// deferred residual of each block's MLP) against SAM's unfused blocks, on the CPU in fp32 where the
+// fused kernels run their LibTorch references: this checks the composition (layouts, padding,
+// the order of the residual adds), the GPU tests check each kernel against its reference.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "model/image_encoder.h"
+#include "model/sam.h"
+#include "model/sam_config.h"
+
+namespace maskd {
+namespace {
+
+double MaxAbs(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// A small encoder whose 10x10 token grid pads to 12x12 in windows of 4 (so padding tokens take part
+// in windowed attention), with a global block between windowed ones.
+SamConfig SmallConfig() {
+  SamConfig c = *SamPreset("tiny");
+  c.img_size = 160;
+  c.patch_size = 16;
+  c.embed_dim = 32;
+  c.num_heads = 2;
+  c.mlp_dim = 64;
+  c.out_chans = 16;
+  c.depth = 3;
+  c.window_size = 4;
+  c.global_attn_indexes = {1};
+  return c;
+}
+
+TEST(EncoderFusion, FusedBlocksEqualTheUnfusedEncoder) {
+  torch::NoGradGuard no_grad;
+  ImageEncoderViT enc(SmallConfig());
+  RandomizeWeights(*enc, 11);
+  enc->Prepare();
+  torch::manual_seed(12);
+  const at::Tensor x = torch::randn({2, 3, 160, 160});
+  enc->SetAttention(AttentionImpl::kMath);
+  enc->SetFusion(false, false);
+  const at::Tensor ref = enc->forward(x);
+  ASSERT_EQ(ref.sizes(), (std::vector<int64_t>{2, 16, 10, 10}));
+  // The fused kernel's CPU path is its reference; with the fused block path it reads the skewed
+  // rel-pos views.
+  for (AttentionImpl impl : {AttentionImpl::kMath, AttentionImpl::kFused}) {
+    enc->SetAttention(impl);
+    enc->SetFusion(true, false);
+    const at::Tensor fused = enc->forward(x);
+    EXPECT_LT(MaxAbs(fused, ref), 1e-4) << AttentionImplName(impl);
+    // The fused path must not be the unfused one in disguise: the flag reaches the blocks.
+    EXPECT_TRUE(enc->block_list[0]->attn->rel_pos_gemm);
+  }
+  enc->SetAttention(AttentionImpl::kMath);
+  enc->SetFusion(false, false);
+  EXPECT_FALSE(enc->block_list[0]->attn->rel_pos_gemm);
+  // The input is not modified by the in-place residual stream.
+  const at::Tensor again = enc->forward(x);
+  EXPECT_TRUE(at::equal(again, ref));
+}
+
+TEST(EncoderFusion, GeluEpilogueMlpIsTheMlp) {
+  // On the CPU, _addmm_activation computes addmm + the exact (erf) GELU, so the fused MLP must equal
+  // lin2(gelu(lin1(x))) up to rounding; on CUDA its GELU is cuBLASLt's epilogue (model_fusion_gpu_test).
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(13);
+  MlpBlock mlp(16, 32);
+  const at::Tensor x = torch::randn({2, 5, 5, 16});
+  const at::Tensor ref = mlp->lin2->forward(at::gelu(mlp->lin1->forward(x)));
+  EXPECT_LT(MaxAbs(mlp->ForwardFused(x, true), ref), 1e-5);
+  EXPECT_LT(MaxAbs(mlp->ForwardFused(x, false), mlp->forward(x)), 1e-7);
+}
+
+}  // namespace
+}  // namespace maskd
