@@ -1,5 +1,5 @@
 // Turning what the server returns into pixels, for clients: a MaskResult (COCO RLE or PNG) to a
-// row-major 0/1 mask, and image files to and from RGB pixels. Thin glue over maskd_imageio's codecs
+// row-major 0/1 mask, and image files to and from RGB pixels. Thin glue over maskd_io's codecs
 // (model/io/image_codec.h, model/io/rle.h), so that the clients decode exactly what the server encodes.
 #pragma once
 

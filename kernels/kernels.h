@@ -117,7 +117,7 @@ std::vector<at::Tensor> CopySlices(const at::Tensor& src, const std::vector<int6
 
 // ---------------------------------------------------------------------------------------------------
 // Image pre-processing on the device: Pillow-exact antialiased bilinear resize of uint8 RGB (the
-// coefficients of model/pil_resize.h, integer arithmetic, so the result is bit-identical to the CPU
+// coefficients of model/io/pil_resize.h, integer arithmetic, so the result is bit-identical to the CPU
 // resize), then (x - mean) / std per channel and zero padding to pad_size x pad_size.
 //
 // rgb: [H, W, 3] uint8 contiguous. out_h/out_w: the resized size (<= pad_size).
@@ -125,7 +125,7 @@ std::vector<at::Tensor> CopySlices(const at::Tensor& src, const std::vector<int6
 at::Tensor ResizeNormalizePad(const at::Tensor& rgb, int64_t out_h, int64_t out_w, int64_t pad_size,
                               const std::vector<float>& mean, const std::vector<float>& std,
                               at::ScalarType out_dtype, Stream stream = nullptr);
-// Reference: model/pil_resize.h on the CPU, then the same normalisation in LibTorch.
+// Reference: model/io/pil_resize.h on the CPU, then the same normalisation in LibTorch.
 at::Tensor ResizeNormalizePadReference(const at::Tensor& rgb, int64_t out_h, int64_t out_w,
                                        int64_t pad_size, const std::vector<float>& mean,
                                        const std::vector<float>& std, at::ScalarType out_dtype);
