@@ -443,8 +443,11 @@ int main(int argc, char** argv) {
       for (bool shared : {false, true}) {
         FastPathOptions f = served;
         f.shared_image_decoder = shared;
-        if (!engine->Reconfigure(f).ok()) continue;
         const char* name = shared ? "shared-image" : "original";
+        if (const maskd::Status st = engine->Reconfigure(f); !st.ok()) {
+          std::printf("%-6s decoder %-12s: cannot configure: %s\n", arch.c_str(), name, st.ToString().c_str());
+          continue;
+        }
         struct Case {
           int prompts, images;
         };
@@ -469,11 +472,18 @@ int main(int argc, char** argv) {
             }
             const auto t0 = Clock::now();
             auto dec = engine->Decode(items);
-            if (!dec.ok()) break;
+            if (!dec.ok()) {
+              std::printf("%-6s decoder %-12s: decode failed: %s\n", arch.c_str(), name, dec.status().ToString().c_str());
+              break;
+            }
             std::vector<maskd::PostprocessItem> post;
             for (auto& d : *dec) post.push_back({d.logits, 1024, 768, 1024, 768, out_enc});
             auto m = engine->Postprocess(post);
-            if (!m.ok()) break;
+            if (!m.ok()) {
+              std::printf("%-6s decoder %-12s: post-processing failed: %s\n", arch.c_str(), name,
+                          m.status().ToString().c_str());
+              break;
+            }
             if (it >= 10) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
           }
           if (ms.empty()) continue;
