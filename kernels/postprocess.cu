@@ -10,7 +10,11 @@
 // skipped (0 * finite adds nothing), which makes the usual identity second stage one evaluation.
 //
 // Layout: block = (mask, group of 32 output columns), 8 warps; a warp evaluates 32 consecutive rows
-// of one column, so a ballot is one column-major bit word. The bit words go to a scratch buffer
+// of one column, so a ballot is one column-major bit word. The low-res columns a block reads (a
+// dozen for the usual 4x upscale) are first staged in shared memory as floats, whole height: the
+// 32 lanes of a warp read ~8 different low-res rows of one column, which from global memory is 8
+// cache lines per load (the kernel was latency-bound on them); a wide block (a small original
+// image) that would not fit reads global memory as before. The bit words go to a scratch buffer
 // (1/32 of a float mask) from which the RLE kernels find the run boundaries.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -57,6 +61,9 @@ __device__ __forceinline__ float Stage1(const T* __restrict__ low, int low_w, co
                                       Load(row1 + c.i0), Load(row1 + c.i1)));
 }
 
+// Floats of staged low-res columns per block (16 KiB): 256 rows x 16 columns.
+constexpr int kStageFloats = 4096;
+
 struct ColumnTaps {
   Taps x;      // second stage: output column -> cropped intermediate columns
   Taps first;  // first stage for intermediate column x.i0
@@ -85,6 +92,7 @@ __global__ void __launch_bounds__(kThreads) MaskEvalKernel(const MaskEvalArgs a)
 
   __shared__ ColumnTaps cols[kCols];
   __shared__ uint32_t tile[kCols];
+  __shared__ float staged[kStageFloats];
   __shared__ unsigned long long red_counts[kWarps][3];
   __shared__ int red_extent[kWarps][4];
 
@@ -99,6 +107,29 @@ __global__ void __launch_bounds__(kThreads) MaskEvalKernel(const MaskEvalArgs a)
     cols[tid] = ct;
   }
   __syncthreads();
+  // Taps are monotonic in the output column, so the block's low-res columns are [lo, hi] from its
+  // first and last valid column.
+  const int last = min(kCols, ow - x0) - 1;
+  const int lo = cols[0].first.i0;
+  const int span = cols[last].second.i1 - lo + 1;
+  const bool use_stage = span * a.low_h <= kStageFloats;  // block-uniform
+  if (use_stage) {
+    for (int i = tid; i < span * a.low_h; i += kThreads) {
+      const int r = i / span, c = i - r * span;
+      staged[i] = Load(low + static_cast<int64_t>(r) * a.low_w + lo + c);
+    }
+    __syncthreads();
+  }
+  // Stage1 from the staged columns or from global memory: the same four values either way.
+  auto stage1 = [&](const Taps& r, const Taps& c) -> float {
+    if (use_stage) {
+      const float* row0 = staged + r.i0 * span;
+      const float* row1 = staged + r.i1 * span;
+      const int c0 = c.i0 - lo, c1 = c.i1 - lo;
+      return RoundTo<T>(bilinear::Combine(r, c, row0[c0], row0[c1], row1[c0], row1[c1]));
+    }
+    return Stage1(low, a.low_w, r, c);
+  };
 
   unsigned long long area = 0, n_hi = 0, n_lo = 0;
   int xmin = INT_MAX, ymin = INT_MAX, xmax = -1, ymax = -1;
@@ -116,12 +147,12 @@ __global__ void __launch_bounds__(kThreads) MaskEvalKernel(const MaskEvalArgs a)
       uint32_t bits = 0;
       if (x < ow) {  // warp-uniform
         const ColumnTaps& ct = cols[c];
-        const float aa = Stage1(low, a.low_w, ra, ct.first);
-        const float ab = ct.x.l1 != 0.0f ? Stage1(low, a.low_w, ra, ct.second) : 0.0f;
+        const float aa = stage1(ra, ct.first);
+        const float ab = ct.x.l1 != 0.0f ? stage1(ra, ct.second) : 0.0f;
         float ba = 0.0f, bb = 0.0f;
         if (ty.l1 != 0.0f) {
-          ba = Stage1(low, a.low_w, rb, ct.first);
-          bb = ct.x.l1 != 0.0f ? Stage1(low, a.low_w, rb, ct.second) : 0.0f;
+          ba = stage1(rb, ct.first);
+          bb = ct.x.l1 != 0.0f ? stage1(rb, ct.second) : 0.0f;
         }
         const float v = RoundTo<T>(bilinear::Combine(ty, ct.x, aa, ab, ba, bb));
         const bool in = y_valid;
