@@ -7,6 +7,10 @@
 #include "kernels/internal.h"
 #include "kernels/kernels.h"
 
+#ifdef MASKD_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace maskd::kernels {
 
 using internal::Describe;
@@ -73,6 +77,58 @@ void AddRowsBroadcast(at::Tensor& y, const at::Tensor& rows, Stream stream) {
 #endif
   (void)stream;
   y.add_(rows);
+}
+
+at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                                 const at::Tensor& hyper, int64_t h, int64_t width) {
+  const int64_t b = hyper.size(0), m = hyper.size(1), c2 = w.size(1) / 4;
+  const at::Tensor y = at::gelu(at::addmm(bias, x, w)).view({b, h * width * 16, c2});
+  const at::Tensor masks = at::bmm(y, hyper.transpose(1, 2));  // [B, HW*16, M]
+  return masks.view({b, h, width, 2, 2, 2, 2, m}).permute({0, 7, 1, 3, 5, 2, 4, 6}).reshape({b, m, 4 * h, 4 * width});
+}
+
+at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& hyper,
+                        int64_t h, int64_t width, Stream stream) {
+  TORCH_CHECK(hyper.dim() == 3 && w.dim() == 2 && w.size(1) % 4 == 0 && hyper.size(2) == w.size(1) / 4,
+              "UpscaleHyper: expected w [C1, 4*C2] and hyper [B, M, C2], got ", Describe(w), " and ", Describe(hyper));
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(0) && x.size(0) == hyper.size(0) * h * width * 4,
+              "UpscaleHyper: expected x [B*h*w*4, C1] = [", hyper.size(0) * h * width * 4, ", ", w.size(0), "], got ",
+              Describe(x));
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == w.size(1), "UpscaleHyper: expected bias [", w.size(1), "], got ",
+              Describe(bias));
+#ifdef MASKD_WITH_CUDA
+  const auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  if (x.is_cuda() && x.scalar_type() != at::kFloat && x.size(1) == 64 && w.size(1) == 128 && hyper.size(1) == 4 &&
+      width % 8 == 0 && x.numel() > 0) {
+    bool ok = true;
+    for (const auto* t : {&w, &bias, &hyper})
+      ok = ok && t->scalar_type() == x.scalar_type() && t->device() == x.device();
+    if (ok) {
+      const at::Tensor xc = x.contiguous(), wc = w.contiguous(), bc = bias.contiguous(), hc = hyper.contiguous();
+      if (aligned(xc) && aligned(wc)) {
+        internal::StreamScope scope(stream, x.device());
+        at::Tensor out = at::empty({hyper.size(0), 4, 4 * h, 4 * width}, x.options());
+        detail::UpscaleHyperArgs a;
+        a.x = xc.data_ptr();
+        a.w = wc.data_ptr();
+        a.bias = bc.data_ptr();
+        a.hyper = hc.data_ptr();
+        a.out = out.data_ptr();
+        a.rows = x.size(0);
+        a.grid_h = static_cast<int>(h);
+        a.grid_w = static_cast<int>(width);
+        int sms = 0;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index());
+        internal::CheckLaunch(detail::LaunchUpscaleHyper(a, internal::ToDType(x.scalar_type(), "x"),
+                                                         std::max(sms, 1), scope.get()),
+                              "UpscaleHyperKernel");
+        return out;
+      }
+    }
+  }
+#endif
+  (void)stream;
+  return UpscaleHyperReference(x, w, bias, hyper, h, width);
 }
 
 std::vector<at::Tensor> CopySlices(const at::Tensor& src, const std::vector<int64_t>& row,

@@ -7,12 +7,20 @@
 // fp32 from registers via xor-shuffles within the L-lane group, then LayerNorm's affine and, when
 // asked, GELU (erf form, on the fp32 value) before the one rounding to T.
 // AddRowsBroadcast: y[i] += rows[i mod period] in 16-byte vectors (fp32 sum, one rounding, as ATen).
+// UpscaleHyper: the decoder's second transposed convolution (64 -> 4 x 32 channels, one GEMM row per
+// pixel) with its bias and GELU, and the hypernetwork product of the 32 channels with each prompt's 4
+// mask vectors, per 32-row tile: the GEMM on tensor cores (WMMA, fp32 accumulation) into shared
+// memory, then one thread per (row, sub-pixel) applies bias + GELU (rounded to T where the unfused
+// path stores T) and the 4 dot products, and the tile's 512 mask values are written in the final
+// [B, 4, 4h, 4w] pixel order. The [B, 65536, 32] activation (268 MB at 64 prompts) never exists.
 // CopySlices: many independent contiguous byte ranges copied in one launch (a table of
 // {dst, src, bytes}); the per-prompt mask logits of a decode, which as separate copies cost more
 // host launch time than GPU time.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <mma.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -24,6 +32,11 @@ namespace maskd::kernels::detail {
 namespace {
 
 constexpr int kThreads = 256;
+
+template <typename T>
+__device__ __forceinline__ float RoundTo(float v) {
+  return ToFloat(FromFloat<T>(v));
+}
 
 template <typename T, int L>
 __global__ void __launch_bounds__(kThreads) RowNormKernel(const RowNormArgs a) {
@@ -84,6 +97,103 @@ __global__ void __launch_bounds__(kThreads) AddRowsBroadcastKernel(void* y, cons
   }
 }
 
+
+namespace up {
+constexpr int kRows = 32;        // GEMM rows per tile: 8 embedding columns x (dy, dx)
+constexpr int kK = 64;           // input channels
+constexpr int kN = 128;          // (ddy, ddx, c) output columns
+constexpr int kC = 32;           // channels per sub-pixel
+constexpr int kM = 4;            // masks
+constexpr int kXs = kK + 8;      // padded leading dimensions (bank spread; WMMA needs multiples of 8 / 4)
+constexpr int kWs = kN + 8;
+constexpr int kAcc = kN + 4;
+}  // namespace up
+
+template <typename T>
+__global__ void __launch_bounds__(128) UpscaleHyperKernel(const UpscaleHyperArgs a) {
+  using namespace nvcuda;
+  __shared__ __align__(32) T xs[up::kRows * up::kXs];
+  __shared__ __align__(32) T ws[up::kK * up::kWs];
+  __shared__ __align__(32) float acc[up::kRows * up::kAcc];
+  __shared__ float bias[up::kN];
+  __shared__ float hyper[up::kM * up::kC];
+  __shared__ __align__(16) T ost[up::kM * 4 * 32];
+  const int tid = threadIdx.x, warp = tid / 32;
+  const T* x = static_cast<const T*>(a.x);
+  const T* wg = static_cast<const T*>(a.w);
+  for (int i = tid; i < up::kK * up::kN / 8; i += 128) {
+    const int r = i / (up::kN / 8), c = (i % (up::kN / 8)) * 8;
+    *reinterpret_cast<uint4*>(ws + r * up::kWs + c) = reinterpret_cast<const uint4*>(wg)[i];
+  }
+  for (int i = tid; i < up::kN; i += 128) bias[i] = ToFloat(static_cast<const T*>(a.bias)[i]);
+  const int64_t per_image = static_cast<int64_t>(a.grid_h) * a.grid_w * 4;
+  const int64_t tiles = a.rows / up::kRows;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t r0 = tile * up::kRows;
+    const int64_t b = r0 / per_image;
+    const int64_t rem = r0 - b * per_image;
+    const int y = static_cast<int>(rem / (4 * a.grid_w));
+    const int x0 = static_cast<int>(rem % (4 * a.grid_w)) / 4;  // first embedding column of the tile
+    // x tile: 32 rows x 64 channels = 256 16-byte vectors.
+    for (int i = tid; i < up::kRows * up::kK / 8; i += 128) {
+      const int r = i / (up::kK / 8), c = (i % (up::kK / 8)) * 8;
+      *reinterpret_cast<uint4*>(xs + r * up::kXs + c) =
+          reinterpret_cast<const uint4*>(x + (r0 + r) * up::kK)[c / 8];
+    }
+    hyper[tid] = ToFloat(static_cast<const T*>(a.hyper)[b * up::kM * up::kC + tid]);
+    __syncthreads();
+    {
+      // Warp w: rows 16 (w / 2) .. +16, columns 64 (w % 2) .. +64 (4 tiles of 16).
+      const int rb = (warp / 2) * 16, cb = (warp % 2) * 64;
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> f[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) wmma::fill_fragment(f[j], 0.0f);
+#pragma unroll
+      for (int k = 0; k < up::kK; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+        wmma::load_matrix_sync(fa, xs + rb * up::kXs + k, up::kXs);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+          wmma::load_matrix_sync(fb, ws + k * up::kWs + cb + 16 * j, up::kWs);
+          wmma::mma_sync(f[j], fa, fb, f[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        wmma::store_matrix_sync(acc + rb * up::kAcc + cb + 16 * j, f[j], up::kAcc, wmma::mem_row_major);
+    }
+    __syncthreads();
+    {
+      // Thread: sub-pixel g = (ddy, ddx) = warp, tile row = lane: (column x0 + row / 4, dy, dx).
+      const int row = tid % 32, g = warp;
+      const float* ar = acc + row * up::kAcc + g * up::kC;
+      const float* br = bias + g * up::kC;
+      float o[up::kM] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+      for (int c = 0; c < up::kC; ++c) {
+        const float v = RoundTo<T>(ar[c] + br[c]);
+        const float h = RoundTo<T>(0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
+#pragma unroll
+        for (int m = 0; m < up::kM; ++m) o[m] += h * hyper[m * up::kC + c];
+      }
+      const int xl = row / 4, dy = (row % 4) / 2, dx = row % 2, ddy = g / 2, ddx = g % 2;
+#pragma unroll
+      for (int m = 0; m < up::kM; ++m)
+        ost[((m * 2 + dy) * 2 + ddy) * 32 + 4 * xl + 2 * dx + ddx] = FromFloat<T>(o[m]);
+    }
+    __syncthreads();
+    {
+      // 16 output rows (m, dy, ddy) of 32 contiguous pixels; 4 values (8 bytes) per thread.
+      const int seg = tid / 8, part = tid % 8;
+      const int m = seg / 4, dy = (seg % 4) / 2, ddy = seg % 2;
+      const int64_t H = 4 * a.grid_h, W = 4 * a.grid_w;
+      T* dst = static_cast<T*>(a.out) + ((b * up::kM + m) * H + 4 * y + 2 * dy + ddy) * W + 4 * x0 + 4 * part;
+      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(ost + seg * 32 + 4 * part);
+    }
+  }
+}
+
 // Block y walks the table (items i = y, y + gridDim.y, ...); blocks x share one item's vectors.
 __global__ void __launch_bounds__(kThreads) CopySlicesKernel(const int64_t* table, int64_t items) {
   for (int64_t i = blockIdx.y; i < items; i += gridDim.y) {
@@ -141,6 +251,18 @@ cudaError_t LaunchCopySlices(const int64_t* table, int64_t items, int64_t max_by
   const unsigned gx = static_cast<unsigned>(std::min<int64_t>((vectors + kThreads - 1) / kThreads, 64));
   const unsigned gy = static_cast<unsigned>(std::min<int64_t>(items, 65535));
   CopySlicesKernel<<<dim3(gx, gy), kThreads, 0, stream>>>(table, items);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchUpscaleHyper(const UpscaleHyperArgs& a, DType dtype, int sms, cudaStream_t stream) {
+  if (a.rows <= 0) return cudaSuccess;
+  if (dtype == DType::kFloat32 || a.rows % up::kRows != 0 || a.grid_w % 8 != 0) return cudaErrorInvalidValue;
+  const int64_t tiles = a.rows / up::kRows;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(sms) * 4));
+  if (dtype == DType::kBFloat16)
+    UpscaleHyperKernel<__nv_bfloat16><<<grid, 128, 0, stream>>>(a);
+  else
+    UpscaleHyperKernel<__half><<<grid, 128, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -107,6 +107,16 @@ at::Tensor RowNormReference(const at::Tensor& x, const at::Tensor& weight, const
 // y += rows, rows [R, n] broadcast over y's leading dimensions (y [..., R, n], contiguous, in
 // place). Bit-identical to y.add_(rows) (fp32 sum, one rounding); CUDA kernel for bf16/fp16.
 void AddRowsBroadcast(at::Tensor& y, const at::Tensor& rows, Stream stream = nullptr);
+// The mask decoder's last upscaling step and the hypernetwork product: x [B*h*w*4, C1] (rows
+// (b, y, x, dy, dx): the first transposed convolution's output after LayerNorm + GELU), w [C1, 4*C2]
+// and bias [4*C2] (the second transposed convolution as a GEMM, columns (ddy, ddx, c)), hyper
+// [B, M, C2]. Returns masks [B, M, 4h, 4w] = hyper . GELU(x w + bias) at pixel
+// (4y + 2dy + ddy, 4x + 2dx + ddx). CUDA kernel for bf16/fp16 with C1 = 64, C2 = 32, M = 4 and w a
+// multiple of 8 (SAM's decoder); otherwise UpscaleHyperReference (addmm, gelu, bmm, permute).
+at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& hyper,
+                        int64_t h, int64_t width, Stream stream = nullptr);
+at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                                 const at::Tensor& hyper, int64_t h, int64_t width);
 // For each i: a contiguous tensor of its own holding src[row[i]].narrow(0, first[i], count[i])
 // (src [G, K, ...]; the decoder's per-prompt mask logits out of its [G, 4, 256, 256] batch). On
 // CUDA all of them are copied by one kernel when every slice is 16-byte aligned; otherwise (and on

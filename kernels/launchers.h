@@ -84,6 +84,17 @@ cudaError_t LaunchRowNorm(const RowNormArgs& args, DType dtype, cudaStream_t str
 // 16-byte aligned).
 cudaError_t LaunchAddRowsBroadcast(void* y, const void* rows, int64_t elements, int64_t period, DType dtype,
                                    cudaStream_t stream);
+// The decoder's second transposed convolution + bias + GELU + hypernetwork product (decoder_fusion.cu).
+struct UpscaleHyperArgs {
+  const void* x = nullptr;      // [rows, 64], rows (b, y, x, dy, dx), 16-byte aligned
+  const void* w = nullptr;      // [64, 128] columns (ddy, ddx, c), contiguous, 16-byte aligned
+  const void* bias = nullptr;   // [128]
+  const void* hyper = nullptr;  // [B, 4, 32]
+  void* out = nullptr;          // [B, 4, 4h, 4w]
+  int64_t rows = 0;             // B * h * w * 4, a multiple of 32
+  int grid_h = 0, grid_w = 0;   // embedding grid; grid_w a multiple of 8
+};
+cudaError_t LaunchUpscaleHyper(const UpscaleHyperArgs& args, DType dtype, int sms, cudaStream_t stream);
 // table: `items` rows of {dst address, src address, bytes} on the device; every address 16-byte
 // aligned and every size a multiple of 16; max_bytes the largest size (sizes the grid).
 cudaError_t LaunchCopySlices(const int64_t* table, int64_t items, int64_t max_bytes, cudaStream_t stream);

@@ -212,13 +212,12 @@ at::Tensor SharedImageDecoder::Upscale(const at::Tensor& keys, const at::Tensor&
   // keys [B, HW, D] -> conv1 as a GEMM: rows (b, y, x), columns (dy, dx, c1) -> rows (b, y, x, dy, dx)
   // -> LayerNorm2d + GELU -> conv2: rows (b, y, x, dy, dx, ddy, ddx) -> GELU -> hypernetwork product.
   // The pixel order is fixed once, on the [B, masks, 4h, 4w] result: pixel (4y + 2dy + ddy, 4x + 2dx + ddx).
-  const int64_t b = keys.size(0), c1 = up1_w_.size(1) / 4, c2 = up2_w_.size(1) / 4, m = hyper_in.size(1);
+  const int64_t b = keys.size(0), c1 = up1_w_.size(1) / 4;
   const auto norm = dec_.output_upscaling->ptr<LayerNorm2dImpl>(1);
   at::Tensor x = at::addmm(up1_b_, keys.reshape({b * h_ * w_, dim_}), up1_w_).view({-1, c1});
   x = kernels::RowNorm(x, norm->weight, norm->bias, norm->eps, /*gelu=*/true);
-  x = at::gelu(at::addmm(up2_b_, x, up2_w_)).view({b, h_ * w_ * 16, c2});
-  const at::Tensor masks = at::bmm(x, hyper_in.transpose(1, 2));  // [B, HW*16, M]
-  return masks.view({b, h_, w_, 2, 2, 2, 2, m}).permute({0, 7, 1, 3, 5, 2, 4, 6}).reshape({b, m, 4 * h_, 4 * w_});
+  // conv2 + GELU + the hypernetwork product in one kernel on CUDA (kernels::UpscaleHyper).
+  return kernels::UpscaleHyper(x, up2_w_, up2_b_, hyper_in, h_, w_);
 }
 
 }  // namespace maskd

@@ -148,6 +148,27 @@ TEST(kernels_fusion_cpu, AddRowsBroadcastAddsPerRowAndChecksShapes) {
   EXPECT_THROW(mk::AddRowsBroadcast(bad, rows), c10::Error);
 }
 
+TEST(kernels_fusion_cpu, UpscaleHyperIsTransposedConvGeluAndTheHypernetworkProduct) {
+  // The definition, written with LibTorch's own transposed convolution on the NCHW image: z is the
+  // first upscaling's output (after LayerNorm + GELU) at 2h x 2w, conv2 is ConvTranspose2d(64, 32,
+  // k=2, s=2), and each of M masks is hyper[b, m] . GELU(conv2(z)) per pixel.
+  const int64_t B = 2, h = 3, w = 4, C1 = 64, C2 = 32, M = 4;
+  const at::Tensor z = Randn({B, C1, 2 * h, 2 * w}, 80);
+  const at::Tensor W = Randn({C1, C2, 2, 2}, 81) * 0.1, bias = Randn({C2}, 82);
+  const at::Tensor hyper = Randn({B, M, C2}, 83);
+  const at::Tensor up = at::gelu(at::conv_transpose2d(z, W, bias, /*stride=*/2));  // [B, C2, 4h, 4w]
+  const at::Tensor expected = at::einsum("bmc,bcyx->bmyx", {hyper, up});
+  // The kernel's operands: rows (b, y, x, dy, dx) of z's pixel (2y + dy, 2x + dx); columns (ddy, ddx, c).
+  const at::Tensor x = z.view({B, C1, h, 2, w, 2}).permute({0, 2, 4, 3, 5, 1}).reshape({-1, C1});
+  const at::Tensor wg = W.permute({0, 2, 3, 1}).reshape({C1, 4 * C2}).contiguous();
+  const at::Tensor out = mk::UpscaleHyper(x, wg, bias.repeat({4}), hyper, h, w);
+  ASSERT_EQ(out.sizes(), expected.sizes());
+  EXPECT_LT(MaxAbs(out, expected), 1e-4);
+  EXPECT_TRUE(at::equal(out, mk::UpscaleHyperReference(x, wg, bias.repeat({4}), hyper, h, w)));
+  EXPECT_THROW(mk::UpscaleHyper(x.narrow(0, 0, 8), wg, bias.repeat({4}), hyper, h, w), c10::Error);
+  EXPECT_THROW(mk::UpscaleHyper(x, wg, bias, hyper, h, w), c10::Error);  // bias without the 4 sub-pixels
+}
+
 TEST(kernels_fusion_cpu, CopySlicesCopiesEachSliceAndChecksBounds) {
   const at::Tensor src = Randn({4, 4, 3, 5}, 70);
   const std::vector<at::Tensor> out = mk::CopySlices(src, {2, 0, 3}, {1, 0, 3}, {3, 1, 1});

@@ -191,6 +191,41 @@ TEST(kernels_fusion_gpu, AddRowsBroadcastEqualsAtenAdd) {
   }
 }
 
+TEST(kernels_fusion_gpu, UpscaleHyperMatchesTheUnfusedPathAndFp32) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 600;
+  // {B, h, w}: 64 prompts on SAM's 64 x 64 grid, a small batch, and a width the kernel does not
+  // take (6: the reference runs, so the answer is the reference's exactly).
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+    for (auto [B, h, w] : {std::tuple<int64_t, int64_t, int64_t>{64, 64, 64}, {3, 8, 16}, {2, 4, 6}}) {
+      const std::string name = std::to_string(B) + "x" + std::to_string(h) + "x" + std::to_string(w) + " " +
+                               c10::toString(t);
+      // Activations as after LayerNorm + GELU (O(1)), weights at the decoder's scale.
+      const at::Tensor x32 = at::gelu(Randn({B * h * w * 4, 64}, seed++, at::kFloat));
+      const at::Tensor w32 = Randn({64, 128}, seed++, at::kFloat, 0.125), b32 = Randn({128}, seed++, at::kFloat, 0.1);
+      const at::Tensor hy32 = Randn({B, 4, 32}, seed++, at::kFloat, 0.5);
+      const at::Tensor x = x32.to(t), wt = w32.to(t), bt = b32.to(t), hy = hy32.to(t);
+      const at::Tensor truth = mk::UpscaleHyperReference(x.to(at::kFloat), wt.to(at::kFloat), bt.to(at::kFloat),
+                                                         hy.to(at::kFloat), h, w);
+      const at::Tensor ref = mk::UpscaleHyperReference(x, wt, bt, hy, h, w);
+      Poison(ref.nbytes());
+      const at::Tensor out = mk::UpscaleHyper(x, wt, bt, hy, h, w);
+      ASSERT_EQ(out.sizes(), ref.sizes()) << name;
+      if (w % 8 != 0) {
+        EXPECT_TRUE(at::equal(out, ref)) << name;
+        continue;
+      }
+      const Err e = Compare(out, ref), e_out = Compare(out, truth), e_ref = Compare(ref, truth);
+      EXPECT_TRUE(e.finite) << name;
+      // Same roundings as the unfused path (GEMM + bias to T, GELU to T, product to T); only the
+      // GEMM's summation order differs, so a value may move by an ulp of an intermediate.
+      EXPECT_LT(e.rel_l2, t == at::kBFloat16 ? 1e-2 : 2e-3) << name;
+      EXPECT_LE(e_out.rel_l2, 1.5 * e_ref.rel_l2 + 1e-4) << name << ": fused " << e_out.rel_l2 << " vs unfused "
+                                                       << e_ref.rel_l2 << " against fp32";
+    }
+  }
+}
+
 TEST(kernels_fusion_gpu, CopySlicesEqualsPerSliceClonesAndOwnsItsMemory) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 500;
