@@ -163,6 +163,14 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_dev),
       "warmup");
+  env(app.add_option("--require-checkpoint", c.require_checkpoint,
+                     "Refuse to start when no checkpoint is found, instead of serving the built-in "
+                     "demo model with random weights (for deployments: a missing mount fails loudly)")
+          ->check(boolean_word)
+          ->type_name("BOOL")
+          ->capture_default_str()
+          ->group(g_model),
+      "require-checkpoint");
 
   auto* g_net = "Network";
   env(app.add_option("--listen", c.listen,
@@ -627,6 +635,11 @@ StatusOr<CheckpointChoice> ResolveCheckpoint(const ServerConfig& config) {
     c.path = found.front();
     c.source = config.models_dir + "/ (its only checkpoint)";
     return c;
+  }
+  if (config.require_checkpoint) {
+    return FailedPrecondition("no checkpoint found and --require-checkpoint refuses the demo model (expected "
+                              "--checkpoint PATH, $MASKD_CHECKPOINT, or one *.pth/*.safetensors in --models-dir = \"" +
+                              config.models_dir + "\")");
   }
   c.source = "demo";
   return c;

@@ -21,6 +21,7 @@ struct ServerConfig {
   std::string checkpoint;              // empty: $MASKD_CHECKPOINT, the one file in models_dir, demo
   std::string models_dir = "models";   // searched for a single *.pth / *.safetensors
   uint64_t demo_seed = 0x5eed;
+  bool require_checkpoint = false;     // refuse to start on the demo model
 
   // Devices and numerics.
   std::string device = "auto";     // auto | cpu | cuda | cuda:N | cpu:N, comma separated

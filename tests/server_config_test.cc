@@ -71,7 +71,7 @@ TEST(ServerConfig, HelpDocumentsEveryFlagWithItsEnvironmentVariable) {
   for (const char* flag :
        {"--checkpoint", "--models-dir", "--demo-seed", "--device", "--precision", "--fast", "--attention",
         "--cuda-graphs", "--int8", "--sparse24", "--gpu-preprocess", "--gpu-postprocess", "--warmup",
-        "--listen", "--encoder-max-batch", "--encoder-queue-delay-us", "--encoder-queue-capacity",
+        "--require-checkpoint", "--listen", "--encoder-max-batch", "--encoder-queue-delay-us", "--encoder-queue-capacity",
         "--decoder-max-prompts", "--decoder-queue-delay-us", "--decoder-queue-capacity",
         "--cache-device-bytes", "--cache-host-bytes", "--result-store-bytes", "--decode-threads",
         "--decode-queue-capacity", "--postprocess-threads", "--max-image-bytes", "--max-image-pixels",
@@ -82,6 +82,22 @@ TEST(ServerConfig, HelpDocumentsEveryFlagWithItsEnvironmentVariable) {
   EXPECT_NE(r.output.find("MASKD_CACHE_DEVICE_BYTES"), std::string::npos);
   EXPECT_NE(r.output.find("MASKD_CHECKPOINT"), std::string::npos);
   EXPECT_NE(r.output.find("segment-anything#model-checkpoints"), std::string::npos);
+}
+
+TEST(ServerConfig, RequireCheckpointIsABooleanFromFlagOrEnvironment) {
+  EXPECT_FALSE(Parse({}).config.require_checkpoint);
+  auto flag = Parse({"--require-checkpoint", "true"});
+  ASSERT_FALSE(flag.exit) << flag.output;
+  EXPECT_TRUE(flag.config.require_checkpoint);
+  {
+    ScopedEnv env("MASKD_REQUIRE_CHECKPOINT", "yes");
+    auto from_env = Parse({});
+    ASSERT_FALSE(from_env.exit) << from_env.output;
+    EXPECT_TRUE(from_env.config.require_checkpoint);
+  }
+  auto typo = Parse({"--require-checkpoint", "2"});  // CLI11 alone would read 2 as true
+  EXPECT_TRUE(typo.exit);
+  EXPECT_NE(typo.exit_code, 0);
 }
 
 TEST(ServerConfig, FlagBeatsEnvironmentBeatsFileBeatsDefault) {
@@ -208,6 +224,14 @@ TEST(ServerConfig, CheckpointResolution) {
   auto demo = ResolveCheckpoint(c);
   ASSERT_TRUE(demo.ok());
   EXPECT_TRUE(demo->demo());
+  // ... unless the deployment asked for a real one.
+  c.require_checkpoint = true;
+  auto refused = ResolveCheckpoint(c);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("--require-checkpoint"), std::string::npos);
+  EXPECT_NE(refused.status().message().find(c.models_dir), std::string::npos);
+  c.require_checkpoint = false;
 
   // One checkpoint in models/: that one.
   fs::create_directories(dir / "models");
@@ -216,6 +240,11 @@ TEST(ServerConfig, CheckpointResolution) {
   auto one = ResolveCheckpoint(c);
   ASSERT_TRUE(one.ok());
   EXPECT_EQ(one->path, (dir / "models" / "sam_vit_b.pth").string());
+  c.require_checkpoint = true;  // a checkpoint was found: nothing to refuse
+  auto required = ResolveCheckpoint(c);
+  ASSERT_TRUE(required.ok()) << required.status().ToString();
+  EXPECT_EQ(required->path, one->path);
+  c.require_checkpoint = false;
 
   // Several: refuse and list them.
   Write(dir / "models" / "sam_vit_h.safetensors", "y");
