@@ -308,6 +308,17 @@ std::optional<v1::GetInfoResponse> TryGetInfo(client::Client& control) {
   return *info;
 }
 
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string FormatPreEmbedProgress(size_t done, size_t total, double elapsed_s) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "maskload %6.1fs pre-embed %zu/%zu images (%.0f %%)", elapsed_s, done,
+                total, total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0);
+  return buf;
+}
+
 std::string FormatProgress(double t, const char* phase, int window, const WindowStats& last,
                            int inflight, uint64_t errors, bool batch_unit) {
   char buf[256];
@@ -359,13 +370,24 @@ StatusOr<LoadResult> LoadRunner::Run() {
     embed_options.timeout = call_timeout;
     embed_options.affinity_header = config_.affinity_header;
     client::Client embedder(embed_options);
+    // A pool of large images on a busy server takes minutes to embed: say so, about once a second
+    // and at the end, so that a silent start does not look like a hang.
+    const Clock::time_point embed_start = Clock::now();
+    Clock::time_point next_line = embed_start;
     for (size_t i = 0; i < images_.size(); ++i) {
+      if (progress_ && Clock::now() >= next_line) {
+        progress_(FormatPreEmbedProgress(i, images_.size(), SecondsSince(embed_start)), false);
+        next_line = Clock::now() + std::chrono::seconds(1);
+      }
       StatusOr<v1::EmbedResponse> r = embedder.Embed(images_[i].encoded);
       if (!r.ok()) {
         return Status(r.status().code(), "embedding image " + images_[i].name +
                                              " for the interactive workload: " + r.status().message());
       }
       image_ids[i] = r->image_id();
+    }
+    if (progress_) {
+      progress_(FormatPreEmbedProgress(images_.size(), images_.size(), SecondsSince(embed_start)), true);
     }
   }
 
@@ -499,7 +521,10 @@ StatusOr<LoadResult> LoadRunner::Run() {
     // Stopped during warm-up (a tiny bound): report everything rather than nothing.
     result.summary = Aggregate(all, 0, stop_us + 1);
   }
-  result.whole_run = Aggregate(all, 0, UINT64_MAX);
+  // The whole run spans the start to the last completion (calls drained after the stop included),
+  // so its rates are per real second; an open end would make the duration UINT64_MAX us.
+  const uint64_t run_end_us = std::max<uint64_t>(stop_us, all.empty() ? 0 : all.back().done_us) + 1;
+  result.whole_run = Aggregate(all, 0, run_end_us);
   result.wall_s = stop_us / 1e6;
   result.sent = std::min<uint64_t>(engine.sent(), config_.max_requests);
   if (cpu_at_measure_start >= 0) {
@@ -509,7 +534,7 @@ StatusOr<LoadResult> LoadRunner::Run() {
   }
   // The timeline runs to the last completion, so calls that were in flight at the stop (and, say,
   // ran into their deadline while draining) show up in the plot too.
-  const uint64_t timeline_end = std::max<uint64_t>(stop_us, all.empty() ? 0 : all.back().done_us) + 1;
+  const uint64_t timeline_end = run_end_us;
   for (uint64_t t = 0; t < timeline_end; t += 1000000) {
     result.timeline.push_back(tail(t, std::min<uint64_t>(t + 1000000, timeline_end)));
   }

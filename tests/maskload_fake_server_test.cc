@@ -3,6 +3,7 @@
 // maskload's CPU per call and show it can issue thousands of calls per second.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -206,6 +207,61 @@ TEST(MaskloadFake, CommandLineWritesJsonCsvAndPlot) {
   Status s = FinishMaskloadOptions(bad);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("--size"), std::string::npos);
+}
+
+// The whole run's rates are per real second: its duration is the span from the start to the last
+// completion, not an open-ended window (once UINT64_MAX us, printed as 18446744073709.551 s).
+TEST(MaskloadFake, WholeRunDurationIsTheMeasuredSpan) {
+  testing::FakeMaskd server;
+  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(2, 64, 48, 1);
+  ASSERT_TRUE(pool.ok());
+  LoadConfig c = ShortRun(server.target());
+  c.workload = Workload::kInteractive;
+  c.concurrency = 4;
+  c.max_duration_s = 2;
+  c.stable_windows = 100;  // never stable: the run goes to max-duration
+  LoadRunner runner(c, *pool);
+  StatusOr<LoadResult> r = runner.Run();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->stop_reason, "max-duration");
+  EXPECT_DOUBLE_EQ(r->whole_run.start_s, 0);
+  // At least the time to the stop; at most that plus the drain of the 4 calls in flight.
+  EXPECT_GE(r->whole_run.duration_s, r->wall_s);
+  EXPECT_LT(r->whole_run.duration_s, r->wall_s + 1.0);
+  ASSERT_GT(r->whole_run.ok, 0u);
+  EXPECT_NEAR(r->whole_run.requests_per_s(), r->whole_run.ok / r->wall_s, 0.2 * r->whole_run.ok / r->wall_s);
+  const nlohmann::json j = ReportJson(c, *r);
+  EXPECT_LT(j["whole_run"]["duration_s"].get<double>(), 10.0);
+}
+
+// The interactive set-up embeds every image before the clock starts; it reports how far it got.
+TEST(MaskloadFake, PreEmbedPhaseReportsProgress) {
+  testing::FakeMaskd server;
+  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(5, 64, 48, 1);
+  ASSERT_TRUE(pool.ok());
+  LoadConfig c = ShortRun(server.target());
+  c.workload = Workload::kInteractive;
+  c.concurrency = 2;
+  c.max_duration_s = 1;
+  std::vector<std::pair<std::string, bool>> lines;
+  LoadRunner runner(c, *pool, [&](const std::string& line, bool final_line) {
+    lines.emplace_back(line, final_line);
+  });
+  StatusOr<LoadResult> r = runner.Run();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<std::pair<std::string, bool>> embed_lines;
+  for (const auto& l : lines) {
+    if (l.first.find("pre-embed") != std::string::npos) embed_lines.push_back(l);
+  }
+  ASSERT_GE(embed_lines.size(), 2u);
+  // The first line comes before any image is embedded, the last says all are, and ends its line.
+  EXPECT_NE(embed_lines.front().first.find("pre-embed 0/5 images"), std::string::npos) << embed_lines.front().first;
+  EXPECT_FALSE(embed_lines.front().second);
+  EXPECT_NE(embed_lines.back().first.find("pre-embed 5/5 images (100 %)"), std::string::npos)
+      << embed_lines.back().first;
+  EXPECT_TRUE(embed_lines.back().second);
+  // ... and all of them come before the load phase's lines.
+  EXPECT_NE(lines[embed_lines.size() - 1].first.find("pre-embed"), std::string::npos);
 }
 
 TEST(MaskloadFake, UnreachableServerFailsFast) {
