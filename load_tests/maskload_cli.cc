@@ -1,6 +1,10 @@
 #include "load_tests/maskload_cli.h"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 #include <cstdlib>
@@ -113,6 +117,44 @@ void AddMaskloadFlags(CLI::App& app, MaskloadOptions& o) {
       ->capture_default_str();
 }
 
+namespace {
+
+std::vector<std::string> OutputPaths(const MaskloadOptions& o) {
+  std::vector<std::string> paths = {o.out + ".json", o.out + ".csv", o.out + ".timeline.csv"};
+  if (o.plot) paths.push_back(o.out + ".png");
+  return paths;
+}
+
+}  // namespace
+
+Status CheckOutputPaths(const MaskloadOptions& o) {
+  if (o.out.empty()) return Status::Ok();
+  namespace fs = std::filesystem;
+  const fs::path folder = fs::path(o.out).parent_path().empty() ? fs::path(".") : fs::path(o.out).parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec)) {
+    return InvalidArgument("--out '" + o.out + "': folder '" + folder.string() +
+                           "' does not exist (expected an existing folder followed by a file-name prefix)");
+  }
+  for (const std::string& path : OutputPaths(o)) {
+    if (fs::is_directory(path, ec)) {
+      return InvalidArgument("--out '" + o.out + "': '" + path + "' is a folder, expected a file it can write");
+    }
+    // Opening is the only test that also sees read-only mounts and ACLs: an existing file is opened
+    // for writing without truncating it (an earlier run's report survives until this one replaces
+    // it), a new one is created and removed again.
+    const bool existed = fs::exists(path, ec);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | (existed ? 0 : O_CREAT | O_EXCL), 0644);
+    if (fd < 0) {
+      return InvalidArgument("--out '" + o.out + "': cannot write '" + path + "': " + std::strerror(errno));
+    }
+    ::close(fd);
+    if (!existed) ::unlink(path.c_str());
+  }
+  return Status::Ok();
+}
+
+
 Status FinishMaskloadOptions(MaskloadOptions& o) {
   StatusOr<Workload> w = ParseWorkload(o.workload);
   if (!w.ok()) return w.status();
@@ -138,6 +180,11 @@ Status FinishMaskloadOptions(MaskloadOptions& o) {
 }
 
 int RunMaskload(const MaskloadOptions& o) {
+  // A run can take minutes; a bad --out must not be found only when the report is written.
+  if (Status s = CheckOutputPaths(o); !s.ok()) {
+    std::fprintf(stderr, "maskload: %s\n", s.ToString().c_str());
+    return 1;
+  }
   StatusOr<std::vector<ImageAsset>> pool =
       o.image_dir.empty() ? GenerateImagePool(o.images, o.width, o.height, o.load.seed, o.jpeg_quality)
                           : LoadImageFolder(o.image_dir, o.images, o.load.unique_images, o.jpeg_quality);

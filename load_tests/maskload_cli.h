@@ -33,8 +33,13 @@ struct MaskloadOptions {
 void AddMaskloadFlags(CLI::App& app, MaskloadOptions& options);
 Status FinishMaskloadOptions(MaskloadOptions& options);
 
-// Runs maskload as configured (image pool, run, outputs, plot); returns the process exit status:
-// 0 ok, 1 could not run, 3 more errors than --max-errors, 4 the plot was asked for and failed.
+// Checks, before anything is run, that every file --out will write can be created or overwritten
+// (the folder exists and takes new files; no output name is a folder). Ok without --out.
+Status CheckOutputPaths(const MaskloadOptions& options);
+
+// Runs maskload as configured (output paths checked, image pool, run, outputs, plot); returns the
+// process exit status: 0 ok, 1 could not run (or cannot write --out), 3 more errors than
+// --max-errors, 4 the plot was asked for and failed.
 int RunMaskload(const MaskloadOptions& options);
 
 }  // namespace maskd::load

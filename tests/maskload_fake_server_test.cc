@@ -264,6 +264,55 @@ TEST(MaskloadFake, PreEmbedPhaseReportsProgress) {
   EXPECT_NE(lines[embed_lines.size() - 1].first.find("pre-embed"), std::string::npos);
 }
 
+std::vector<std::string> CliArgs(const std::string& target, const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"maskload", "--server", target, "--workload", "interactive", "-c", "2",
+                                   "--images", "2", "--size", "96x64", "--warmup", "0.2", "--window", "0.5",
+                                   "--max-duration", "2", "-q", "--no-plot"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+MaskloadOptions ParseCli(std::vector<std::string> args) {
+  CLI::App app;
+  MaskloadOptions o;
+  AddMaskloadFlags(app, o);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  EXPECT_TRUE(FinishMaskloadOptions(o).ok());
+  return o;
+}
+
+// A bad --out fails at once, before any call is sent, naming the path; a good one leaves no files
+// behind from the check.
+TEST(MaskloadFake, OutIsCheckedBeforeTheRun) {
+  testing::FakeMaskd server;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("maskload_out_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+
+  for (const std::string& bad : {(dir / "missing" / "run").string(), (dir / "taken").string()}) {
+    if (bad == (dir / "taken").string()) std::filesystem::create_directories(dir / "taken.json");
+    MaskloadOptions o = ParseCli(CliArgs(server.target(), {"--out", bad}));
+    EXPECT_FALSE(CheckOutputPaths(o).ok());
+    ::testing::internal::CaptureStderr();
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(RunMaskload(o), 1) << bad;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("--out '" + bad + "'"), std::string::npos) << err;
+    EXPECT_LT(seconds, 1.0);  // the run (2 s) never started
+    EXPECT_EQ(server.service.embeds.load(), 0u);
+    EXPECT_EQ(server.service.segments.load(), 0u);
+  }
+
+  MaskloadOptions good = ParseCli(CliArgs(server.target(), {"--out", (dir / "ok").string()}));
+  EXPECT_TRUE(CheckOutputPaths(good).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir / "ok.json"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "ok.csv"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(MaskloadFake, UnreachableServerFailsFast) {
   StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(1, 32, 32, 1);
   LoadConfig c;
