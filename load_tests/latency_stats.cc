@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace maskd::load {
 
@@ -103,6 +104,62 @@ bool IsStable(const std::vector<WindowStats>& windows, int count, double toleran
     if (std::abs(static_cast<double>(it->latency.p50_us) - mean_p50) > tolerance * mean_p50) return false;
   }
   return true;
+}
+
+std::string WhyNotStable(const std::vector<WindowStats>& windows, int count, double tolerance,
+                         RateUnit unit) {
+  if (IsStable(windows, count, tolerance, unit)) return "";
+  char buf[256];
+  if (count <= 0 || windows.size() < static_cast<size_t>(count)) {
+    std::snprintf(buf, sizeof buf, "%zu measurement window(s), fewer than the %d that must agree",
+                  windows.size(), count);
+    return buf;
+  }
+  const size_t first = windows.size() - static_cast<size_t>(count);
+  double mean_rate = 0, mean_p50 = 0;
+  for (size_t i = first; i < windows.size(); ++i) {
+    if (windows[i].ok == 0) {
+      std::snprintf(buf, sizeof buf, "window %zu completed no call", i);
+      return buf;
+    }
+    mean_rate += Rate(windows[i], unit);
+    mean_p50 += static_cast<double>(windows[i].latency.p50_us);
+  }
+  mean_rate /= count;
+  mean_p50 /= count;
+  const char* unit_name = unit == RateUnit::kImages ? "img/s" : "calls/s";
+  if (mean_rate <= 0) {
+    std::snprintf(buf, sizeof buf, "the last %d windows have no throughput in %s", count, unit_name);
+    return buf;
+  }
+  // The window furthest off, by throughput first (what a sweep row reports), then p50.
+  size_t worst = first;
+  double worst_dev = -1;
+  bool worst_is_rate = true;
+  for (size_t i = first; i < windows.size(); ++i) {
+    const double dev = std::abs(Rate(windows[i], unit) - mean_rate) / mean_rate;
+    if (dev > tolerance && dev > worst_dev) worst = i, worst_dev = dev, worst_is_rate = true;
+  }
+  if (worst_dev < 0) {
+    for (size_t i = first; i < windows.size(); ++i) {
+      const double dev = mean_p50 > 0
+                             ? std::abs(static_cast<double>(windows[i].latency.p50_us) - mean_p50) / mean_p50
+                             : 0;
+      if (dev > tolerance && dev > worst_dev) worst = i, worst_dev = dev, worst_is_rate = false;
+    }
+  }
+  if (worst_is_rate) {
+    std::snprintf(buf, sizeof buf,
+                  "window %zu ran at %.2f %s, %.0f %% from the last %d windows' mean %.2f (allowed %.0f %%)",
+                  worst, Rate(windows[worst], unit), unit_name, 100 * worst_dev, count, mean_rate,
+                  100 * tolerance);
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "window %zu had p50 %.2f ms, %.0f %% from the last %d windows' mean %.2f ms (allowed %.0f %%)",
+                  worst, windows[worst].latency.p50_us / 1e3, 100 * worst_dev, count, mean_p50 / 1e3,
+                  100 * tolerance);
+  }
+  return buf;
 }
 
 }  // namespace maskd::load

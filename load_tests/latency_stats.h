@@ -73,5 +73,8 @@ inline WindowStats Aggregate(const std::vector<Sample>& samples, uint64_t start_
 enum class RateUnit { kImages, kRequests };
 double Rate(const WindowStats& w, RateUnit unit);
 bool IsStable(const std::vector<WindowStats>& windows, int count, double tolerance, RateUnit unit);
+// Why IsStable is false for these windows, in words naming the window, the figure and how far off it
+// is (for --fail-unstable); empty when IsStable is true.
+std::string WhyNotStable(const std::vector<WindowStats>& windows, int count, double tolerance, RateUnit unit);
 
 }  // namespace maskd::load

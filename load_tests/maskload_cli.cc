@@ -115,6 +115,10 @@ void AddMaskloadFlags(CLI::App& app, MaskloadOptions& o) {
   app.add_option("--max-errors", o.max_errors,
                  "exit 3 when the run has more failed calls than this (default -1: any number)")
       ->capture_default_str();
+  app.add_flag("--fail-unstable", o.fail_unstable,
+               "exit 5 when the run ends (--max-duration, --max-requests) before its last "
+               "--stable-windows windows agree within --stability in throughput and p50 latency, "
+               "saying which window was off and by how much (default: report NOT stable, exit 0)");
 }
 
 namespace {
@@ -246,6 +250,15 @@ int RunMaskload(const MaskloadOptions& o) {
                  static_cast<unsigned long long>(result->whole_run.errors),
                  static_cast<long long>(o.max_errors));
     return 3;
+  }
+  if (o.fail_unstable && !result->stable) {
+    std::string why = WhyNotStable(result->windows, o.load.stable_windows, o.load.stability,
+                                   o.load.workload == Workload::kBatch ? RateUnit::kImages : RateUnit::kRequests);
+    // The runner's partial last window can make the rule hold after the stop; the stop still came first.
+    if (why.empty()) why = "the rule was met only by the partial window after the stop";
+    std::fprintf(stderr, "maskload: run NOT stable (stopped by %s after %.1f s; --fail-unstable): %s\n",
+                 result->stop_reason.c_str(), result->wall_s, why.c_str());
+    return 5;
   }
   return exit_code;
 }

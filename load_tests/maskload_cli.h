@@ -27,6 +27,8 @@ struct MaskloadOptions {
   std::string plot_script;
   bool quiet = false;
   int64_t max_errors = -1;
+  // Exit 5 when the run stopped before its last --stable-windows windows agreed (IsStable).
+  bool fail_unstable = false;
 };
 
 // Adds the flags to `app`; call Finish after app.parse() to validate and convert the text fields.
@@ -39,7 +41,7 @@ Status CheckOutputPaths(const MaskloadOptions& options);
 
 // Runs maskload as configured (output paths checked, image pool, run, outputs, plot); returns the
 // process exit status: 0 ok, 1 could not run (or cannot write --out), 3 more errors than
-// --max-errors, 4 the plot was asked for and failed.
+// --max-errors, 4 the plot was asked for and failed, 5 not stable with --fail-unstable.
 int RunMaskload(const MaskloadOptions& options);
 
 }  // namespace maskd::load

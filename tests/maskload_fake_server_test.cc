@@ -313,6 +313,32 @@ TEST(MaskloadFake, OutIsCheckedBeforeTheRun) {
   std::filesystem::remove_all(dir);
 }
 
+// --fail-unstable: a run that ends before its windows agree exits 5 and says why; the report is
+// still written.
+TEST(MaskloadFake, FailUnstableExitsNonZeroWithTheReason) {
+  testing::FakeMaskd server;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("maskload_unstable_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string prefix = (dir / "run").string();
+  MaskloadOptions o = ParseCli(
+      CliArgs(server.target(), {"--stable-windows", "100", "--fail-unstable", "--out", prefix}));
+  EXPECT_TRUE(o.fail_unstable);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunMaskload(o), 5);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("NOT stable"), std::string::npos) << err;
+  EXPECT_NE(err.find("max-duration"), std::string::npos) << err;
+  EXPECT_NE(err.find("fewer than the 100"), std::string::npos) << err;
+  EXPECT_TRUE(std::filesystem::exists(prefix + ".json"));
+
+  // Without the flag the same run reports NOT stable and exits 0.
+  MaskloadOptions plain = ParseCli(CliArgs(server.target(), {"--stable-windows", "100"}));
+  EXPECT_FALSE(plain.fail_unstable);
+  EXPECT_EQ(RunMaskload(plain), 0);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(MaskloadFake, UnreachableServerFailsFast) {
   StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(1, 32, 32, 1);
   LoadConfig c;

@@ -93,6 +93,25 @@ TEST(MaskloadStats, StabilityRule) {
   EXPECT_FALSE(IsStable({Window(0, 0), Window(0, 0), Window(0, 0)}, 3, 0.10, RateUnit::kRequests));
 }
 
+// --fail-unstable's message: names the window and the figure that broke the rule, empty if stable.
+TEST(MaskloadStats, WhyNotStableNamesTheWindowAndFigure) {
+  std::vector<WindowStats> ws = {Window(50, 1000), Window(100, 1000), Window(105, 1050), Window(98, 980)};
+  EXPECT_EQ(WhyNotStable(ws, 3, 0.10, RateUnit::kImages), "");
+  const std::string rate = WhyNotStable(ws, 4, 0.10, RateUnit::kImages);
+  EXPECT_NE(rate.find("window 0"), std::string::npos) << rate;
+  EXPECT_NE(rate.find("img/s"), std::string::npos) << rate;
+  EXPECT_NE(rate.find("allowed 10 %"), std::string::npos) << rate;
+  ws.back().latency.p50_us = 2000;
+  const std::string p50 = WhyNotStable(ws, 3, 0.10, RateUnit::kImages);
+  EXPECT_NE(p50.find("window 3"), std::string::npos) << p50;
+  EXPECT_NE(p50.find("p50 2.00 ms"), std::string::npos) << p50;
+  const std::string few = WhyNotStable({Window(100, 1000)}, 3, 0.10, RateUnit::kRequests);
+  EXPECT_NE(few.find("1 measurement window(s), fewer than the 3"), std::string::npos) << few;
+  const std::string empty = WhyNotStable({Window(10, 1), Window(0, 0), Window(10, 1)}, 3, 0.10,
+                                         RateUnit::kRequests);
+  EXPECT_NE(empty.find("window 1 completed no call"), std::string::npos) << empty;
+}
+
 TEST(MaskloadWorkload, UniformIntCoversRangeEvenly) {
   Rng rng(7);
   std::vector<int> hist(14, 0);
