@@ -6,6 +6,12 @@ maskd_add_test(client_fake_server_test SOURCES client_fake_server_test.cc
                LIBS maskctl_commands nlohmann_json::nlohmann_json)
 maskd_add_test(maskload_stats_test SOURCES maskload_stats_test.cc LIBS maskd_load)
 maskd_add_test(maskload_fake_server_test SOURCES maskload_fake_server_test.cc LIBS maskd_load)
+# plot_maskload.py (MASKD_PYTHON with matplotlib, as the CLI test's plot needs): latency lines break
+# at seconds with no completed call.
+add_test(NAME maskload_plot_test
+         COMMAND ${MASKD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/maskload_plot_test.py
+                 ${PROJECT_SOURCE_DIR}/load_tests/plot_maskload.py)
+set_tests_properties(maskload_plot_test PROPERTIES LABELS cpu TIMEOUT 120)
 
 # The Python client (client/python): pytest against a real maskd started by the test itself.
 if(TARGET maskd)
