@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 
 #include <cstdio>
 #include <cstdlib>
@@ -33,8 +34,11 @@ void AddMaskloadFlags(CLI::App& app, MaskloadOptions& o) {
                  "mixed: both, --batch-fraction of the calls are batch images")
       ->check(CLI::IsMember({"batch", "interactive", "mixed"}))
       ->capture_default_str();
-  app.add_option("--concurrency,-c", c.concurrency, "closed loop: concurrent clients, each with one call in flight")
-      ->check(CLI::Range(1, 4096))
+  app.add_option("--concurrency,-c", o.concurrency,
+                 "closed loop: concurrent clients, each with one call in flight; a list (1,4,16,64,256) "
+                 "is a sweep: one run per level, each written to PREFIX.cN.*, and PREFIX.sweep.json / "
+                 "PREFIX.sweep.csv with a row per level (throughput, latency percentiles, the server's "
+                 "stage timings per call), PREFIX.sweep.png (throughput against latency)")
       ->capture_default_str();
   app.add_option("--rate", c.rate, "open loop: target calls/s with Poisson arrivals (0 = closed loop)")
       ->check(CLI::NonNegativeNumber)
@@ -123,10 +127,50 @@ void AddMaskloadFlags(CLI::App& app, MaskloadOptions& o) {
 
 namespace {
 
+bool IsSweep(const MaskloadOptions& o) { return o.concurrency_levels.size() > 1; }
+
+// The prefix of one level's files: PREFIX itself for a single run, PREFIX.cN in a sweep.
+std::string LevelPrefix(const MaskloadOptions& o, int level) {
+  return IsSweep(o) ? o.out + ".c" + std::to_string(level) : o.out;
+}
+
 std::vector<std::string> OutputPaths(const MaskloadOptions& o) {
-  std::vector<std::string> paths = {o.out + ".json", o.out + ".csv", o.out + ".timeline.csv"};
-  if (o.plot) paths.push_back(o.out + ".png");
+  std::vector<std::string> paths;
+  std::vector<int> levels = o.concurrency_levels;
+  if (levels.empty()) levels.push_back(o.load.concurrency);
+  for (int level : levels) {
+    const std::string prefix = LevelPrefix(o, level);
+    for (const char* ext : {".json", ".csv", ".timeline.csv"}) paths.push_back(prefix + ext);
+    if (o.plot) paths.push_back(prefix + ".png");
+  }
+  if (IsSweep(o)) {
+    paths.push_back(o.out + ".sweep.json");
+    paths.push_back(o.out + ".sweep.csv");
+    if (o.plot) paths.push_back(o.out + ".sweep.png");
+  }
   return paths;
+}
+
+StatusOr<std::vector<int>> ParseConcurrencyList(const std::string& text) {
+  std::vector<int> levels;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    int v = 0;
+    char extra = 0;
+    if (std::sscanf(item.c_str(), "%d%c", &v, &extra) != 1 || v < 1 || v > 4096) {
+      return InvalidArgument("--concurrency '" + text + "': '" + item +
+                             "' is not a client count; expected N or a list N1,N2,... each 1..4096");
+    }
+    if (std::find(levels.begin(), levels.end(), v) != levels.end()) {
+      return InvalidArgument("--concurrency '" + text + "': " + item + " is listed twice");
+    }
+    levels.push_back(v);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return levels;
 }
 
 }  // namespace
@@ -178,51 +222,40 @@ Status FinishMaskloadOptions(MaskloadOptions& o) {
     return InvalidArgument("--max-prompts " + std::to_string(o.load.max_prompts) +
                            " is below --min-prompts " + std::to_string(o.load.min_prompts));
   }
+  StatusOr<std::vector<int>> levels = ParseConcurrencyList(o.concurrency);
+  if (!levels.ok()) return levels.status();
+  o.concurrency_levels = *levels;
+  o.load.concurrency = o.concurrency_levels.front();
+  if (IsSweep(o) && o.load.rate > 0) {
+    return InvalidArgument("--concurrency '" + o.concurrency +
+                           "': a sweep is of closed-loop client counts; it cannot be combined with --rate");
+  }
   if (o.python.empty()) o.python = MASKD_PYTHON_DEFAULT;
   if (o.plot_script.empty()) o.plot_script = MASKD_PLOT_SCRIPT_DEFAULT;
   return Status::Ok();
 }
 
-int RunMaskload(const MaskloadOptions& o) {
-  // A run can take minutes; a bad --out must not be found only when the report is written.
-  if (Status s = CheckOutputPaths(o); !s.ok()) {
-    std::fprintf(stderr, "maskload: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  StatusOr<std::vector<ImageAsset>> pool =
-      o.image_dir.empty() ? GenerateImagePool(o.images, o.width, o.height, o.load.seed, o.jpeg_quality)
-                          : LoadImageFolder(o.image_dir, o.images, o.load.unique_images, o.jpeg_quality);
-  if (!pool.ok()) {
-    std::fprintf(stderr, "maskload: %s\n", pool.status().ToString().c_str());
-    return 1;
-  }
-  const bool tty = isatty(STDERR_FILENO);
-  ProgressFn progress;
-  if (!o.quiet) {
-    progress = [tty](const std::string& line, bool final_line) {
-      // On a terminal one line redrawn in place; in a log one line per second.
-      if (tty) {
-        std::fprintf(stderr, "\r%s\033[K%s", line.c_str(), final_line ? "\n" : "");
-      } else {
-        std::fprintf(stderr, "%s\n", line.c_str());
-      }
-      std::fflush(stderr);
-    };
-  }
-  LoadRunner runner(o.load, std::move(*pool), progress);
+namespace {
+
+// One run at `config`, its human summary, its files under `prefix` (none when empty) and its plot;
+// returns RunMaskload's exit status for it.
+int RunLevel(const MaskloadOptions& o, const LoadConfig& config, const std::string& prefix,
+             std::vector<ImageAsset> pool, const ProgressFn& progress, LoadResult& result_out) {
+  LoadRunner runner(config, std::move(pool), progress);
   StatusOr<LoadResult> result = runner.Run();
   if (!result.ok()) {
     std::fprintf(stderr, "maskload: %s\n", result.status().ToString().c_str());
     return 1;
   }
-  std::fputs(HumanSummary(o.load, *result).c_str(), stdout);
+  std::fputs(HumanSummary(config, *result).c_str(), stdout);
+  result_out = *result;
 
   int exit_code = 0;
-  if (!o.out.empty()) {
-    const std::string json_path = o.out + ".json", csv_path = o.out + ".csv",
-                      timeline_path = o.out + ".timeline.csv", png_path = o.out + ".png";
+  if (!prefix.empty()) {
+    const std::string json_path = prefix + ".json", csv_path = prefix + ".csv",
+                      timeline_path = prefix + ".timeline.csv", png_path = prefix + ".png";
     for (const auto& [path, text] :
-         {std::pair{json_path, ReportJson(o.load, *result).dump(2) + "\n"},
+         {std::pair{json_path, ReportJson(config, *result).dump(2) + "\n"},
           std::pair{csv_path, WindowsCsv(*result)}, std::pair{timeline_path, TimelineCsv(*result)}}) {
       Status s = client::WriteFileBytes(path, text);
       if (!s.ok()) {
@@ -252,13 +285,86 @@ int RunMaskload(const MaskloadOptions& o) {
     return 3;
   }
   if (o.fail_unstable && !result->stable) {
-    std::string why = WhyNotStable(result->windows, o.load.stable_windows, o.load.stability,
-                                   o.load.workload == Workload::kBatch ? RateUnit::kImages : RateUnit::kRequests);
+    std::string why = WhyNotStable(result->windows, config.stable_windows, config.stability,
+                                   config.workload == Workload::kBatch ? RateUnit::kImages : RateUnit::kRequests);
     // The runner's partial last window can make the rule hold after the stop; the stop still came first.
     if (why.empty()) why = "the rule was met only by the partial window after the stop";
     std::fprintf(stderr, "maskload: run NOT stable (stopped by %s after %.1f s; --fail-unstable): %s\n",
                  result->stop_reason.c_str(), result->wall_s, why.c_str());
     return 5;
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+int RunMaskload(const MaskloadOptions& o) {
+  // A run can take minutes; a bad --out must not be found only when the report is written.
+  if (Status s = CheckOutputPaths(o); !s.ok()) {
+    std::fprintf(stderr, "maskload: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  StatusOr<std::vector<ImageAsset>> pool =
+      o.image_dir.empty() ? GenerateImagePool(o.images, o.width, o.height, o.load.seed, o.jpeg_quality)
+                          : LoadImageFolder(o.image_dir, o.images, o.load.unique_images, o.jpeg_quality);
+  if (!pool.ok()) {
+    std::fprintf(stderr, "maskload: %s\n", pool.status().ToString().c_str());
+    return 1;
+  }
+  const bool tty = isatty(STDERR_FILENO);
+  ProgressFn progress;
+  if (!o.quiet) {
+    progress = [tty](const std::string& line, bool final_line) {
+      // On a terminal one line redrawn in place; in a log one line per second.
+      if (tty) {
+        std::fprintf(stderr, "\r%s\033[K%s", line.c_str(), final_line ? "\n" : "");
+      } else {
+        std::fprintf(stderr, "%s\n", line.c_str());
+      }
+      std::fflush(stderr);
+    };
+  }
+  if (!IsSweep(o)) {
+    LoadResult result;
+    return RunLevel(o, o.load, o.out, std::move(*pool), progress, result);
+  }
+  // A sweep: the levels one after another on the same image pool, each a complete run (warm-up,
+  // windows until stable); a level that cannot run at all ends the sweep.
+  int exit_code = 0;
+  std::vector<SweepLevel> rows;
+  for (int level : o.concurrency_levels) {
+    LoadConfig config = o.load;
+    config.concurrency = level;
+    if (!o.quiet) std::fprintf(stderr, "maskload sweep: %d clients\n", level);
+    SweepLevel row;
+    row.concurrency = level;
+    const int rc = RunLevel(o, config, o.out.empty() ? "" : LevelPrefix(o, level), *pool, progress, row.result);
+    if (rc == 1) return 1;
+    if (exit_code == 0) exit_code = rc;
+    rows.push_back(std::move(row));
+  }
+  std::fputs(SweepSummary(rows).c_str(), stdout);
+  if (!o.out.empty()) {
+    for (const auto& [path, text] : {std::pair{o.out + ".sweep.json", SweepJson(o.load, rows).dump(2) + "\n"},
+                                     std::pair{o.out + ".sweep.csv", SweepCsv(rows)}}) {
+      if (Status s = client::WriteFileBytes(path, text); !s.ok()) {
+        std::fprintf(stderr, "maskload: %s\n", s.ToString().c_str());
+        return 1;
+      }
+      std::printf("wrote %s\n", path.c_str());
+    }
+    if (o.plot) {
+      // plot_maskload.py --sweep SWEEP.json OUT.png (RunPlot passes its three paths in that order).
+      const std::string sweep_json = o.out + ".sweep.json", png = o.out + ".sweep.png";
+      const int rc = RunPlot(o.python, o.plot_script, "--sweep", sweep_json, png);
+      if (rc == 0) {
+        std::printf("wrote %s\n", png.c_str());
+      } else {
+        std::fprintf(stderr, "maskload: sweep plot failed (exit %d): `%s %s --sweep %s %s` (--no-plot to skip)\n",
+                     rc, o.python.c_str(), o.plot_script.c_str(), sweep_json.c_str(), png.c_str());
+        if (exit_code == 0) exit_code = 4;
+      }
+    }
   }
   return exit_code;
 }

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 #include "load_tests/load_runner.h"
 
@@ -12,6 +13,10 @@ namespace maskd::load {
 
 struct MaskloadOptions {
   LoadConfig load;
+  // --concurrency as given ("8" or a sweep "1,4,16,64"); Finish parses it into concurrency_levels
+  // and sets load.concurrency to the first level.
+  std::string concurrency = "8";
+  std::vector<int> concurrency_levels;
   std::string workload = "batch";
   std::string format = "rle";
   // Image pool.
@@ -40,7 +45,7 @@ Status FinishMaskloadOptions(MaskloadOptions& options);
 Status CheckOutputPaths(const MaskloadOptions& options);
 
 // Runs maskload as configured (output paths checked, image pool, run, outputs, plot); returns the
-// process exit status: 0 ok, 1 could not run (or cannot write --out), 3 more errors than
+// process exit status (of a sweep: the first level's that is not 0): 0 ok, 1 could not run (or cannot write --out), 3 more errors than
 // --max-errors, 4 the plot was asked for and failed, 5 not stable with --fail-unstable.
 int RunMaskload(const MaskloadOptions& options);
 

@@ -2,9 +2,12 @@
 """Plot a maskload run: throughput and latency percentiles per second.
 
 Usage: plot_maskload.py RUN.timeline.csv RUN.json OUT.png
+       plot_maskload.py --sweep RUN.sweep.json OUT.png
 
-maskload runs this itself after a run with --out (unless --no-plot); it can also be run by hand on
-the files of an earlier run. Needs matplotlib (client/python/requirements.txt).
+maskload runs this itself after a run with --out (unless --no-plot), and with --sweep after a
+concurrency sweep (-c 1,4,16,...): throughput against the latency percentiles, one point per level;
+it can also be run by hand on the files of an earlier run. Needs matplotlib
+(client/python/requirements.txt).
 """
 import csv
 import json
@@ -16,7 +19,40 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def plot_sweep(sweep_path, out_path):
+    with open(sweep_path) as f:
+        sweep = json.load(f)
+    levels = sweep.get("levels", [])
+    if not levels:
+        print(f"{sweep_path}: no levels to plot", file=sys.stderr)
+        return 1
+    batch = sweep["config"]["workload"] == "batch"
+    rate_key = "images_per_s" if batch else "calls_per_s"
+    xs = [float(lv["summary"][rate_key]) for lv in levels]
+    fig, ax = plt.subplots(figsize=(9, 6))
+    for key, colour in (("p50_ms", "tab:green"), ("p90_ms", "tab:olive"), ("p99_ms", "tab:red")):
+        # A level with no completed call has no latency: a gap, not a point at zero.
+        ys = [float(lv["summary"]["latency"][key]) if int(lv["summary"]["ok"]) > 0 else float("nan")
+              for lv in levels]
+        ax.plot(xs, ys, "o-", markersize=4, label=key.replace("_ms", ""), color=colour)
+    for lv, x in zip(levels, xs):
+        y = float(lv["summary"]["latency"]["p99_ms"])
+        label = f"c{lv['concurrency']}" + ("" if lv.get("stable") else " (not stable)")
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("images/s" if batch else "calls/s")
+    ax.set_ylabel("latency (ms)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left")
+    cfg = sweep["config"]
+    ax.set_title(f"maskload {cfg['workload']} concurrency sweep: throughput against latency", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    return 0
+
+
 def main(argv):
+    if len(argv) == 4 and argv[1] == "--sweep":
+        return plot_sweep(argv[2], argv[3])
     if len(argv) != 4:
         print(__doc__, file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <vector>
 
 #include "load_tests/load_runner.h"
 
@@ -15,6 +16,17 @@ nlohmann::json ReportJson(const LoadConfig& config, const LoadResult& result);
 std::string WindowsCsv(const LoadResult& result);
 std::string TimelineCsv(const LoadResult& result);
 std::string HumanSummary(const LoadConfig& config, const LoadResult& result);
+
+// A concurrency sweep (maskload -c 1,4,16,...): one complete run per level.
+struct SweepLevel {
+  int concurrency = 0;
+  LoadResult result;
+};
+// One row per level: its summary (rates, latency percentiles, the server's per-call stage timings),
+// stability and stop reason; the configuration shared by the levels.
+nlohmann::json SweepJson(const LoadConfig& config, const std::vector<SweepLevel>& levels);
+std::string SweepCsv(const std::vector<SweepLevel>& levels);
+std::string SweepSummary(const std::vector<SweepLevel>& levels);
 
 // Runs `python plot_script timeline_csv report_json out_png`; returns its exit status (127 when it
 // could not be started).

@@ -3,6 +3,7 @@
 // maskload's CPU per call and show it can issue thousands of calls per second.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -337,6 +338,74 @@ TEST(MaskloadFake, FailUnstableExitsNonZeroWithTheReason) {
   EXPECT_FALSE(plain.fail_unstable);
   EXPECT_EQ(RunMaskload(plain), 0);
   std::filesystem::remove_all(dir);
+}
+
+// -c 1,3: one complete run per level, each with its own files, and a sweep JSON/CSV with a row per
+// level (rates, percentiles, the server's per-call stage timings).
+TEST(MaskloadFake, ConcurrencySweepWritesARowPerLevel) {
+  testing::FakeMaskd server;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("maskload_sweep_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string prefix = (dir / "sweep").string();
+  std::vector<std::string> args = CliArgs(server.target(), {"--out", prefix});
+  args.erase(std::find(args.begin(), args.end(), "--no-plot"));  // the sweep plot too
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "-c") args[i + 1] = "1,3";
+    if (args[i] == "--max-duration") args[i + 1] = "1.5";
+  }
+  MaskloadOptions o = ParseCli(args);
+  EXPECT_EQ(o.concurrency_levels, (std::vector<int>{1, 3}));
+  EXPECT_EQ(o.load.concurrency, 1);
+  ASSERT_EQ(RunMaskload(o), 0);
+  for (const char* level : {".c1", ".c3"}) {
+    for (const char* ext : {".json", ".csv", ".timeline.csv"}) {
+      EXPECT_TRUE(std::filesystem::exists(prefix + level + ext)) << prefix + level + ext;
+    }
+  }
+  for (const char* png : {".c1.png", ".c3.png", ".sweep.png"}) {
+    EXPECT_GT(std::filesystem::exists(prefix + png) ? std::filesystem::file_size(prefix + png) : 0, 1000u) << png;
+  }
+  std::ifstream in(prefix + ".sweep.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["levels"].size(), 2u);
+  EXPECT_EQ(j["levels"][0]["concurrency"], 1);
+  EXPECT_EQ(j["levels"][1]["concurrency"], 3);
+  for (const auto& row : j["levels"]) {
+    EXPECT_GT(row["summary"]["ok"].get<uint64_t>(), 0u);
+    EXPECT_GT(row["summary"]["calls_per_s"].get<double>(), 0);
+    EXPECT_TRUE(row["summary"].contains("server_call_timing_mean_ms"));
+  }
+  EXPECT_FALSE(j["config"].contains("concurrency"));
+  std::ifstream csv_in(prefix + ".sweep.csv");
+  std::string header, row1, row3, extra;
+  std::getline(csv_in, header);
+  std::getline(csv_in, row1);
+  std::getline(csv_in, row3);
+  EXPECT_FALSE(std::getline(csv_in, extra));
+  EXPECT_EQ(header.rfind("concurrency,stable,stop_reason,start_s", 0), 0u) << header;
+  EXPECT_NE(header.find("decoder_queue_ms"), std::string::npos) << header;
+  EXPECT_EQ(row1.rfind("1,", 0), 0u) << row1;
+  EXPECT_EQ(row3.rfind("3,", 0), 0u) << row3;
+  std::filesystem::remove_all(dir);
+
+  // Bad lists are refused, naming the flag and the item.
+  for (const std::string& bad : {"1,,4", "0", "4,4", "2,x"}) {
+    CLI::App app;
+    MaskloadOptions b;
+    AddMaskloadFlags(app, b);
+    std::vector<std::string> a = {"maskload", "-c", bad};
+    std::vector<char*> argv;
+    for (std::string& x : a) argv.push_back(x.data());
+    app.parse(static_cast<int>(argv.size()), argv.data());
+    const Status s = FinishMaskloadOptions(b);
+    EXPECT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("--concurrency '" + bad + "'"), std::string::npos) << s.message();
+  }
+  MaskloadOptions open_sweep;
+  open_sweep.concurrency = "1,2";
+  open_sweep.load.rate = 10;
+  EXPECT_FALSE(FinishMaskloadOptions(open_sweep).ok());
 }
 
 TEST(MaskloadFake, UnreachableServerFailsFast) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""plot_maskload.py on a run with empty seconds: the latency lines must break there (NaN), not join
-the points on either side of the gap, and the plot must still be written.
+"""plot_maskload.py on a run with empty seconds (and --sweep on a level with no OK call): the latency
+lines must break there (NaN), not join the points on either side of the gap, and the plot must still
+be written.
 
 Run by ctest (maskload_plot_test) with MASKD_PYTHON; needs matplotlib (Agg backend, no display).
 Usage: maskload_plot_test.py PLOT_SCRIPT
@@ -29,6 +30,41 @@ def row(second, calls, errors=0, p50=0.0):
             "calls_per_s": float(ok), "mean_ms": p50, "p50_ms": p50, "p90_ms": p50 * 1.5,
             "p99_ms": p50 * 2, "max_ms": p50 * 3, "response_bytes_per_call": 100.0 if ok else 0.0,
             "rle_bytes_per_mask": 10.0 if ok else 0.0, "phase": "warmup" if second < 1 else "measure"}
+
+
+def check_sweep(script):
+    """--sweep: one point per level on throughput against latency; a level with no OK call is a gap."""
+    def level(c, ok, rate, p50):
+        return {"concurrency": c, "stable": ok > 0, "summary": {
+            "ok": ok, "calls_per_s": rate, "images_per_s": 0.0,
+            "latency": {"p50_ms": p50, "p90_ms": p50 * 1.5, "p99_ms": p50 * 2}}}
+    sweep = {"config": {"workload": "interactive"},
+             "levels": [level(1, 100, 50.0, 2.0), level(4, 300, 150.0, 3.0), level(16, 0, 0.0, 0.0),
+                        level(64, 500, 250.0, 9.0)]}
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "run.sweep.json")
+        with open(path, "w") as f:
+            json.dump(sweep, f)
+        png = os.path.join(tmp, "run.sweep.png")
+        spec = importlib.util.spec_from_file_location("plot_maskload_sweep", script)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        if mod.main(["plot_maskload.py", "--sweep", path, png]) != 0 or not os.path.getsize(png):
+            return ["--sweep: no plot written"]
+    ax = plt.figure(plt.get_fignums()[-1]).axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    for name in ("p50", "p90", "p99"):
+        if name not in lines:
+            failures.append(f"--sweep: no {name} line")
+            continue
+        xs = [float(x) for x in lines[name].get_xdata()]
+        ys = [float(y) for y in lines[name].get_ydata()]
+        if xs != [50.0, 150.0, 0.0, 250.0]:
+            failures.append(f"--sweep {name}: x is {xs}, expected each level's calls/s")
+        if not (math.isnan(ys[2]) and all(not math.isnan(y) for y in ys[:2] + ys[3:])):
+            failures.append(f"--sweep {name}: y is {ys}, expected a gap at the level with no OK call")
+    return failures
 
 
 def main(argv):
@@ -94,10 +130,11 @@ def main(argv):
         moves = sum(1 for _, code in segments if code == path.MOVETO)
         if moves < 3:  # [0,1] | [4] | [6]
             failures.append(f"{name}: the line is drawn in {moves} piece(s), expected 3 (gaps at 2-3 and 5)")
+    failures += check_sweep(script)
     for f in failures:
         print("FAIL:", f)
     if not failures:
-        print("ok: latency lines break at the empty seconds")
+        print("ok: latency lines break at the empty seconds and at a sweep level with no OK call")
     return 1 if failures else 0
 
 
