@@ -40,8 +40,9 @@ void AddMaskloadFlags(CLI::App& app, MaskloadOptions& o) {
                  "PREFIX.sweep.csv with a row per level (throughput, latency percentiles, the server's "
                  "stage timings per call), PREFIX.sweep.png (throughput against latency)")
       ->capture_default_str();
-  app.add_option("--rate", c.rate, "open loop: target calls/s with Poisson arrivals (0 = closed loop)")
-      ->check(CLI::NonNegativeNumber)
+  app.add_option("--rate", o.rate,
+                 "open loop: target calls/s with Poisson arrivals (0 = closed loop); a list (100,200,400) "
+                 "is an open-loop sweep, written like a concurrency sweep with PREFIX.rR.* per level")
       ->capture_default_str();
   app.add_option("--max-inflight", c.max_inflight,
                  "open loop: calls in flight beyond this are not sent (counted as CLIENT_BACKLOG errors)")
@@ -127,19 +128,39 @@ void AddMaskloadFlags(CLI::App& app, MaskloadOptions& o) {
 
 namespace {
 
-bool IsSweep(const MaskloadOptions& o) { return o.concurrency_levels.size() > 1; }
+bool IsRateSweep(const MaskloadOptions& o) { return o.rate_levels.size() > 1; }
+bool IsSweep(const MaskloadOptions& o) { return o.concurrency_levels.size() > 1 || IsRateSweep(o); }
 
-// The prefix of one level's files: PREFIX itself for a single run, PREFIX.cN in a sweep.
-std::string LevelPrefix(const MaskloadOptions& o, int level) {
-  return IsSweep(o) ? o.out + ".c" + std::to_string(level) : o.out;
+// One run of a sweep (or the single run): its settings and the suffix of its files (PREFIX.cN,
+// PREFIX.rR; none for a single run).
+struct Level {
+  int concurrency = 0;
+  double rate = 0;
+  std::string suffix;
+};
+
+std::string RateText(double rate) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", rate);
+  return buf;
+}
+
+std::vector<Level> Levels(const MaskloadOptions& o) {
+  std::vector<Level> out;
+  if (IsRateSweep(o)) {
+    for (double r : o.rate_levels) out.push_back({o.load.concurrency, r, ".r" + RateText(r)});
+  } else if (IsSweep(o)) {
+    for (int c : o.concurrency_levels) out.push_back({c, o.load.rate, ".c" + std::to_string(c)});
+  } else {
+    out.push_back({o.load.concurrency, o.load.rate, ""});
+  }
+  return out;
 }
 
 std::vector<std::string> OutputPaths(const MaskloadOptions& o) {
   std::vector<std::string> paths;
-  std::vector<int> levels = o.concurrency_levels;
-  if (levels.empty()) levels.push_back(o.load.concurrency);
-  for (int level : levels) {
-    const std::string prefix = LevelPrefix(o, level);
+  for (const Level& level : Levels(o)) {
+    const std::string prefix = o.out + level.suffix;
     for (const char* ext : {".json", ".csv", ".timeline.csv"}) paths.push_back(prefix + ext);
     if (o.plot) paths.push_back(prefix + ".png");
   }
@@ -169,6 +190,31 @@ StatusOr<std::vector<int>> ParseConcurrencyList(const std::string& text) {
     levels.push_back(v);
     if (comma == std::string::npos) break;
     pos = comma + 1;
+  }
+  return levels;
+}
+
+StatusOr<std::vector<double>> ParseRateList(const std::string& text) {
+  std::vector<double> levels;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    double v = 0;
+    char extra = 0;
+    if (std::sscanf(item.c_str(), "%lf%c", &v, &extra) != 1 || !(v >= 0) || v > 1e7) {
+      return InvalidArgument("--rate '" + text + "': '" + item +
+                             "' is not a rate; expected calls/s (0 = closed loop) or a list R1,R2,... each > 0");
+    }
+    if (std::find(levels.begin(), levels.end(), v) != levels.end()) {
+      return InvalidArgument("--rate '" + text + "': " + item + " is listed twice");
+    }
+    levels.push_back(v);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  if (levels.size() > 1 && std::find(levels.begin(), levels.end(), 0.0) != levels.end()) {
+    return InvalidArgument("--rate '" + text + "': a rate sweep is open loop; every level must be > 0");
   }
   return levels;
 }
@@ -226,9 +272,13 @@ Status FinishMaskloadOptions(MaskloadOptions& o) {
   if (!levels.ok()) return levels.status();
   o.concurrency_levels = *levels;
   o.load.concurrency = o.concurrency_levels.front();
-  if (IsSweep(o) && o.load.rate > 0) {
+  StatusOr<std::vector<double>> rates = ParseRateList(o.rate);
+  if (!rates.ok()) return rates.status();
+  o.rate_levels = *rates;
+  o.load.rate = o.rate_levels.front();
+  if (o.concurrency_levels.size() > 1 && o.load.rate > 0) {
     return InvalidArgument("--concurrency '" + o.concurrency +
-                           "': a sweep is of closed-loop client counts; it cannot be combined with --rate");
+                           "': a concurrency sweep is closed loop; it cannot be combined with --rate " + o.rate);
   }
   if (o.python.empty()) o.python = MASKD_PYTHON_DEFAULT;
   if (o.plot_script.empty()) o.plot_script = MASKD_PLOT_SCRIPT_DEFAULT;
@@ -332,20 +382,29 @@ int RunMaskload(const MaskloadOptions& o) {
   // windows until stable); a level that cannot run at all ends the sweep.
   int exit_code = 0;
   std::vector<SweepLevel> rows;
-  for (int level : o.concurrency_levels) {
+  for (const Level& level : Levels(o)) {
     LoadConfig config = o.load;
-    config.concurrency = level;
-    if (!o.quiet) std::fprintf(stderr, "maskload sweep: %d clients\n", level);
+    config.concurrency = level.concurrency;
+    config.rate = level.rate;
+    if (!o.quiet) {
+      if (IsRateSweep(o)) {
+        std::fprintf(stderr, "maskload sweep: %s calls/s\n", RateText(level.rate).c_str());
+      } else {
+        std::fprintf(stderr, "maskload sweep: %d clients\n", level.concurrency);
+      }
+    }
     SweepLevel row;
-    row.concurrency = level;
-    const int rc = RunLevel(o, config, o.out.empty() ? "" : LevelPrefix(o, level), *pool, progress, row.result);
+    row.concurrency = level.concurrency;
+    row.rate = level.rate;
+    const int rc = RunLevel(o, config, o.out.empty() ? "" : o.out + level.suffix, *pool, progress, row.result);
     if (rc == 1) return 1;
     if (exit_code == 0) exit_code = rc;
     rows.push_back(std::move(row));
   }
-  std::fputs(SweepSummary(rows).c_str(), stdout);
+  std::fputs(SweepSummary(rows, IsRateSweep(o)).c_str(), stdout);
   if (!o.out.empty()) {
-    for (const auto& [path, text] : {std::pair{o.out + ".sweep.json", SweepJson(o.load, rows).dump(2) + "\n"},
+    for (const auto& [path, text] : {std::pair{o.out + ".sweep.json",
+                                               SweepJson(o.load, rows, IsRateSweep(o)).dump(2) + "\n"},
                                      std::pair{o.out + ".sweep.csv", SweepCsv(rows)}}) {
       if (Status s = client::WriteFileBytes(path, text); !s.ok()) {
         std::fprintf(stderr, "maskload: %s\n", s.ToString().c_str());

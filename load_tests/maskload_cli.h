@@ -17,6 +17,10 @@ struct MaskloadOptions {
   // and sets load.concurrency to the first level.
   std::string concurrency = "8";
   std::vector<int> concurrency_levels;
+  // --rate as given ("0", "200" or an open-loop sweep "100,200,400"); parsed into rate_levels, the
+  // first of which is load.rate.
+  std::string rate = "0";
+  std::vector<double> rate_levels;
   std::string workload = "batch";
   std::string format = "rle";
   // Image pool.

@@ -37,14 +37,16 @@ def plot_sweep(sweep_path, out_path):
         ax.plot(xs, ys, "o-", markersize=4, label=key.replace("_ms", ""), color=colour)
     for lv, x in zip(levels, xs):
         y = float(lv["summary"]["latency"]["p99_ms"])
-        label = f"c{lv['concurrency']}" + ("" if lv.get("stable") else " (not stable)")
+        level = f"{lv['rate']:g}/s" if sweep.get("sweep") == "rate" else f"c{lv['concurrency']}"
+        label = level + ("" if lv.get("stable") else " (not stable)")
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel("images/s" if batch else "calls/s")
     ax.set_ylabel("latency (ms)")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left")
     cfg = sweep["config"]
-    ax.set_title(f"maskload {cfg['workload']} concurrency sweep: throughput against latency", fontsize=9)
+    kind = "open-loop rate" if sweep.get("sweep") == "rate" else "concurrency"
+    ax.set_title(f"maskload {cfg['workload']} {kind} sweep: throughput against latency", fontsize=9)
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
     return 0

@@ -245,23 +245,25 @@ std::string HumanSummary(const LoadConfig& c, const LoadResult& r) {
   return s.str();
 }
 
-nlohmann::json SweepJson(const LoadConfig& c, const std::vector<SweepLevel>& levels) {
+nlohmann::json SweepJson(const LoadConfig& c, const std::vector<SweepLevel>& levels, bool by_rate) {
   json config = ReportJson(c, LoadResult{})["config"];
-  config.erase("concurrency");
+  config.erase(by_rate ? "rate" : "concurrency");
+  if (by_rate) config["mode"] = "open-loop";
   json rows = json::array();
   for (const SweepLevel& l : levels) {
     rows.push_back({{"concurrency", l.concurrency},
+                    {"rate", l.rate},
                     {"stable", l.result.stable},
                     {"stop_reason", l.result.stop_reason},
                     {"summary_windows", l.result.summary_windows},
                     {"summary", WindowJson(l.result.summary)},
                     {"whole_run_errors", l.result.whole_run.errors}});
   }
-  return {{"tool", "maskload"}, {"sweep", "concurrency"}, {"config", config}, {"levels", rows}};
+  return {{"tool", "maskload"}, {"sweep", by_rate ? "rate" : "concurrency"}, {"config", config}, {"levels", rows}};
 }
 
 std::string SweepCsv(const std::vector<SweepLevel>& levels) {
-  std::string csv = std::string("concurrency,stable,stop_reason,") + kCsvHeader +
+  std::string csv = std::string("concurrency,rate,stable,stop_reason,") + kCsvHeader +
                     ",server_total_ms,decode_ms,encoder_queue_ms,encoder_compute_ms,decoder_queue_ms,"
                     "decoder_compute_ms,postprocess_ms\n";
   for (const SweepLevel& l : levels) {
@@ -270,20 +272,28 @@ std::string SweepCsv(const std::vector<SweepLevel>& levels) {
     std::snprintf(stages, sizeof stages, ",%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f", w.server_total_us / 1e3,
                   w.decode_us / 1e3, w.encoder_queue_us / 1e3, w.encoder_compute_us / 1e3,
                   w.decoder_queue_us / 1e3, w.decoder_compute_us / 1e3, w.postprocess_us / 1e3);
-    csv += CsvRow(std::to_string(l.concurrency) + "," + (l.result.stable ? "1" : "0") + "," +
+    char rate[32];
+    std::snprintf(rate, sizeof rate, "%g", l.rate);
+    csv += CsvRow(std::to_string(l.concurrency) + "," + rate + "," + (l.result.stable ? "1" : "0") + "," +
                       l.result.stop_reason,
                   w, stages);
   }
   return csv;
 }
 
-std::string SweepSummary(const std::vector<SweepLevel>& levels) {
-  std::string s = "maskload sweep (closed loop)\n  clients   img/s  prompts/s   calls/s    p50 ms    p99 ms  "
-                  "enc q+c ms  dec q+c ms  stable\n";
+std::string SweepSummary(const std::vector<SweepLevel>& levels, bool by_rate) {
+  std::string s = std::string("maskload sweep (") + (by_rate ? "open loop)\n   rate/s" : "closed loop)\n  clients") +
+                  "   img/s  prompts/s   calls/s    p50 ms    p99 ms  enc q+c ms  dec q+c ms  stable\n";
   char buf[256];
   for (const SweepLevel& l : levels) {
     const WindowStats& w = l.result.summary;
-    std::snprintf(buf, sizeof buf, "  %7d %7.2f %10.1f %9.1f %9.2f %9.2f %11.2f %11.2f  %s\n", l.concurrency,
+    char level[32];
+    if (by_rate) {
+      std::snprintf(level, sizeof level, "%g", l.rate);
+    } else {
+      std::snprintf(level, sizeof level, "%d", l.concurrency);
+    }
+    std::snprintf(buf, sizeof buf, "  %7s %7.2f %10.1f %9.1f %9.2f %9.2f %11.2f %11.2f  %s\n", level,
                   w.images_per_s(), w.prompts_per_s(), w.requests_per_s(), w.latency.p50_us / 1e3,
                   w.latency.p99_us / 1e3, (w.encoder_queue_us + w.encoder_compute_us) / 1e3,
                   (w.decoder_queue_us + w.decoder_compute_us) / 1e3, l.result.stable ? "yes" : "NO");

@@ -17,16 +17,18 @@ std::string WindowsCsv(const LoadResult& result);
 std::string TimelineCsv(const LoadResult& result);
 std::string HumanSummary(const LoadConfig& config, const LoadResult& result);
 
-// A concurrency sweep (maskload -c 1,4,16,...): one complete run per level.
+// A sweep (maskload -c 1,4,16,... closed loop, or --rate 100,200,... open loop): one complete run
+// per level.
 struct SweepLevel {
   int concurrency = 0;
+  double rate = 0;  // > 0: an open-loop level
   LoadResult result;
 };
 // One row per level: its summary (rates, latency percentiles, the server's per-call stage timings),
-// stability and stop reason; the configuration shared by the levels.
-nlohmann::json SweepJson(const LoadConfig& config, const std::vector<SweepLevel>& levels);
+// stability and stop reason; the configuration shared by the levels. `by_rate`: an open-loop sweep.
+nlohmann::json SweepJson(const LoadConfig& config, const std::vector<SweepLevel>& levels, bool by_rate);
 std::string SweepCsv(const std::vector<SweepLevel>& levels);
-std::string SweepSummary(const std::vector<SweepLevel>& levels);
+std::string SweepSummary(const std::vector<SweepLevel>& levels, bool by_rate);
 
 // Runs `python plot_script timeline_csv report_json out_png`; returns its exit status (127 when it
 // could not be started).

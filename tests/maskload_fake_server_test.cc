@@ -383,7 +383,7 @@ TEST(MaskloadFake, ConcurrencySweepWritesARowPerLevel) {
   std::getline(csv_in, row1);
   std::getline(csv_in, row3);
   EXPECT_FALSE(std::getline(csv_in, extra));
-  EXPECT_EQ(header.rfind("concurrency,stable,stop_reason,start_s", 0), 0u) << header;
+  EXPECT_EQ(header.rfind("concurrency,rate,stable,stop_reason,start_s", 0), 0u) << header;
   EXPECT_NE(header.find("decoder_queue_ms"), std::string::npos) << header;
   EXPECT_EQ(row1.rfind("1,", 0), 0u) << row1;
   EXPECT_EQ(row3.rfind("3,", 0), 0u) << row3;
@@ -402,10 +402,48 @@ TEST(MaskloadFake, ConcurrencySweepWritesARowPerLevel) {
     EXPECT_FALSE(s.ok()) << bad;
     EXPECT_NE(s.message().find("--concurrency '" + bad + "'"), std::string::npos) << s.message();
   }
-  MaskloadOptions open_sweep;
-  open_sweep.concurrency = "1,2";
-  open_sweep.load.rate = 10;
-  EXPECT_FALSE(FinishMaskloadOptions(open_sweep).ok());
+  MaskloadOptions both;
+  both.concurrency = "1,2";
+  both.rate = "10";
+  EXPECT_FALSE(FinishMaskloadOptions(both).ok());
+  for (const std::string& bad : {"0,10", "10,10", "-1", "fast"}) {
+    MaskloadOptions b;
+    b.rate = bad;
+    const Status s = FinishMaskloadOptions(b);
+    EXPECT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("--rate '" + bad + "'"), std::string::npos) << s.message();
+  }
+}
+
+// --rate 200,400: an open-loop sweep, a row per target rate, each level near its rate.
+TEST(MaskloadFake, RateSweepWritesARowPerRate) {
+  testing::FakeMaskd server;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("maskload_rate_sweep_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string prefix = (dir / "open").string();
+  std::vector<std::string> args = CliArgs(server.target(), {"--out", prefix, "--rate", "200,400"});
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--max-duration") args[i + 1] = "2.5";
+  }
+  MaskloadOptions o = ParseCli(args);
+  EXPECT_EQ(o.rate_levels, (std::vector<double>{200, 400}));
+  EXPECT_EQ(o.load.rate, 200);
+  ASSERT_EQ(RunMaskload(o), 0);
+  for (const char* level : {".r200", ".r400"}) {
+    EXPECT_TRUE(std::filesystem::exists(prefix + level + ".json")) << prefix + level;
+  }
+  std::ifstream in(prefix + ".sweep.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["sweep"], "rate");
+  EXPECT_EQ(j["config"]["mode"], "open-loop");
+  ASSERT_EQ(j["levels"].size(), 2u);
+  EXPECT_EQ(j["levels"][0]["rate"].get<double>(), 200);
+  EXPECT_EQ(j["levels"][1]["rate"].get<double>(), 400);
+  // Poisson arrivals over ~2 s of windows: generous bounds for a busy 2-core machine.
+  EXPECT_NEAR(j["levels"][0]["summary"]["calls_per_s"].get<double>(), 200, 200 * 0.3);
+  EXPECT_NEAR(j["levels"][1]["summary"]["calls_per_s"].get<double>(), 400, 400 * 0.3);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(MaskloadFake, UnreachableServerFailsFast) {
