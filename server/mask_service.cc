@@ -136,7 +136,11 @@ std::shared_ptr<MaskService::UnaryCall> MaskService::BeginUnary(const char* meth
   call->method = method;
   call->peer = context->peer();
   call->arrival = Clock::now();
-  call->control = std::make_shared<CallControl>(ClientRequestId(context),
+  // The id every log line of this call carries goes back to the client (before anything is sent,
+  // so errors carry it too): an operator and a user can then talk about the same request.
+  const std::string request_id = ClientRequestId(context);
+  context->AddInitialMetadata("x-request-id", request_id);
+  call->control = std::make_shared<CallControl>(request_id,
                                                 SteadyDeadline(context->deadline()),
                                                 [context] { return context->IsCancelled(); });
   return call;

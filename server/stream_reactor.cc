@@ -16,6 +16,7 @@ StreamReactor::StreamReactor(MaskService* service, grpc::CallbackServerContext* 
       arrival_(Clock::now()),
       deadline_(SteadyDeadline(context->deadline())),
       cancelled_flag_(std::make_shared<std::atomic<bool>>(false)) {
+  context_->AddInitialMetadata("x-request-id", rid_);  // before the first response is sent
   if (service_->options_.access_log) {
     spdlog::debug("[{}] SegmentStream opened by {}", rid_, LogSafe(peer_));
   }

@@ -256,6 +256,53 @@ TEST(ServerService, EmbedThenSegmentByImageId) {
   EXPECT_EQ(s->timing().decode_us(), 0u);  // by image_id: nothing decoded
 }
 
+TEST(ServerService, RequestIdGoesBackToTheClientInInitialMetadata) {
+  MaskdOnFakeEngines m({});
+  auto returned = [](const grpc::ClientContext& ctx) {
+    const auto& md = ctx.GetServerInitialMetadata();
+    auto it = md.find("x-request-id");
+    return it == md.end() ? std::string("<none>") : std::string(it->second.data(), it->second.size());
+  };
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-request-id", "annotator-7-click-42");
+    v1::EmbedRequest r;
+    *r.mutable_image() = Encoded(32, 24, 3);
+    v1::EmbedResponse out;
+    ASSERT_TRUE(m.stub().Embed(&ctx, r, &out).ok());
+    EXPECT_EQ(returned(ctx), "annotator-7-click-42");
+  }
+  {
+    // No id sent: the generated one comes back, and an error carries it too.
+    grpc::ClientContext ctx;
+    v1::SegmentRequest r;
+    r.set_image_id("no-such-image");
+    v1::SegmentResponse out;
+    EXPECT_FALSE(m.stub().Segment(&ctx, r, &out).ok());
+    const std::string id = returned(ctx);
+    EXPECT_NE(id, "<none>");
+    EXPECT_FALSE(id.empty());
+  }
+  {
+    // A value that cannot be logged safely is replaced by a generated id, not echoed.
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-request-id", std::string(65, 'a'));
+    v1::GetInfoRequest r;
+    v1::GetInfoResponse out;
+    ASSERT_TRUE(m.stub().GetInfo(&ctx, r, &out).ok());
+    EXPECT_NE(returned(ctx), std::string(65, 'a'));
+    EXPECT_NE(returned(ctx), "<none>");
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-request-id", "stream-1");
+    auto rw = m.stub().SegmentStream(&ctx);
+    rw->WritesDone();
+    EXPECT_TRUE(rw->Finish().ok());
+    EXPECT_EQ(returned(ctx), "stream-1");
+  }
+}
+
 TEST(ServerService, OutputFormatsDescribeTheSameMask) {
   MaskdOnFakeEngines m({});
   auto e = m.Embed(Encoded(50, 30, 4));
