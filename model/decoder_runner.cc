@@ -217,32 +217,37 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
     }
     // Every pass's mask copies are queued before the first score download synchronises, so the
     // host waits once, for work that is already all on the stream.
+    // Per prompt: mask 0 (single mask) or masks 1..3 (multimask), for its logits and its scores.
+    struct Selection {
+      std::vector<int64_t> row, first, count;
+    };
+    std::vector<Selection> selected(pending.size());
     std::vector<std::vector<at::Tensor>> logits(pending.size());
     for (size_t k = 0; k < pending.size(); ++k) {
       const Pending& p = pending[k];
       const int64_t nt = p.scores.size(1);
-      std::vector<int64_t> row, first, count;
+      Selection& sel = selected[k];
       for (size_t g = 0; g < p.idx.size(); ++g) {
         const bool multi = items[p.idx[g]].prompt.multimask;
-        row.push_back(static_cast<int64_t>(g));
-        first.push_back(multi ? 1 : 0);
-        count.push_back(multi ? nt - 1 : 1);
+        sel.row.push_back(static_cast<int64_t>(g));
+        sel.first.push_back(multi ? 1 : 0);
+        sel.count.push_back(multi ? nt - 1 : 1);
       }
       // A copy of its own per prompt (one launch for all): a view would keep the whole batch's
       // [G, 4, 256, 256] alive for as long as any one result is stored, and bytes() would
       // under-count it.
-      logits[k] = kernels::CopySlices(p.masks, row, first, count);
+      logits[k] = kernels::CopySlices(p.masks, sel.row, sel.first, sel.count);
     }
     for (size_t k = 0; k < pending.size(); ++k) {
       const Pending& p = pending[k];
+      const Selection& sel = selected[k];
       const at::Tensor scores = p.scores.to(at::kCPU, at::kFloat).contiguous();
       const float* s = scores.data_ptr<float>();
       const int64_t nt = scores.size(1);
       for (size_t g = 0; g < p.idx.size(); ++g) {
-        const bool multi = items[p.idx[g]].prompt.multimask;
-        const int64_t first = multi ? 1 : 0, count = multi ? nt - 1 : 1;
+        const float* row = s + static_cast<int64_t>(g) * nt + sel.first[g];
         DecodedPrompt d;
-        d.scores.assign(s + g * nt + first, s + g * nt + first + count);
+        d.scores.assign(row, row + sel.count[g]);
         d.logits = WrapMaskLogits(std::move(logits[k][g]));
         out[p.idx[g]] = std::move(d);
       }
