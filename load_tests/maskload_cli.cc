@@ -172,12 +172,21 @@ std::vector<std::string> OutputPaths(const MaskloadOptions& o) {
   return paths;
 }
 
-StatusOr<std::vector<int>> ParseConcurrencyList(const std::string& text) {
-  std::vector<int> levels;
+// "a,b,c" -> {"a", "b", "c"} (an empty text or item stays an empty item, which the parsers refuse).
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> items;
   size_t pos = 0;
   while (true) {
     const size_t comma = text.find(',', pos);
-    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    items.push_back(text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    if (comma == std::string::npos) return items;
+    pos = comma + 1;
+  }
+}
+
+StatusOr<std::vector<int>> ParseConcurrencyList(const std::string& text) {
+  std::vector<int> levels;
+  for (const std::string& item : SplitList(text)) {
     int v = 0;
     char extra = 0;
     if (std::sscanf(item.c_str(), "%d%c", &v, &extra) != 1 || v < 1 || v > 4096) {
@@ -188,18 +197,13 @@ StatusOr<std::vector<int>> ParseConcurrencyList(const std::string& text) {
       return InvalidArgument("--concurrency '" + text + "': " + item + " is listed twice");
     }
     levels.push_back(v);
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
   }
   return levels;
 }
 
 StatusOr<std::vector<double>> ParseRateList(const std::string& text) {
   std::vector<double> levels;
-  size_t pos = 0;
-  while (true) {
-    const size_t comma = text.find(',', pos);
-    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+  for (const std::string& item : SplitList(text)) {
     double v = 0;
     char extra = 0;
     if (std::sscanf(item.c_str(), "%lf%c", &v, &extra) != 1 || !(v >= 0) || v > 1e7) {
@@ -210,8 +214,6 @@ StatusOr<std::vector<double>> ParseRateList(const std::string& text) {
       return InvalidArgument("--rate '" + text + "': " + item + " is listed twice");
     }
     levels.push_back(v);
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
   }
   if (levels.size() > 1 && std::find(levels.begin(), levels.end(), 0.0) != levels.end()) {
     return InvalidArgument("--rate '" + text + "': a rate sweep is open loop; every level must be > 0");
