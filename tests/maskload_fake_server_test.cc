@@ -18,6 +18,20 @@
 namespace maskd::load {
 namespace {
 
+// A fresh folder under the system temp dir for one test, removed when the test ends (also when an
+// assertion ends it early).
+struct ScopedTempDir {
+  explicit ScopedTempDir(const std::string& stem)
+      : path(std::filesystem::temp_directory_path() / (stem + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(path);
+  }
+  ~ScopedTempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  const std::filesystem::path path;
+};
+
 LoadConfig ShortRun(const std::string& target) {
   LoadConfig c;
   c.target = target;
@@ -171,9 +185,8 @@ TEST(MaskloadFake, MixedCountsBothKinds) {
 // The maskload command line end to end: flags, outputs, plot (via plot_maskload.py and MASKD_PYTHON).
 TEST(MaskloadFake, CommandLineWritesJsonCsvAndPlot) {
   testing::FakeMaskd server;
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("maskload_cli_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const ScopedTempDir tmp("maskload_cli_test_");
+  const std::filesystem::path& dir = tmp.path;
   const std::string prefix = (dir / "run").string();
   CLI::App app;
   MaskloadOptions o;
@@ -200,7 +213,6 @@ TEST(MaskloadFake, CommandLineWritesJsonCsvAndPlot) {
   char magic[4] = {};
   png.read(magic, 4);
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
-  std::filesystem::remove_all(dir);
 
   // Bad values are refused, naming the flag.
   MaskloadOptions bad;
@@ -288,9 +300,8 @@ MaskloadOptions ParseCli(std::vector<std::string> args) {
 // behind from the check.
 TEST(MaskloadFake, OutIsCheckedBeforeTheRun) {
   testing::FakeMaskd server;
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("maskload_out_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const ScopedTempDir tmp("maskload_out_test_");
+  const std::filesystem::path& dir = tmp.path;
 
   for (const std::string& bad : {(dir / "missing" / "run").string(), (dir / "taken").string()}) {
     if (bad == (dir / "taken").string()) std::filesystem::create_directories(dir / "taken.json");
@@ -311,16 +322,14 @@ TEST(MaskloadFake, OutIsCheckedBeforeTheRun) {
   EXPECT_TRUE(CheckOutputPaths(good).ok());
   EXPECT_FALSE(std::filesystem::exists(dir / "ok.json"));
   EXPECT_FALSE(std::filesystem::exists(dir / "ok.csv"));
-  std::filesystem::remove_all(dir);
 }
 
 // --fail-unstable: a run that ends before its windows agree exits 5 and says why; the report is
 // still written.
 TEST(MaskloadFake, FailUnstableExitsNonZeroWithTheReason) {
   testing::FakeMaskd server;
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("maskload_unstable_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const ScopedTempDir tmp("maskload_unstable_test_");
+  const std::filesystem::path& dir = tmp.path;
   const std::string prefix = (dir / "run").string();
   MaskloadOptions o = ParseCli(
       CliArgs(server.target(), {"--stable-windows", "100", "--fail-unstable", "--out", prefix}));
@@ -337,16 +346,14 @@ TEST(MaskloadFake, FailUnstableExitsNonZeroWithTheReason) {
   MaskloadOptions plain = ParseCli(CliArgs(server.target(), {"--stable-windows", "100"}));
   EXPECT_FALSE(plain.fail_unstable);
   EXPECT_EQ(RunMaskload(plain), 0);
-  std::filesystem::remove_all(dir);
 }
 
 // -c 1,3: one complete run per level, each with its own files, and a sweep JSON/CSV with a row per
 // level (rates, percentiles, the server's per-call stage timings).
 TEST(MaskloadFake, ConcurrencySweepWritesARowPerLevel) {
   testing::FakeMaskd server;
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("maskload_sweep_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const ScopedTempDir tmp("maskload_sweep_test_");
+  const std::filesystem::path& dir = tmp.path;
   const std::string prefix = (dir / "sweep").string();
   std::vector<std::string> args = CliArgs(server.target(), {"--out", prefix});
   args.erase(std::find(args.begin(), args.end(), "--no-plot"));  // the sweep plot too
@@ -387,7 +394,6 @@ TEST(MaskloadFake, ConcurrencySweepWritesARowPerLevel) {
   EXPECT_NE(header.find("decoder_queue_ms"), std::string::npos) << header;
   EXPECT_EQ(row1.rfind("1,", 0), 0u) << row1;
   EXPECT_EQ(row3.rfind("3,", 0), 0u) << row3;
-  std::filesystem::remove_all(dir);
 
   // Bad lists are refused, naming the flag and the item.
   for (const std::string& bad : {"1,,4", "0", "4,4", "2,x"}) {
@@ -418,9 +424,8 @@ TEST(MaskloadFake, ConcurrencySweepWritesARowPerLevel) {
 // --rate 200,400: an open-loop sweep, a row per target rate, each level near its rate.
 TEST(MaskloadFake, RateSweepWritesARowPerRate) {
   testing::FakeMaskd server;
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("maskload_rate_sweep_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const ScopedTempDir tmp("maskload_rate_sweep_test_");
+  const std::filesystem::path& dir = tmp.path;
   const std::string prefix = (dir / "open").string();
   std::vector<std::string> args = CliArgs(server.target(), {"--out", prefix, "--rate", "200,400"});
   for (size_t i = 0; i + 1 < args.size(); ++i) {
@@ -443,7 +448,6 @@ TEST(MaskloadFake, RateSweepWritesARowPerRate) {
   // Poisson arrivals over ~2 s of windows: generous bounds for a busy 2-core machine.
   EXPECT_NEAR(j["levels"][0]["summary"]["calls_per_s"].get<double>(), 200, 200 * 0.3);
   EXPECT_NEAR(j["levels"][1]["summary"]["calls_per_s"].get<double>(), 400, 400 * 0.3);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(MaskloadFake, UnreachableServerFailsFast) {
