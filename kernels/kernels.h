@@ -66,6 +66,15 @@ at::Tensor ReversedRelPosTables(const at::Tensor& Rh, const at::Tensor& Rw);
 RelPosTerms RelPosTables(const at::Tensor& q, const at::Tensor& rev_tables, int64_t grid_h,
                          int64_t grid_w);
 
+// RelPosAttention with the rel-pos terms made inside the kernel from rev_tables (ReversedRelPosTables;
+// converted to q's dtype if it is not): each warp multiplies its 16 queries by the table entries
+// they need on the tensor cores (fp32) and writes its bias rows to shared memory, so neither the
+// [B, H, N, L] product of RelPosTables nor a contiguous copy of q is made. Same contract as
+// RelPosAttention otherwise. Off CUDA: RelPosTables + RelPosAttentionReference.
+at::Tensor RelPosAttentionFromTables(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& rev_tables, int64_t grid_h, int64_t grid_w,
+                                     double scale, Stream stream = nullptr);
+
 // ---------------------------------------------------------------------------------------------------
 // The element-wise work between the encoder's matrix products, fused: residual add, LayerNorm and
 // the window partition (zero padding) or unpartition (crop) of SAM's ViT blocks in one pass.

@@ -33,6 +33,10 @@ struct RelPosAttentionArgs {
   int64_t rel_h_stride[4] = {0, 0, 0, 0};
   int64_t rel_w_stride[4] = {0, 0, 0, 0};
   bool rel_is_float32 = true;
+  // Optional: ReversedRelPosTables [(2 grid_h - 1) + (2 grid_w - 1), D], q's dtype, contiguous.
+  // When set, each warp computes the bias rows of its 16 queries itself (q . rev^T on the tensor
+  // cores, fp32) and rel_h / rel_w are not read: no [B, H, N, L] table in memory and no copy of q.
+  const void* rel_tables = nullptr;
   // [B, N, H, D] contiguous, q's dtype.
   void* out = nullptr;
   int batch = 0, heads = 0, seq = 0, head_dim = 0, grid_h = 0, grid_w = 0;

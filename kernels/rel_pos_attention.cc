@@ -62,10 +62,12 @@ at::Tensor AlignedForKernel(const at::Tensor& t) {
   return ok ? t : t.contiguous();
 }
 
+// rev_tables set: the kernel makes the bias rows from it, and rel_h_in / rel_w_in are only shape
+// witnesses (checked, never read).
 at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
                                const at::Tensor& v_in, const at::Tensor& rel_h_in,
                                const at::Tensor& rel_w_in, int64_t grid_h, int64_t grid_w,
-                               double scale, Stream stream) {
+                               double scale, Stream stream, const at::Tensor& rev_tables = {}) {
   const auto [B, H, N, D] = CheckAttentionArgs(q_in, k_in, v_in, rel_h_in, rel_w_in, grid_h,
                                                grid_w);
   TORCH_CHECK(q_in.scalar_type() == at::kBFloat16 || q_in.scalar_type() == at::kHalf,
@@ -85,8 +87,9 @@ at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
   const at::Tensor k = AlignedForKernel(k_in);
   const at::Tensor v = AlignedForKernel(v_in);
   auto last_contiguous = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };
-  const at::Tensor rel_h = last_contiguous(rel_h_in);
-  const at::Tensor rel_w = last_contiguous(rel_w_in);
+  const bool witnesses = rev_tables.defined();  // never read: no copy of the expanded views
+  const at::Tensor rel_h = witnesses ? rel_h_in : last_contiguous(rel_h_in);
+  const at::Tensor rel_w = witnesses ? rel_w_in : last_contiguous(rel_w_in);
   at::Tensor out = at::empty({B, N, H, D}, q.options());
   if (out.numel() == 0) return out;
 
@@ -116,6 +119,11 @@ at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
   grid_strides(rel_h, a.rel_h_stride);
   grid_strides(rel_w, a.rel_w_stride);
   a.rel_is_float32 = rel_h.scalar_type() == at::kFloat;
+  at::Tensor tables;
+  if (rev_tables.defined()) {
+    tables = rev_tables.to(q.scalar_type()).contiguous();
+    a.rel_tables = tables.data_ptr();
+  }
   a.out = out.data_ptr();
   a.batch = static_cast<int>(B);
   a.heads = static_cast<int>(H);
@@ -131,7 +139,40 @@ at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
 }
 #endif
 
+void CheckRevTables(const at::Tensor& q, const at::Tensor& rev_tables, int64_t grid_h,
+                    int64_t grid_w) {
+  CheckDim(q, "q", 4);
+  CheckDim(rev_tables, "rev_tables", 2);
+  const int64_t L = (2 * grid_h - 1) + (2 * grid_w - 1);
+  TORCH_CHECK(rev_tables.size(0) == L && rev_tables.size(1) == q.size(3), "rev_tables: expected [",
+              L, ", ", q.size(3), "] for a ", grid_h, " x ", grid_w, " grid, got ",
+              Describe(rev_tables));
+  TORCH_CHECK(rev_tables.device() == q.device(), "rev_tables: expected q's device ", q.device(),
+              ", got ", Describe(rev_tables));
+}
+
 }  // namespace
+
+at::Tensor RelPosAttentionFromTables(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& rev_tables, int64_t grid_h, int64_t grid_w,
+                                     double scale, Stream stream) {
+  CheckRevTables(q, rev_tables, grid_h, grid_w);
+#ifdef MASKD_WITH_CUDA
+  if (q.is_cuda()) {
+    // Zero-stride views of one uninitialised element carry the shapes CheckAttentionArgs wants
+    // (no memory, no fill kernel; the kernel never reads them).
+    const int64_t B = q.size(0), H = q.size(1), N = q.size(2);
+    const at::Tensor one = at::empty({1}, q.options());
+    const at::Tensor shape_h = one.expand({B, H, N, grid_h});
+    const at::Tensor shape_w = one.expand({B, H, N, grid_w});
+    return RelPosAttentionCuda(q, k, v, shape_h, shape_w, grid_h, grid_w, scale, stream,
+                               rev_tables);
+  }
+#endif
+  (void)stream;
+  const RelPosTerms t = RelPosTables(q, rev_tables, grid_h, grid_w);
+  return RelPosAttentionReference(q, k, v, t.rel_h, t.rel_w, grid_h, grid_w, scale);
+}
 
 at::Tensor RelPosAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& rel_h, const at::Tensor& rel_w,

@@ -141,6 +141,72 @@ inline int SmemBytes(int grid_h, int grid_w) {
          kWarps * 16 * BiasPitch(grid_h, grid_w) * static_cast<int>(sizeof(float));
 }
 
+// ---- rel-pos bias rows from the reversed tables ---------------------------------------------------
+//
+// With rev = [rev_h; rev_w] (kernels::ReversedRelPosTables: rev_h[(grid_h - 1 - r) + k] = R_h[r, k]),
+// a query at grid (qr, qc) has rel_h[kh] = q . rev_h[(grid_h - 1 - qr) + kh] and
+// rel_w[kw] = q . rev_w[(grid_w - 1 - qc) + kw]. The warp multiplies its 16 query rows (the A
+// fragments it already holds for Q K^T) by the rev entries its rows need, n8 block by n8 block, and
+// scatters each product to the (row, key row / key column) it belongs to: every bias element is
+// written exactly once. The entries are read straight from global memory (the whole table is
+// L <= 254 rows of D: L1/L2 resident, shared by every CTA of the launch).
+template <typename T, int D>
+__device__ __forceinline__ void WarpBiasFromTables(const RelPosAttentionArgs& p,
+                                                   const uint32_t (&qf)[D / 16][4],
+                                                   float* const rows, int pitch, int row0,
+                                                   int lane) {
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int n = p.seq;
+  const int gh = p.grid_h;
+  const int gw = p.grid_w;
+  const T* const tables = static_cast<const T*>(p.rel_tables);
+  // Rows past N hold zero queries (their products are 0); they take the last row's geometry so
+  // that their bias rows are fully written as well.
+  int qr[2], qc[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = min(row0 + g + 8 * r, n - 1);
+    qr[r] = row / gw;
+    qc[r] = row - qr[r] * gw;
+  }
+  const int first = min(row0, n - 1);
+  const int last = min(row0 + 15, n - 1);
+  const int qr_lo = first / gw, qr_hi = last / gw;
+  // Entries the warp's rows need: h: [gh - 1 - qr_hi, 2 gh - 2 - qr_lo]; w: the columns' range
+  // when the 16 rows lie in one grid row, else all 2 gw - 1.
+  const int qc_lo = qr_lo == qr_hi ? first - qr_lo * gw : 0;
+  const int qc_hi = qr_lo == qr_hi ? last - qr_hi * gw : gw - 1;
+#pragma unroll
+  for (int part = 0; part < 2; ++part) {
+    const int g_part = part == 0 ? gh : gw;
+    const int lo = part == 0 ? gh - 1 - qr_hi : gw - 1 - qc_hi;
+    const int hi = part == 0 ? 2 * gh - 2 - qr_lo : 2 * gw - 2 - qc_lo;  // inclusive
+    const T* const tab = tables + (part == 0 ? 0 : static_cast<int64_t>(2 * gh - 1) * D);
+    const int col0 = part == 0 ? gw : 0;  // rel_h after rel_w in the bias row
+    for (int n0 = lo & ~7; n0 <= hi; n0 += 8) {
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const int e = n0 + g;  // this lane's B column (table entry)
+      const bool ev = e < 2 * g_part - 1;
+      const T* const src = tab + static_cast<int64_t>(ev ? e : 0) * D + 2 * t;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t b0 = ev ? __ldg(reinterpret_cast<const unsigned int*>(src + ks * 16)) : 0u;
+        const uint32_t b1 =
+            ev ? __ldg(reinterpret_cast<const unsigned int*>(src + ks * 16 + 8)) : 0u;
+        Mma<T>::Run(c, qf[ks], b0, b1);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = i / 2;
+        const int j = n0 + 2 * t + (i & 1);
+        const int key = j - (g_part - 1 - (part == 0 ? qr[r] : qc[r]));
+        if (key >= 0 && key < g_part) rows[(g + 8 * r) * pitch + col0 + key] = c[i] * kLog2e;
+      }
+    }
+  }
+}
+
 // ---- the kernel -----------------------------------------------------------------------------------
 
 template <typename T, int D, int kWarps, bool kAligned>
@@ -207,7 +273,8 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
   load_kv(0, 0);
   CpAsyncCommit();
 
-  {
+  const bool bias_in_kernel = p.rel_tables != nullptr;
+  if (!bias_in_kernel) {
     const int64_t rh_base = b * p.rel_h_stride[0] + h * p.rel_h_stride[1];
     const int64_t rw_base = b * p.rel_w_stride[0] + h * p.rel_w_stride[1];
     for (int r = warp; r < kRows; r += kWarps) {
@@ -240,6 +307,12 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
     }
   }
   __syncthreads();  // stage 1 is overwritten by the first prefetch
+  if (bias_in_kernel && warp_active) {
+    // Each warp reads only its own 16 bias rows below: a warp barrier is enough.
+    WarpBiasFromTables<T, D>(p, qf, smem_bias + warp * 16 * bias_pitch, bias_pitch, q0 + warp * 16,
+                             lane);
+    __syncwarp();
+  }
 
   float o[Cfg::kOBlocks][4];
 #pragma unroll

@@ -33,7 +33,7 @@ using maskd::FastPathOptions;
 using maskd::Precision;
 
 // The last dense row: the server's default fast path (FastPathOptions::Fast()).
-constexpr const char* kLastDenseRow = "+ shared-image decoder";
+constexpr const char* kLastDenseRow = "+ rel-pos terms in the attention kernel";
 
 struct Row {
   std::string name;
@@ -65,6 +65,8 @@ std::vector<Row> Waterfall() {
   f.gelu_epilogue = true;
   rows.push_back({"+ GELU in the fc1 epilogue", Precision::kBFloat16, f});
   f.shared_image_decoder = true;
+  rows.push_back({"+ shared-image decoder", Precision::kBFloat16, f});
+  f.rel_pos_in_kernel = true;
   rows.push_back({kLastDenseRow, Precision::kBFloat16, f});
   FastPathOptions q = f;
   q.int8 = true;

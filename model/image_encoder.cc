@@ -186,7 +186,9 @@ at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
       break;
     }
     case AttentionImpl::kFused: {
-      if (rel_pos_gemm) {
+      if (rel_pos_in_kernel) {
+        out = kernels::RelPosAttentionFromTables(q, k, v, rev_tables_, H, W, scale);
+      } else if (rel_pos_gemm) {
         const kernels::RelPosTerms t = kernels::RelPosTables(q, rev_tables_, H, W);
         out = kernels::RelPosAttention(q, k, v, t.rel_h, t.rel_w, H, W, scale);
       } else {
@@ -265,11 +267,12 @@ void ImageEncoderViTImpl::Prepare() {
   for (auto& b : block_list) b->attn->Prepare();
 }
 
-void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu) {
+void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu, bool rel_pos_in_kernel) {
   fused_ops = fused;
   gelu_epilogue = fused && gelu;
   for (auto& b : block_list) {
     b->attn->rel_pos_gemm = fused;
+    b->attn->rel_pos_in_kernel = fused && rel_pos_in_kernel;
     b->attn->flat_linear = fused;
   }
 }

@@ -68,6 +68,8 @@ struct RelPosAttentionImpl : torch::nn::Module {
   // kFused: the rel-pos terms as one matmul read through skewed views (kernels::RelPosTables)
   // instead of two einsums over gathered tables.
   bool rel_pos_gemm = false;
+  // The fused kernel makes the rel-pos terms itself from rev_tables_ (kernels::RelPosAttentionFromTables).
+  bool rel_pos_in_kernel = false;
   // qkv and proj as 2-D GEMMs over all tokens ([B*H*W, C]): at::linear folds only 2-D/3-D inputs
   // into one addmm with the bias in the cuBLASLt epilogue; a 4-D input gets a matmul and a separate
   // broadcast bias add. Set with the fused path (the unfused one keeps the original's arithmetic).
@@ -108,7 +110,7 @@ struct ImageEncoderViTImpl : torch::nn::Module {
   // The fused block path (EncoderBlockImpl::ForwardFused, rel-pos terms as one matmul) and, on top
   // of it, fc1's GELU in the GEMM epilogue. Numerically the unfused arithmetic except the GELU
   // epilogue (tanh approximation).
-  void SetFusion(bool fused_ops, bool gelu_epilogue);
+  void SetFusion(bool fused_ops, bool gelu_epilogue, bool rel_pos_in_kernel = false);
   bool fused_ops = false;
   bool gelu_epilogue = false;
 

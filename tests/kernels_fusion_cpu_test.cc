@@ -126,7 +126,13 @@ TEST(kernels_fusion_cpu, RelPosTablesEqualTheGatheredEinsums) {
     const at::Tensor a4 = mk::RelPosAttentionReference(q, k, v, rel_h.reshape({B, H, N, gh}),
                                                        rel_w.reshape({B, H, N, gw}), gh, gw, 0.3);
     EXPECT_LT(MaxAbs(a5, a4), 1e-5);
+    // The from-tables entry point's CPU fallback is the same function of the same inputs.
+    const at::Tensor ft = mk::RelPosAttentionFromTables(q, k, v, mk::ReversedRelPosTables(Rh, Rw), gh, gw, 0.3);
+    EXPECT_LT(MaxAbs(ft, a4), 1e-5) << gh << "x" << gw;
   }
+  // A table for another grid is refused before any work.
+  const at::Tensor q = Randn({1, 2, 16, 8}, 23);
+  EXPECT_THROW(mk::RelPosAttentionFromTables(q, q, q, Randn({12, 8}, 24), 4, 4, 1.0), c10::Error);
 }
 
 TEST(kernels_fusion_cpu, RowNormIsLayerNormThenGeluOnTheCpu) {

@@ -146,6 +146,59 @@ TEST(kernels_fusion_gpu, RelPosAttentionReadsTheSkewedTablesLikeGatheredOnes) {
   }
 }
 
+// The rel-pos terms made inside the kernel (RelPosAttentionFromTables) against the fp32 reference on
+// SAM's gathered einsums: square windowed and global grids with both head dims, and non-square grids
+// (the aligned path needs grid_w % 64 == 0; 64 x 8 and 10 x 13 take the general one), sequences that
+// end inside a CTA's last warp, q/k/v strided views of one qkv tensor as in the encoder.
+TEST(kernels_fusion_gpu, RelPosAttentionMakesTheTermsInTheKernel) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t B, H, gh, gw, D;
+  };
+  uint64_t seed = 700;
+  for (const Case& c : std::vector<Case>{{8, 12, 14, 14, 64},
+                                         {2, 16, 14, 14, 80},
+                                         {1, 12, 64, 64, 64},
+                                         {1, 16, 64, 64, 80},
+                                         {2, 4, 8, 64, 64},
+                                         {3, 2, 10, 13, 80},
+                                         {2, 3, 64, 8, 64}}) {
+    SCOPED_TRACE(std::to_string(c.B) + "x" + std::to_string(c.H) + " grid " + std::to_string(c.gh) + "x" +
+                 std::to_string(c.gw) + " D " + std::to_string(c.D));
+    const int64_t N = c.gh * c.gw;
+    for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+      const at::Tensor qkv = Randn({c.B, N, 3, c.H, c.D}, ++seed, t);
+      const at::Tensor qkv_p = qkv.permute({2, 0, 3, 1, 4});
+      const at::Tensor q = qkv_p[0], k = qkv_p[1], v = qkv_p[2];
+      auto gathered = [&](int64_t g) {
+        const at::Tensor r = at::arange(g, at::TensorOptions().dtype(at::kLong).device(kCuda));
+        return Randn({2 * g - 1, c.D}, ++seed, t, 0.3).index({r.unsqueeze(1) - r.unsqueeze(0) + (g - 1)});
+      };
+      const at::Tensor Rh = gathered(c.gh), Rw = gathered(c.gw);
+      // SAM's einsums in fp32: rel_h[n, kh] = q[n] . Rh[row(n), kh], rel_w[n, kw] = q[n] . Rw[col(n), kw].
+      const at::Tensor r_q = q.reshape({c.B, c.H, c.gh, c.gw, c.D}).to(at::kFloat);
+      const at::Tensor rel_h = at::einsum("bnhwc,hkc->bnhwk", {r_q, Rh.to(at::kFloat)}).reshape({c.B, c.H, N, c.gh});
+      const at::Tensor rel_w = at::einsum("bnhwc,wkc->bnhwk", {r_q, Rw.to(at::kFloat)}).reshape({c.B, c.H, N, c.gw});
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+      const at::Tensor ref = mk::RelPosAttentionReference(q, k, v, rel_h, rel_w, c.gh, c.gw, scale);
+      Poison(ref.numel() * 4 + (1 << 20));
+      const at::Tensor out =
+          mk::RelPosAttentionFromTables(q, k, v, mk::ReversedRelPosTables(Rh, Rw), c.gh, c.gw, scale);
+      const Err e = Compare(out, ref);
+      EXPECT_TRUE(e.finite);
+      EXPECT_LE(e.rel_l2, 1.5e-2);
+      EXPECT_LE(e.max_abs, 4e-2);
+      // The same inputs through the kernel reading fp32 terms: the in-kernel terms are fp32 products
+      // too, so the two agree far closer than either does with the reference's softmax rounding.
+      const at::Tensor via_terms = mk::RelPosAttention(q, k, v, rel_h, rel_w, c.gh, c.gw, scale);
+      EXPECT_LE(Compare(out, via_terms).rel_l2, 4e-3);
+    }
+  }
+  // Wrong table shapes are refused with the expected shape named.
+  const at::Tensor q = Randn({1, 2, 16, 64}, 1, at::kBFloat16);
+  EXPECT_THROW(mk::RelPosAttentionFromTables(q, q, q, Randn({13, 64}, 2, at::kBFloat16), 4, 4, 1.0), c10::Error);
+}
+
 // The decoder's row LayerNorm (+ GELU) against LayerNorm then GELU in fp32 on the same inputs (the
 // kernel applies GELU before its one rounding, the reference rounds twice: compared with fp32 math).
 TEST(kernels_fusion_gpu, RowNormMatchesLayerNormAndGelu) {

@@ -145,6 +145,10 @@ struct Model {
 };
 const Model kModels[] = {{"vit_b", 12, 64, 768, 3072}, {"vit_h", 16, 80, 1280, 5120}};
 
+// --fused-only: the attention section at batch 32 without the SDPA comparisons (a quick A/B of
+// the fused kernel's variants).
+bool g_fused_only = false;
+
 void BenchAttention() {
   std::printf("\n== RelPosAttention (bf16, rel_h/rel_w bf16; outputs [B, N, H, D]) ==\n");
   std::printf("    %-30s %10s %9s %10s  %s\n", "variant", "ms", "TFLOP/s", "peak MiB",
@@ -153,6 +157,7 @@ void BenchAttention() {
   for (const Model& md : kModels) {
     for (const bool global : {false, true}) {
       for (const int64_t batch : {1, 8, 32}) {
+        if (g_fused_only && batch != 32) continue;
         const int64_t gh = global ? 64 : 14, gw = gh, N = gh * gw;
         const int64_t B = global ? batch : batch * 25;  // 25 windows of 14 x 14 per image
         const int64_t H = md.heads, D = md.head_dim;
@@ -186,6 +191,31 @@ void BenchAttention() {
             Time([&] { out = mk::RelPosAttention(q, k, v, rel_h, rel_w, gh, gw, scale); });
         PrintRow("fused RelPosAttention", fused, flops, fused.ok ? err_of(out, true) : "");
         if (!fused.ok) ++g_failures;
+
+        // What the encoder runs: the terms from the reversed tables, as a matmul + skewed views
+        // (RelPosTables; copies q) or inside the kernel (RelPosAttentionFromTables).
+        const at::Tensor rev = at::randn({(2 * gh - 1) + (2 * gw - 1), D}, opt) * 0.3;
+        const mk::RelPosTerms ts = mk::RelPosTables(q.narrow(0, 0, s), rev, gh, gw);
+        const at::Tensor ref_t = mk::RelPosAttentionReference(
+            q.narrow(0, 0, s), k.narrow(0, 0, s), v.narrow(0, 0, s), ts.rel_h.to(at::kFloat),
+            ts.rel_w.to(at::kFloat), gh, gw, scale);
+        auto err_t = [&](const at::Tensor& out_bnhd) {
+          const at::Tensor o = out_bnhd.narrow(0, 0, s);
+          const double ma = MaxAbs(o, ref_t), rl = RelL2(o, ref_t);
+          const bool pass = std::isfinite(ma) && ma <= 4e-2 && rl <= 1.5e-2;
+          if (!pass) ++g_failures;
+          return ErrString(ma, rl, pass);
+        };
+        const Measure via_gemm = Time([&] {
+          const mk::RelPosTerms t = mk::RelPosTables(q, rev, gh, gw);
+          out = mk::RelPosAttention(q, k, v, t.rel_h, t.rel_w, gh, gw, scale);
+        });
+        PrintRow("RelPosTables + fused kernel", via_gemm, flops, via_gemm.ok ? err_t(out) : "");
+        const Measure in_kernel =
+            Time([&] { out = mk::RelPosAttentionFromTables(q, k, v, rev, gh, gw, scale); });
+        PrintRow("fused, terms in the kernel", in_kernel, flops, in_kernel.ok ? err_t(out) : "");
+        if (!in_kernel.ok) ++g_failures;
+        if (g_fused_only) continue;
 
         DefaultBackends();
         const Measure masked = Time([&] {
@@ -342,7 +372,26 @@ void BenchInt8() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // Sections to run (all by default): attention, preprocess, postprocess, int8; --fused-only.
+  std::vector<std::string> sections;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--fused-only") {
+      g_fused_only = true;
+    } else if (a == "attention" || a == "preprocess" || a == "postprocess" || a == "int8") {
+      sections.push_back(a);
+    } else {
+      std::fprintf(stderr,
+                   "usage: maskd_kernel_bench [attention] [preprocess] [postprocess] [int8] "
+                   "[--fused-only]\nunknown argument '%s'\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  auto wanted = [&](const char* name) {
+    return sections.empty() || std::find(sections.begin(), sections.end(), name) != sections.end();
+  };
   if (!at::hasCUDA() || at::cuda::getNumGPUs() == 0) {
     std::fprintf(stderr, "maskd_kernel_bench: no CUDA device\n");
     return 2;
@@ -357,10 +406,10 @@ int main() {
               prop->major, prop->minor, kIters, kWarmup);
   at::manual_seed(1234);
   try {
-    BenchAttention();
-    BenchPreprocess();
-    BenchPostprocess();
-    BenchInt8();
+    if (wanted("attention")) BenchAttention();
+    if (wanted("preprocess")) BenchPreprocess();
+    if (wanted("postprocess")) BenchPostprocess();
+    if (wanted("int8")) BenchInt8();
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "maskd_kernel_bench: %s\n", e.what_without_backtrace());
     return 3;

@@ -11,6 +11,7 @@ FastPathOptions FastPathOptions::Fast() {
   f.fuse_encoder_ops = true;
   f.gelu_epilogue = true;
   f.shared_image_decoder = true;
+  f.rel_pos_in_kernel = true;
   return f;
 }
 

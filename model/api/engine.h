@@ -64,6 +64,11 @@ struct FastPathOptions {
   // encoding's share of each projection precomputed. The same function up to floating-point
   // reassociation; CPU or CUDA.
   bool shared_image_decoder = false;
+  // With fuse_encoder_ops and the fused attention: the rel-pos terms made inside the attention
+  // kernel from the (tiny) reversed tables, instead of a [B, heads, N, L] matmul product and a
+  // contiguous copy of q per block. Same arithmetic in fp32 (the terms are no longer rounded to
+  // bf16 before the softmax). CUDA only.
+  bool rel_pos_in_kernel = false;
 
   // Everything that helps on CUDA: fused attention, graphs, GPU pre/post-processing (not int8 or
   // 2:4 sparsity, which trade accuracy for speed and are opt-in).

@@ -6,7 +6,7 @@
 #
 # Carried (ignored) paths: .gpu-debs, .carry/golden/tiny (../shared/golden/tiny-one), .carry/anchors.
 #   scripts/gpu-host/encoder-perf.sh
-# Environment: STEPS (default "build tests golden bench anchors"; also "warps"), MASKBENCH_ROWS (row
+# Environment: STEPS (default "build tests golden bench anchors"; also "kbench", "warps"), MASKBENCH_ROWS (row
 # name substrings, comma-separated), MASKBENCH_BATCHES (1,8,32), PROFILE_ROWS (rows to profile; none
 # by default), MASKBENCH_ARGS (more flags), ANCHORS_SET (quick|all|amg|none).
 set -uo pipefail
@@ -53,6 +53,18 @@ if has golden; then
     echo "rc=$?"
   done > "$out/verify-golden.log" 2>&1
   grep -E "^---|PASSED|FAILED|rc=" "$out/verify-golden.log"
+fi
+
+if has kbench; then
+  # The fused attention kernel's variants at batch 32 (terms read / via RelPosTables / in the
+  # kernel), with 4 and 8 warps per CTA for the windowed blocks.
+  step "maskd_kernel_bench attention --fused-only"
+  for w in 4 8; do
+    echo "--- MASKD_RELPOS_WINDOW_WARPS=$w"
+    MASKD_RELPOS_WINDOW_WARPS=$w timeout 120 "$build/kernels/maskd_kernel_bench" attention --fused-only
+    echo "rc=$?"
+  done > "$out/kernel-bench.log" 2>&1
+  grep -E "^---|^  vit|fused|RelPosTables|rc=" "$out/kernel-bench.log"
 fi
 
 if has bench; then
