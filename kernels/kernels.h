@@ -75,6 +75,19 @@ at::Tensor RelPosAttentionFromTables(const at::Tensor& q, const at::Tensor& k, c
                                      const at::Tensor& rev_tables, int64_t grid_h, int64_t grid_w,
                                      double scale, Stream stream = nullptr);
 
+// SAM's windowed attention straight from the raster qkv projection: the window partition (with
+// SAM's zero padding to a multiple of the window) and the unpartition happen in the kernel's
+// indexing, so qkv and proj run on the img_h x img_w tokens only, not on the padded grid (vit_b/h:
+// 4096 instead of 4900 tokens per image). A padded token is a zero input to qkv, so its key and value
+// are the projection's bias: pad_k / pad_v ([heads * D]); padded queries are not computed.
+// q, k, v: [B, heads, img_h * img_w, D] (views of the qkv output: last dim contiguous). Returns the
+// raster [B, img_h * img_w, heads, D]. Off CUDA: the padded windows spelled out + the reference.
+at::Tensor RelPosWindowAttentionFromTables(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& pad_k,
+                                           const at::Tensor& pad_v, const at::Tensor& rev_tables,
+                                           int64_t window, int64_t img_h, int64_t img_w,
+                                           double scale, Stream stream = nullptr);
+
 // ---------------------------------------------------------------------------------------------------
 // The element-wise work between the encoder's matrix products, fused: residual add, LayerNorm and
 // the window partition (zero padding) or unpartition (crop) of SAM's ViT blocks in one pass.

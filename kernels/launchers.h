@@ -37,6 +37,16 @@ struct RelPosAttentionArgs {
   // When set, each warp computes the bias rows of its 16 queries itself (q . rev^T on the tensor
   // cores, fp32) and rel_h / rel_w are not read: no [B, H, N, L] table in memory and no copy of q.
   const void* rel_tables = nullptr;
+  // Window mode (window > 0; needs rel_tables): window b's queries and keys are gathered from raster
+  // tokens, so the qkv projection never runs on SAM's padding. q/k/v strides are then (image, head,
+  // raster token), batch = images * windows per image, seq = window^2, grid = window x window.
+  // A window position outside the img_h x img_w image is a zero token in SAM, whose projection is
+  // the bias: its key/value rows come from pad_k / pad_v ([heads * D], q's dtype, 16-byte aligned);
+  // padded queries are neither computed nor written. out is the raster [images, img_h * img_w,
+  // heads, D].
+  int window = 0, img_h = 0, img_w = 0;
+  const void* pad_k = nullptr;
+  const void* pad_v = nullptr;
   // [B, N, H, D] contiguous, q's dtype.
   void* out = nullptr;
   int batch = 0, heads = 0, seq = 0, head_dim = 0, grid_h = 0, grid_w = 0;

@@ -140,6 +140,71 @@ at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
 #endif
 
 void CheckRevTables(const at::Tensor& q, const at::Tensor& rev_tables, int64_t grid_h,
+                    int64_t grid_w);
+
+#ifdef MASKD_WITH_CUDA
+at::Tensor RelPosWindowAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
+                                     const at::Tensor& v_in, const at::Tensor& pad_k_in,
+                                     const at::Tensor& pad_v_in, const at::Tensor& rev_tables,
+                                     int64_t window, int64_t img_h, int64_t img_w, double scale,
+                                     Stream stream) {
+  const int64_t B = q_in.size(0), H = q_in.size(1), D = q_in.size(3);
+  const int64_t nh = (img_h + window - 1) / window, nw = (img_w + window - 1) / window;
+  TORCH_CHECK(q_in.scalar_type() == at::kBFloat16 || q_in.scalar_type() == at::kHalf,
+              "q: expected bfloat16 or float16 on CUDA, got ", Describe(q_in));
+  const int64_t seq = window * window;
+  TORCH_CHECK(detail::RelPosAttentionSupported(static_cast<int>(D), static_cast<int>(window),
+                                               static_cast<int>(window), static_cast<int>(seq)),
+              "RelPosWindowAttention on CUDA: expected head dim 64 or 80, got D = ", D,
+              ", window ", window);
+  TORCH_CHECK(H <= 65535 && B * nh * nw <= 65535,
+              "RelPosWindowAttention on CUDA: expected heads and windows <= 65535, got ",
+              Describe(q_in), " in ", nh * nw, " windows per image");
+  internal::StreamScope scope(stream, q_in.device());
+  const at::Tensor q = AlignedForKernel(q_in);
+  const at::Tensor k = AlignedForKernel(k_in);
+  const at::Tensor v = AlignedForKernel(v_in);
+  // The pad rows are read with 16-byte copies at h * D: contiguous and aligned.
+  auto pad_row = [&](const at::Tensor& t) {
+    at::Tensor c = t.to(q.scalar_type()).contiguous();
+    if (reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 != 0) c = c.clone();
+    return c;
+  };
+  const at::Tensor pad_k = pad_row(pad_k_in), pad_v = pad_row(pad_v_in);
+  const at::Tensor tables = rev_tables.to(q.scalar_type()).contiguous();
+  at::Tensor out = at::empty({B, img_h * img_w, H, D}, q.options());
+  if (out.numel() == 0) return out;
+
+  detail::RelPosAttentionArgs a;
+  a.q = q.data_ptr();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  for (int d = 0; d < 3; ++d) {
+    a.q_stride[d] = q.stride(d);
+    a.k_stride[d] = k.stride(d);
+    a.v_stride[d] = v.stride(d);
+  }
+  a.rel_tables = tables.data_ptr();
+  a.window = static_cast<int>(window);
+  a.img_h = static_cast<int>(img_h);
+  a.img_w = static_cast<int>(img_w);
+  a.pad_k = pad_k.data_ptr();
+  a.pad_v = pad_v.data_ptr();
+  a.out = out.data_ptr();
+  a.batch = static_cast<int>(B * nh * nw);
+  a.heads = static_cast<int>(H);
+  a.seq = static_cast<int>(seq);
+  a.head_dim = static_cast<int>(D);
+  a.grid_h = a.grid_w = static_cast<int>(window);
+  a.scale = static_cast<float>(scale);
+  const detail::DType dtype = internal::ToDType(q.scalar_type(), "q");
+  internal::CheckLaunch(detail::LaunchRelPosAttention(a, dtype, scope.get()),
+                        detail::RelPosAttentionKernelName(a, dtype));
+  return out;
+}
+#endif
+
+void CheckRevTables(const at::Tensor& q, const at::Tensor& rev_tables, int64_t grid_h,
                     int64_t grid_w) {
   CheckDim(q, "q", 4);
   CheckDim(rev_tables, "rev_tables", 2);
@@ -172,6 +237,57 @@ at::Tensor RelPosAttentionFromTables(const at::Tensor& q, const at::Tensor& k, c
   (void)stream;
   const RelPosTerms t = RelPosTables(q, rev_tables, grid_h, grid_w);
   return RelPosAttentionReference(q, k, v, t.rel_h, t.rel_w, grid_h, grid_w, scale);
+}
+
+at::Tensor RelPosWindowAttentionFromTables(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& pad_k,
+                                           const at::Tensor& pad_v, const at::Tensor& rev_tables,
+                                           int64_t window, int64_t img_h, int64_t img_w,
+                                           double scale, Stream stream) {
+  CheckDim(q, "q", 4);
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3);
+  TORCH_CHECK(window > 0 && img_h > 0 && img_w > 0 && q.size(2) == img_h * img_w,
+              "q: expected [B, heads, img_h * img_w = ", img_h * img_w, ", D] and a window > 0, got ",
+              Describe(q), ", window ", window);
+  for (const auto& [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    TORCH_CHECK(t->sizes() == q.sizes() && t->scalar_type() == q.scalar_type() &&
+                    t->device() == q.device(),
+                name, ": expected q's shape, dtype and device ", Describe(q), ", got ", Describe(*t));
+  }
+  for (const auto& [t, name] : {std::pair{&pad_k, "pad_k"}, std::pair{&pad_v, "pad_v"}}) {
+    TORCH_CHECK(t->numel() == H * D && t->device() == q.device(), name, ": expected ", H * D,
+                " values (heads x D) on ", q.device(), ", got ", Describe(*t));
+  }
+  CheckRevTables(q, rev_tables, window, window);
+#ifdef MASKD_WITH_CUDA
+  if (q.is_cuda())
+    return RelPosWindowAttentionCuda(q, k, v, pad_k, pad_v, rev_tables, window, img_h, img_w,
+                                     scale, stream);
+#endif
+  (void)stream;
+  // SAM's order, spelled out: raster -> zero-padded windows (a padded token's key and value are the
+  // projection's bias), attention per window, windows -> raster with the padding cropped.
+  const int64_t nh = (img_h + window - 1) / window, nw = (img_w + window - 1) / window;
+  const int64_t Hp = nh * window, Wp = nw * window;
+  auto windows = [&](const at::Tensor& t, const at::Tensor& pad) {
+    const at::Tensor x = t.reshape({B, H, img_h, img_w, D}).to(at::kFloat);
+    at::Tensor padded = pad.reshape({1, H, 1, 1, D}).to(at::kFloat).expand({B, H, Hp, Wp, D}).clone();
+    padded.slice(2, 0, img_h).slice(3, 0, img_w).copy_(x);
+    return padded.reshape({B, H, nh, window, nw, window, D})
+        .permute({0, 2, 4, 1, 3, 5, 6})
+        .reshape({B * nh * nw, H, window * window, D});
+  };
+  const at::Tensor qw = windows(q, at::zeros({H * D}, q.options()));
+  const at::Tensor kw = windows(k, pad_k), vw = windows(v, pad_v);
+  const RelPosTerms t = RelPosTables(qw, rev_tables.to(at::kFloat), window, window);
+  const at::Tensor o = RelPosAttentionReference(qw, kw, vw, t.rel_h, t.rel_w, window, window, scale);
+  return o.reshape({B, nh, nw, window, window, H, D})
+      .permute({0, 1, 3, 2, 4, 5, 6})
+      .reshape({B, Hp, Wp, H, D})
+      .slice(1, 0, img_h)
+      .slice(2, 0, img_w)
+      .reshape({B, img_h * img_w, H, D})
+      .to(q.scalar_type());
 }
 
 at::Tensor RelPosAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -239,18 +239,46 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
   const int gw = p.grid_w;
   const int bias_pitch = BiasPitch(gh, gw);
 
-  const T* const qb = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
-  const T* const kb = static_cast<const T*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1];
-  const T* const vb = static_cast<const T*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1];
+  // Token geometry: row r of this sequence is raster token r of batch entry b, or in window mode
+  // token (wy0 + r / ws, wx0 + r % ws) of image `img` (outside the image: SAM's padding).
+  const int ws = p.window;
+  int img = b, wy0 = 0, wx0 = 0;
+  if (ws > 0) {
+    const int nw = (p.img_w + ws - 1) / ws;
+    const int per_image = ((p.img_h + ws - 1) / ws) * nw;
+    img = b / per_image;
+    const int wi = b - img * per_image;
+    wy0 = (wi / nw) * ws;
+    wx0 = (wi % nw) * ws;
+  }
+  // Raster token of row r (r < n), and whether it lies inside the image.
+  auto token_of = [&](int r, bool& inside) -> int64_t {
+    if (ws == 0) {
+      inside = true;
+      return r;
+    }
+    const int y = r / ws;
+    const int py = wy0 + y, px = wx0 + (r - y * ws);
+    inside = py < p.img_h && px < p.img_w;
+    return inside ? static_cast<int64_t>(py) * p.img_w + px : 0;
+  };
+  const int64_t out_tokens = ws > 0 ? static_cast<int64_t>(p.img_h) * p.img_w : n;
+
+  const T* const qb = static_cast<const T*>(p.q) + img * p.q_stride[0] + h * p.q_stride[1];
+  const T* const kb = static_cast<const T*>(p.k) + img * p.k_stride[0] + h * p.k_stride[1];
+  const T* const vb = static_cast<const T*>(p.v) + img * p.v_stride[0] + h * p.v_stride[1];
+  const T* const pad_k = ws > 0 ? static_cast<const T*>(p.pad_k) + h * D : nullptr;
+  const T* const pad_v = ws > 0 ? static_cast<const T*>(p.pad_v) + h * D : nullptr;
 
   // ---- prologue: Q -> stage 1 (group 0), K/V tile 0 -> stage 0 (group 1), bias -> smem ----
   for (int c = tid; c < kRows * Cfg::kChunks; c += kThreads) {
     const int r = c / Cfg::kChunks;
     const int ch = c % Cfg::kChunks;
     const int row = q0 + r;
-    const bool valid = row < n;
-    CpAsync16(SmemAddr(smem_q + r * kStride + ch * 8),
-              qb + static_cast<int64_t>(valid ? row : 0) * p.q_stride[2] + ch * 8, valid);
+    bool inside = false;
+    const int64_t tok = row < n ? token_of(row, inside) : 0;
+    const bool valid = row < n && inside;  // padded queries: zeros, never written out
+    CpAsync16(SmemAddr(smem_q + r * kStride + ch * 8), qb + tok * p.q_stride[2] + ch * 8, valid);
   }
   CpAsyncCommit();
 
@@ -263,11 +291,13 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
       const int ch = c % Cfg::kChunks;
       const int key = j0 + r;
       const bool valid = key < n;
-      const int64_t src_row = valid ? key : 0;
-      CpAsync16(SmemAddr(sk + r * kStride + ch * 8), kb + src_row * p.k_stride[2] + ch * 8,
-                valid);
-      CpAsync16(SmemAddr(sv + r * kStride + ch * 8), vb + src_row * p.v_stride[2] + ch * 8,
-                valid);
+      bool inside = true;
+      const int64_t tok = valid ? token_of(key, inside) : 0;
+      // A padded key is the bias row (SAM's zero token through qkv), not zeros.
+      const T* const ksrc = inside ? kb + tok * p.k_stride[2] : pad_k;
+      const T* const vsrc = inside ? vb + tok * p.v_stride[2] : pad_v;
+      CpAsync16(SmemAddr(sk + r * kStride + ch * 8), ksrc + ch * 8, valid);
+      CpAsync16(SmemAddr(sv + r * kStride + ch * 8), vsrc + ch * 8, valid);
     }
   };
   load_kv(0, 0);
@@ -297,7 +327,9 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
   CpAsyncWait<1>();  // Q has landed (K/V tile 0 may still be in flight)
   __syncthreads();
 
-  const bool warp_active = q0 + warp * 16 < n;  // warp-uniform: all 16 rows past N -> idle
+  // Warp-uniform: all 16 rows past N, or (window mode) all below the image -> idle.
+  const bool warp_active =
+      q0 + warp * 16 < n && (ws == 0 || wy0 + (q0 + warp * 16) / ws < p.img_h);
   uint32_t qf[Cfg::kKSteps][4];
   if (warp_active) {
 #pragma unroll
@@ -475,7 +507,10 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
   for (int r = 0; r < 2; ++r) {
     const int row = q0 + warp * 16 + g + 8 * r;
     if (row >= n) continue;
-    T* const dst = out + ((static_cast<int64_t>(b) * n + row) * p.heads + h) * D + 2 * t;
+    bool inside = false;
+    const int64_t tok = token_of(row, inside);
+    if (!inside) continue;
+    T* const dst = out + ((img * out_tokens + tok) * p.heads + h) * D + 2 * t;
 #pragma unroll
     for (int i = 0; i < Cfg::kOBlocks; ++i) {
       *reinterpret_cast<uint32_t*>(dst + i * 8) =

@@ -33,7 +33,7 @@ using maskd::FastPathOptions;
 using maskd::Precision;
 
 // The last dense row: the server's default fast path (FastPathOptions::Fast()).
-constexpr const char* kLastDenseRow = "+ rel-pos terms in the attention kernel";
+constexpr const char* kLastDenseRow = "+ windows made in the attention kernel";
 
 struct Row {
   std::string name;
@@ -67,6 +67,8 @@ std::vector<Row> Waterfall() {
   f.shared_image_decoder = true;
   rows.push_back({"+ shared-image decoder", Precision::kBFloat16, f});
   f.rel_pos_in_kernel = true;
+  rows.push_back({"+ rel-pos terms in the attention kernel", Precision::kBFloat16, f});
+  f.windows_in_kernel = true;
   rows.push_back({kLastDenseRow, Precision::kBFloat16, f});
   FastPathOptions q = f;
   q.int8 = true;

@@ -35,10 +35,12 @@ Status EngineImpl::PrepareFastPath() {
   // The GELU epilogue is an approximation: never in fp32, which promises the original's arithmetic.
   const bool gelu = cuda && f.fuse_encoder_ops && f.gelu_epilogue && options_.precision != Precision::kFloat32;
   const bool rel_in_kernel = cuda && f.fuse_encoder_ops && f.rel_pos_in_kernel && attn == AttentionImpl::kFused;
-  sam_->image_encoder->SetFusion(cuda && f.fuse_encoder_ops, gelu, rel_in_kernel);
+  const bool windows_in_kernel = rel_in_kernel && f.windows_in_kernel;
+  sam_->image_encoder->SetFusion(cuda && f.fuse_encoder_ops, gelu, rel_in_kernel, windows_in_kernel);
   if (cuda && f.fuse_encoder_ops) optimisations_.push_back("fused-encoder-ops");
   if (gelu) optimisations_.push_back("gelu-epilogue");
   if (rel_in_kernel) optimisations_.push_back("rel-pos-in-kernel");
+  if (windows_in_kernel) optimisations_.push_back("windows-in-kernel");
   for (auto& b : sam_->image_encoder->block_list) b->attn->fold_pad_v = !cuda;
   if (attn != AttentionImpl::kMath) optimisations_.push_back(AttentionImplName(attn));
   if (cuda && options_.precision != Precision::kFloat32) {

@@ -203,6 +203,20 @@ at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
   return flat_linear ? FlatLinear(proj, proj_fast, o) : LinearForward(proj, proj_fast, o);
 }
 
+at::Tensor RelPosAttentionImpl::ForwardRasterWindows(const at::Tensor& x) {
+  const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
+  TORCH_CHECK(impl == AttentionImpl::kFused, "raster windows need the fused attention");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const at::Tensor qkv_out =
+      FlatLinear(qkv, qkv_fast, x).reshape({B, H * W, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
+  // SAM pads the normalised tokens with zeros before qkv: a padded key/value is the bias.
+  const at::Tensor bias = qkv->bias.defined() ? qkv->bias : at::zeros({3 * C}, x.options());
+  const at::Tensor out = kernels::RelPosWindowAttentionFromTables(
+      qkv_out[0], qkv_out[1], qkv_out[2], bias.narrow(0, C, C), bias.narrow(0, 2 * C, C), rev_tables_, grid,
+      H, W, scale);
+  return FlatLinear(proj, proj_fast, out.reshape({B, H, W, C}));
+}
+
 EncoderBlockImpl::EncoderBlockImpl(const SamConfig& c, int64_t window) : window_size(window) {
   norm1 = register_module(
       "norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embed_dim}).eps(1e-6)));
@@ -231,10 +245,12 @@ at::Tensor EncoderBlockImpl::forward(const at::Tensor& x0) {
 at::Tensor EncoderBlockImpl::ForwardFused(at::Tensor& x, const at::Tensor& pending, bool gelu_epilogue) {
   // norm1 (+ the previous block's residual) written straight into the window layout, attention,
   // then the un-partitioned attention output added to the residual stream together with norm2.
+  // With raster_windows the tokens stay raster and the attention kernel makes the windows.
+  const int64_t layout_window = raster_windows ? 0 : window_size;
   const at::Tensor xn = kernels::AddLayerNorm(x, pending, 0, norm1->weight, norm1->bias,
-                                              norm1->options.eps(), window_size);
-  const at::Tensor a = attn->forward(xn).contiguous();
-  const at::Tensor xn2 = kernels::AddLayerNorm(x, a, window_size, norm2->weight, norm2->bias,
+                                              norm1->options.eps(), layout_window);
+  const at::Tensor a = (raster_windows ? attn->ForwardRasterWindows(xn) : attn->forward(xn)).contiguous();
+  const at::Tensor xn2 = kernels::AddLayerNorm(x, a, layout_window, norm2->weight, norm2->bias,
                                                norm2->options.eps(), 0);
   return mlp->ForwardFused(xn2, gelu_epilogue);
 }
@@ -267,12 +283,14 @@ void ImageEncoderViTImpl::Prepare() {
   for (auto& b : block_list) b->attn->Prepare();
 }
 
-void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu, bool rel_pos_in_kernel) {
+void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu, bool rel_pos_in_kernel, bool windows_in_kernel) {
   fused_ops = fused;
   gelu_epilogue = fused && gelu;
   for (auto& b : block_list) {
     b->attn->rel_pos_gemm = fused;
     b->attn->rel_pos_in_kernel = fused && rel_pos_in_kernel;
+    b->raster_windows = fused && rel_pos_in_kernel && windows_in_kernel && b->window_size > 0 &&
+                        b->attn->impl == AttentionImpl::kFused;
     b->attn->flat_linear = fused;
   }
 }

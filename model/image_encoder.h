@@ -54,6 +54,10 @@ struct RelPosAttentionImpl : torch::nn::Module {
   RelPosAttentionImpl(int64_t dim, int64_t num_heads, int64_t grid);
   // [B, grid, grid, dim] -> same
   at::Tensor forward(const at::Tensor& x);
+  // A windowed block (grid = window) on the raster [B, H, W, dim] tokens, -> same: qkv and proj on
+  // the H x W tokens only, the windows (SAM's zero padding included) made in the fused kernel's
+  // indexing (kernels::RelPosWindowAttentionFromTables). Needs impl kFused.
+  at::Tensor ForwardRasterWindows(const at::Tensor& x);
   // Derives the tables the fast paths need (R_h/R_w lookups, one-hot key indicators) for the
   // current dtype/device; call after loading weights and after every .to().
   void Prepare();
@@ -98,6 +102,9 @@ struct EncoderBlockImpl : torch::nn::Module {
   RelPosAttention attn{nullptr};
   MlpBlock mlp{nullptr};
   int64_t window_size;  // 0 = global attention
+  // Fused path, windowed block: attention on the raster tokens (RelPosAttentionImpl::
+  // ForwardRasterWindows) instead of on AddLayerNorm's padded window layout.
+  bool raster_windows = false;
 };
 TORCH_MODULE(EncoderBlock);
 
@@ -110,7 +117,8 @@ struct ImageEncoderViTImpl : torch::nn::Module {
   // The fused block path (EncoderBlockImpl::ForwardFused, rel-pos terms as one matmul) and, on top
   // of it, fc1's GELU in the GEMM epilogue. Numerically the unfused arithmetic except the GELU
   // epilogue (tanh approximation).
-  void SetFusion(bool fused_ops, bool gelu_epilogue, bool rel_pos_in_kernel = false);
+  void SetFusion(bool fused_ops, bool gelu_epilogue, bool rel_pos_in_kernel = false,
+                 bool windows_in_kernel = false);
   bool fused_ops = false;
   bool gelu_epilogue = false;
 

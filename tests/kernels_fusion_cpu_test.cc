@@ -135,6 +135,36 @@ TEST(kernels_fusion_cpu, RelPosTablesEqualTheGatheredEinsums) {
   EXPECT_THROW(mk::RelPosAttentionFromTables(q, q, q, Randn({12, 8}, 24), 4, 4, 1.0), c10::Error);
 }
 
+// SAM's windowed block, both ways: zero-padded windows of the normalised tokens through qkv, then
+// attention per window and the unpartition (the original), against qkv on the raster tokens and
+// RelPosWindowAttentionFromTables (a padded key/value is the bias). Image sizes that do and do not
+// divide into windows.
+TEST(kernels_fusion_cpu, WindowAttentionFromRasterTokensEqualsPaddedWindows) {
+  for (auto [H, W] : std::vector<std::pair<int64_t, int64_t>>{{8, 8}, {10, 9}, {3, 7}}) {
+    const int64_t B = 2, heads = 2, D = 8, C = heads * D, ws = 4;
+    const at::Tensor x = Randn({B, H, W, C}, 60);
+    const at::Tensor w = Randn({3 * C, C}, 61) * 0.3, bias = Randn({3 * C}, 62);
+    const at::Tensor th = Randn({2 * ws - 1, D}, 63), tw = Randn({2 * ws - 1, D}, 64);
+    const at::Tensor rev = mk::ReversedRelPosTables(Gathered(th, ws), Gathered(tw, ws));
+    const double scale = 0.35;
+    // The original: pad + partition, qkv, attention, unpartition + crop.
+    const at::Tensor xw = mk::WindowPartition(x, ws);
+    const int64_t Bw = xw.size(0);
+    const at::Tensor pw = at::linear(xw, w, bias).reshape({Bw, ws * ws, 3, heads, D}).permute({2, 0, 3, 1, 4});
+    const at::Tensor ow = mk::RelPosAttentionFromTables(pw[0], pw[1], pw[2], rev, ws, ws, scale);
+    const at::Tensor want = mk::WindowUnpartition(ow.reshape({Bw, ws, ws, C}), ws, B, H, W);
+    // Raster tokens.
+    const at::Tensor pr = at::linear(x, w, bias).reshape({B, H * W, 3, heads, D}).permute({2, 0, 3, 1, 4});
+    const at::Tensor got = mk::RelPosWindowAttentionFromTables(pr[0], pr[1], pr[2], bias.narrow(0, C, C),
+                                                               bias.narrow(0, 2 * C, C), rev, ws, H, W, scale);
+    ASSERT_EQ(got.sizes(), (std::vector<int64_t>{B, H * W, heads, D}));
+    EXPECT_LT(MaxAbs(got.reshape({B, H, W, C}), want), 1e-4) << H << "x" << W;
+  }
+  // Bad geometry is refused: q's token count must be img_h * img_w.
+  const at::Tensor q = Randn({1, 2, 12, 8}, 65), pad = Randn({16}, 66);
+  EXPECT_THROW(mk::RelPosWindowAttentionFromTables(q, q, q, pad, pad, Randn({14, 8}, 67), 4, 4, 4, 1.0), c10::Error);
+}
+
 TEST(kernels_fusion_cpu, RowNormIsLayerNormThenGeluOnTheCpu) {
   const at::Tensor x = Randn({6, 64}, 50) * 3 + 1, w = Randn({64}, 51), b = Randn({64}, 52);
   const at::Tensor mean = x.mean(-1, true), var = x.var(-1, false, true);

@@ -199,6 +199,56 @@ TEST(kernels_fusion_gpu, RelPosAttentionMakesTheTermsInTheKernel) {
   EXPECT_THROW(mk::RelPosAttentionFromTables(q, q, q, Randn({13, 64}, 2, at::kBFloat16), 4, 4, 1.0), c10::Error);
 }
 
+// The windows made in the kernel from raster tokens against the padded-window path the fused encoder
+// ran before (WindowPartition of the tokens, qkv on the padded grid, the kernel per window,
+// WindowUnpartition), and against the fp32 reference: SAM's 64 x 64 grid in 14 x 14 windows with
+// both head dims, and an image that is not square.
+TEST(kernels_fusion_gpu, WindowAttentionFromRasterTokensEqualsPaddedWindows) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t B, heads, D, H, W;
+  };
+  uint64_t seed = 900;
+  for (const Case& c : std::vector<Case>{{2, 12, 64, 64, 64}, {2, 16, 80, 64, 64}, {3, 2, 64, 20, 30}}) {
+    SCOPED_TRACE(std::to_string(c.B) + "x" + std::to_string(c.heads) + " D " + std::to_string(c.D) + " image " +
+                 std::to_string(c.H) + "x" + std::to_string(c.W));
+    const int64_t ws = 14, C = c.heads * c.D;
+    const at::ScalarType t = at::kBFloat16;
+    const at::Tensor x = Randn({c.B, c.H, c.W, C}, ++seed, t);
+    const at::Tensor w = Randn({3 * C, C}, ++seed, t, 1.0 / std::sqrt(static_cast<double>(C)));
+    const at::Tensor bias = Randn({3 * C}, ++seed, t, 0.5);
+    const at::Tensor r = at::arange(ws, at::TensorOptions().dtype(at::kLong).device(kCuda));
+    const at::Tensor idx = r.unsqueeze(1) - r.unsqueeze(0) + (ws - 1);
+    const at::Tensor rev = mk::ReversedRelPosTables(Randn({2 * ws - 1, c.D}, ++seed, t, 0.3).index({idx}),
+                                                    Randn({2 * ws - 1, c.D}, ++seed, t, 0.3).index({idx}));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    const at::Tensor xw = mk::WindowPartition(x, ws);
+    const int64_t Bw = xw.size(0);
+    const at::Tensor pw = at::linear(xw, w, bias).reshape({Bw, ws * ws, 3, c.heads, c.D}).permute({2, 0, 3, 1, 4});
+    const at::Tensor padded = mk::WindowUnpartition(
+        mk::RelPosAttentionFromTables(pw[0], pw[1], pw[2], rev, ws, ws, scale).reshape({Bw, ws, ws, C}), ws, c.B,
+        c.H, c.W);
+    const at::Tensor pr = at::linear(x, w, bias).reshape({c.B, c.H * c.W, 3, c.heads, c.D}).permute({2, 0, 3, 1, 4});
+    Poison(pr.numel() * 2 + (1 << 20));
+    const at::Tensor got = mk::RelPosWindowAttentionFromTables(pr[0], pr[1], pr[2], bias.narrow(0, C, C),
+                                                               bias.narrow(0, 2 * C, C), rev, ws, c.H, c.W, scale);
+    const at::Tensor got4 = got.reshape({c.B, c.H, c.W, C});
+    // Only the GEMM's accumulation order differs (the raster and padded qkv are different GEMM shapes).
+    const Err same = Compare(got4, padded);
+    EXPECT_TRUE(same.finite);
+    EXPECT_LE(same.rel_l2, 4e-3);
+    // And the fp32 reference of the raster entry point (the padded windows spelled out on fp32 copies).
+    const at::Tensor ref = mk::RelPosWindowAttentionFromTables(
+        pr[0].cpu().to(at::kFloat), pr[1].cpu().to(at::kFloat), pr[2].cpu().to(at::kFloat),
+        bias.narrow(0, C, C).cpu().to(at::kFloat), bias.narrow(0, 2 * C, C).cpu().to(at::kFloat),
+        rev.cpu().to(at::kFloat), ws, c.H, c.W, scale);
+    const Err e = Compare(got, ref.to(kCuda));
+    EXPECT_TRUE(e.finite);
+    EXPECT_LE(e.rel_l2, 1.5e-2);
+    EXPECT_LE(e.max_abs, 4e-2);
+  }
+}
+
 // The decoder's row LayerNorm (+ GELU) against LayerNorm then GELU in fp32 on the same inputs (the
 // kernel applies GELU before its one rounding, the reference rounds twice: compared with fp32 math).
 TEST(kernels_fusion_gpu, RowNormMatchesLayerNormAndGelu) {

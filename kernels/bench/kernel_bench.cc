@@ -195,7 +195,9 @@ void BenchAttention() {
         // What the encoder runs: the terms from the reversed tables, as a matmul + skewed views
         // (RelPosTables; copies q) or inside the kernel (RelPosAttentionFromTables).
         const at::Tensor rev = at::randn({(2 * gh - 1) + (2 * gw - 1), D}, opt) * 0.3;
-        const mk::RelPosTerms ts = mk::RelPosTables(q.narrow(0, 0, s), rev, gh, gw);
+        // fp32 terms: the kernel keeps them in fp32, RelPosTables rounds them to bf16.
+        const mk::RelPosTerms ts =
+            mk::RelPosTables(q.narrow(0, 0, s).to(at::kFloat), rev.to(at::kFloat), gh, gw);
         const at::Tensor ref_t = mk::RelPosAttentionReference(
             q.narrow(0, 0, s), k.narrow(0, 0, s), v.narrow(0, 0, s), ts.rel_h.to(at::kFloat),
             ts.rel_w.to(at::kFloat), gh, gw, scale);

@@ -12,6 +12,7 @@ FastPathOptions FastPathOptions::Fast() {
   f.gelu_epilogue = true;
   f.shared_image_decoder = true;
   f.rel_pos_in_kernel = true;
+  f.windows_in_kernel = true;
   return f;
 }
 

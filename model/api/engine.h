@@ -69,6 +69,10 @@ struct FastPathOptions {
   // contiguous copy of q per block. Same arithmetic in fp32 (the terms are no longer rounded to
   // bf16 before the softmax). CUDA only.
   bool rel_pos_in_kernel = false;
+  // With rel_pos_in_kernel: windowed blocks keep their tokens raster and the attention kernel makes
+  // the windows (SAM's zero padding: a padded key/value is qkv's bias), so qkv and proj run on the
+  // image's tokens only (vit_b/h: 4096 instead of 4900 per image). CUDA only.
+  bool windows_in_kernel = false;
 
   // Everything that helps on CUDA: fused attention, graphs, GPU pre/post-processing (not int8 or
   // 2:4 sparsity, which trade accuracy for speed and are opt-in).
