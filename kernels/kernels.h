@@ -87,6 +87,9 @@ at::Tensor RelPosWindowAttentionFromTables(const at::Tensor& q, const at::Tensor
                                            const at::Tensor& pad_v, const at::Tensor& rev_tables,
                                            int64_t window, int64_t img_h, int64_t img_w,
                                            double scale, Stream stream = nullptr);
+// Whether the CUDA kernel has window mode for this window and head dim (SAM's 14; D 64 or 80).
+// The CPU fallback takes any.
+bool RelPosWindowAttentionSupported(int64_t window, int64_t head_dim);
 
 // ---------------------------------------------------------------------------------------------------
 // The element-wise work between the encoder's matrix products, fused: residual add, LayerNorm and

@@ -15,6 +15,8 @@ enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 // ---------------------------------------------------------------------------------------------------
 // Fused attention with decomposed relative-position bias (rel_pos_attention.cu).
+// SAM's window (every vit_b/l/h checkpoint): the one size window mode is compiled for.
+constexpr int kRelPosWindowModeSize = 14;
 struct RelPosAttentionArgs {
   // [B, H, N, D], last dimension contiguous; strides in elements for (b, h, n). Base pointers and
   // strides must be 16-byte aligned (the loads are 16-byte cp.async).
@@ -44,6 +46,7 @@ struct RelPosAttentionArgs {
   // the bias: its key/value rows come from pad_k / pad_v ([heads * D], q's dtype, 16-byte aligned);
   // padded queries are neither computed nor written. out is the raster [images, img_h * img_w,
   // heads, D].
+  // Only window == kRelPosWindowModeSize is compiled.
   int window = 0, img_h = 0, img_w = 0;
   const void* pad_k = nullptr;
   const void* pad_v = nullptr;

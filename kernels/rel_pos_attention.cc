@@ -153,6 +153,9 @@ at::Tensor RelPosWindowAttentionCuda(const at::Tensor& q_in, const at::Tensor& k
   TORCH_CHECK(q_in.scalar_type() == at::kBFloat16 || q_in.scalar_type() == at::kHalf,
               "q: expected bfloat16 or float16 on CUDA, got ", Describe(q_in));
   const int64_t seq = window * window;
+  TORCH_CHECK(window == detail::kRelPosWindowModeSize, "RelPosWindowAttention on CUDA: window ",
+              window, " is not compiled (expected SAM's ", detail::kRelPosWindowModeSize,
+              "; RelPosWindowAttentionSupported says which are)");
   TORCH_CHECK(detail::RelPosAttentionSupported(static_cast<int>(D), static_cast<int>(window),
                                                static_cast<int>(window), static_cast<int>(seq)),
               "RelPosWindowAttention on CUDA: expected head dim 64 or 80, got D = ", D,
@@ -237,6 +240,10 @@ at::Tensor RelPosAttentionFromTables(const at::Tensor& q, const at::Tensor& k, c
   (void)stream;
   const RelPosTerms t = RelPosTables(q, rev_tables, grid_h, grid_w);
   return RelPosAttentionReference(q, k, v, t.rel_h, t.rel_w, grid_h, grid_w, scale);
+}
+
+bool RelPosWindowAttentionSupported(int64_t window, int64_t head_dim) {
+  return window == detail::kRelPosWindowModeSize && (head_dim == 64 || head_dim == 80);
 }
 
 at::Tensor RelPosWindowAttentionFromTables(const at::Tensor& q, const at::Tensor& k,

@@ -29,6 +29,7 @@ namespace maskd::kernels::detail {
 namespace {
 
 constexpr int kKeysPerTile = 64;
+constexpr int kWindowModeSize = kRelPosWindowModeSize;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -__builtin_huge_valf();
 
@@ -209,7 +210,10 @@ __device__ __forceinline__ void WarpBiasFromTables(const RelPosAttentionArgs& p,
 
 // ---- the kernel -----------------------------------------------------------------------------------
 
-template <typename T, int D, int kWarps, bool kAligned>
+// kWindow: 0, or the window size of window mode (RelPosAttentionArgs::window; SAM's 14, a
+// compile-time constant so that the token arithmetic is multiplies, and so that the other
+// configurations keep their registers).
+template <typename T, int D, int kWarps, bool kAligned, int kWindow>
 __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
     RelPosAttentionKernel(const RelPosAttentionArgs p) {
   using Cfg = HeadDim<D>;
@@ -241,9 +245,9 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
 
   // Token geometry: row r of this sequence is raster token r of batch entry b, or in window mode
   // token (wy0 + r / ws, wx0 + r % ws) of image `img` (outside the image: SAM's padding).
-  const int ws = p.window;
+  constexpr int ws = kWindow;
   int img = b, wy0 = 0, wx0 = 0;
-  if (ws > 0) {
+  if constexpr (ws > 0) {
     const int nw = (p.img_w + ws - 1) / ws;
     const int per_image = ((p.img_h + ws - 1) / ws) * nw;
     img = b / per_image;
@@ -253,22 +257,21 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
   }
   // Raster token of row r (r < n), and whether it lies inside the image.
   auto token_of = [&](int r, bool& inside) -> int64_t {
-    if (ws == 0) {
+    if constexpr (ws == 0) {
       inside = true;
       return r;
+    } else {
+      const int y = r / ws;
+      const int py = wy0 + y, px = wx0 + (r - y * ws);
+      inside = py < p.img_h && px < p.img_w;
+      return inside ? static_cast<int64_t>(py) * p.img_w + px : 0;
     }
-    const int y = r / ws;
-    const int py = wy0 + y, px = wx0 + (r - y * ws);
-    inside = py < p.img_h && px < p.img_w;
-    return inside ? static_cast<int64_t>(py) * p.img_w + px : 0;
   };
   const int64_t out_tokens = ws > 0 ? static_cast<int64_t>(p.img_h) * p.img_w : n;
 
   const T* const qb = static_cast<const T*>(p.q) + img * p.q_stride[0] + h * p.q_stride[1];
   const T* const kb = static_cast<const T*>(p.k) + img * p.k_stride[0] + h * p.k_stride[1];
   const T* const vb = static_cast<const T*>(p.v) + img * p.v_stride[0] + h * p.v_stride[1];
-  const T* const pad_k = ws > 0 ? static_cast<const T*>(p.pad_k) + h * D : nullptr;
-  const T* const pad_v = ws > 0 ? static_cast<const T*>(p.pad_v) + h * D : nullptr;
 
   // ---- prologue: Q -> stage 1 (group 0), K/V tile 0 -> stage 0 (group 1), bias -> smem ----
   for (int c = tid; c < kRows * Cfg::kChunks; c += kThreads) {
@@ -293,9 +296,10 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
       const bool valid = key < n;
       bool inside = true;
       const int64_t tok = valid ? token_of(key, inside) : 0;
-      // A padded key is the bias row (SAM's zero token through qkv), not zeros.
-      const T* const ksrc = inside ? kb + tok * p.k_stride[2] : pad_k;
-      const T* const vsrc = inside ? vb + tok * p.v_stride[2] : pad_v;
+      // A padded key is the bias row (SAM's zero token through qkv), not zeros. The pad pointers
+      // come from the kernel parameters at each use: no registers held across the key loop.
+      const T* const ksrc = inside ? kb + tok * p.k_stride[2] : static_cast<const T*>(p.pad_k) + h * D;
+      const T* const vsrc = inside ? vb + tok * p.v_stride[2] : static_cast<const T*>(p.pad_v) + h * D;
       CpAsync16(SmemAddr(sk + r * kStride + ch * 8), ksrc + ch * 8, valid);
       CpAsync16(SmemAddr(sv + r * kStride + ch * 8), vsrc + ch * 8, valid);
     }
@@ -537,9 +541,9 @@ inline int WarpsFor(int seq) { return seq >= 1024 ? 8 : WindowWarps(); }
 constexpr int kMaxSmemPerBlock = 227 * 1024;
 constexpr int kMaxDevices = 64;
 
-template <typename T, int D, int kWarps, bool kAligned>
+template <typename T, int D, int kWarps, bool kAligned, int kWindow = 0>
 cudaError_t LaunchKernel(const RelPosAttentionArgs& p, int smem, cudaStream_t stream) {
-  auto kernel = RelPosAttentionKernel<T, D, kWarps, kAligned>;
+  auto kernel = RelPosAttentionKernel<T, D, kWarps, kAligned, kWindow>;
   if (smem > 48 * 1024) {
     // The opt-in limit is raised once per (kernel, device), to the most a block may have: it is
     // only a ceiling (occupancy follows each launch's own size), so racing callers agree, and
@@ -563,6 +567,11 @@ cudaError_t LaunchKernel(const RelPosAttentionArgs& p, int smem, cudaStream_t st
 template <typename T, int D, int kWarps>
 cudaError_t Launch(const RelPosAttentionArgs& p, cudaStream_t stream) {
   const int smem = SmemBytes<D, kWarps>(p.grid_h, p.grid_w);
+  if (p.window > 0) {
+    // Window mode is compiled for SAM's window only (kRelPosWindowModeSize).
+    if (p.window != kWindowModeSize || p.rel_tables == nullptr) return cudaErrorInvalidValue;
+    return LaunchKernel<T, D, kWarps, false, kWindowModeSize>(p, smem, stream);
+  }
   return p.grid_w % kKeysPerTile == 0 ? LaunchKernel<T, D, kWarps, true>(p, smem, stream)
                                       : LaunchKernel<T, D, kWarps, false>(p, smem, stream);
 }

@@ -290,7 +290,8 @@ void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu, bool rel_pos_in_kerne
     b->attn->rel_pos_gemm = fused;
     b->attn->rel_pos_in_kernel = fused && rel_pos_in_kernel;
     b->raster_windows = fused && rel_pos_in_kernel && windows_in_kernel && b->window_size > 0 &&
-                        b->attn->impl == AttentionImpl::kFused;
+                        b->attn->impl == AttentionImpl::kFused &&
+                        kernels::RelPosWindowAttentionSupported(b->window_size, b->attn->head_dim);
     b->attn->flat_linear = fused;
   }
 }
