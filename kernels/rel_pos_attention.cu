@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/launchers.h"
 
@@ -214,7 +215,7 @@ __device__ __forceinline__ void WarpBiasFromTables(const RelPosAttentionArgs& p,
 // compile-time constant so that the token arithmetic is multiplies, and so that the other
 // configurations keep their registers).
 template <typename T, int D, int kWarps, bool kAligned, int kWindow>
-__global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
+__global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
     RelPosAttentionKernel(const RelPosAttentionArgs p) {
   using Cfg = HeadDim<D>;
   constexpr int kThreads = kWarps * 32;
@@ -527,12 +528,14 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps == 8 ? 2 : 4))
 
 // Large sequences (global attention) get 8 warps (128 query rows: half the K/V smem traffic per
 // row); short ones (14x14 windows) 4 warps, which wastes fewer rows on the partial last tile.
-// MASKD_RELPOS_WINDOW_WARPS=8 runs the short (windowed) sequences with 8 warps too: a benchmarking
-// knob (the choice is measured, see BENCHMARKS.md), read once per process.
+// MASKD_RELPOS_WINDOW_WARPS=7 or 8 runs the short (windowed) sequences with 7 warps (112 rows: a
+// 196-token window in two CTAs instead of four, the second without a 4-row straggler CTA) or 8: a
+// benchmarking knob (the choice is measured, see BENCHMARKS.md), read once per process.
 inline int WindowWarps() {
   static const int warps = [] {
     const char* e = std::getenv("MASKD_RELPOS_WINDOW_WARPS");
-    return e != nullptr && std::atoi(e) == 8 ? 8 : 4;
+    const int w = e != nullptr ? std::atoi(e) : 0;
+    return w == 7 || w == 8 ? w : 4;
   }();
   return warps;
 }
@@ -578,7 +581,14 @@ cudaError_t Launch(const RelPosAttentionArgs& p, cudaStream_t stream) {
 
 template <typename T, int D>
 cudaError_t LaunchForDim(const RelPosAttentionArgs& p, cudaStream_t stream) {
-  return WarpsFor(p.seq) == 8 ? Launch<T, D, 8>(p, stream) : Launch<T, D, 4>(p, stream);
+  switch (WarpsFor(p.seq)) {
+    case 8:
+      return Launch<T, D, 8>(p, stream);
+    case 7:
+      return Launch<T, D, 7>(p, stream);
+    default:
+      return Launch<T, D, 4>(p, stream);
+  }
 }
 
 template <typename T>
@@ -599,22 +609,26 @@ bool RelPosAttentionSupported(int head_dim, int grid_h, int grid_w, int seq) {
   if (head_dim != 64 && head_dim != 80) return false;
   if (grid_h <= 0 || grid_w <= 0 || seq != grid_h * grid_w || seq >= (1 << 21)) return false;
   const int warps = WarpsFor(seq);
-  const int smem = head_dim == 64 ? (warps == 8 ? SmemBytes<64, 8>(grid_h, grid_w)
-                                                : SmemBytes<64, 4>(grid_h, grid_w))
-                                  : (warps == 8 ? SmemBytes<80, 8>(grid_h, grid_w)
-                                                : SmemBytes<80, 4>(grid_h, grid_w));
+  auto bytes = [&](auto dim) {
+    constexpr int kD = decltype(dim)::value;
+    return warps == 8 ? SmemBytes<kD, 8>(grid_h, grid_w)
+                      : warps == 7 ? SmemBytes<kD, 7>(grid_h, grid_w) : SmemBytes<kD, 4>(grid_h, grid_w);
+  };
+  const int smem = head_dim == 64 ? bytes(std::integral_constant<int, 64>{})
+                                  : bytes(std::integral_constant<int, 80>{});
   return smem <= kMaxSmemPerBlock;
 }
 
 const char* RelPosAttentionKernelName(const RelPosAttentionArgs& p, DType dtype) {
   const bool bf16 = dtype == DType::kBFloat16;
-  const bool wide = WarpsFor(p.seq) == 8;
-  if (p.head_dim == 64) {
-    if (bf16) return wide ? "RelPosAttentionKernel<bf16,64,8>" : "RelPosAttentionKernel<bf16,64,4>";
-    return wide ? "RelPosAttentionKernel<fp16,64,8>" : "RelPosAttentionKernel<fp16,64,4>";
-  }
-  if (bf16) return wide ? "RelPosAttentionKernel<bf16,80,8>" : "RelPosAttentionKernel<bf16,80,4>";
-  return wide ? "RelPosAttentionKernel<fp16,80,8>" : "RelPosAttentionKernel<fp16,80,4>";
+  // [dtype][head dim][warps 4 / 7 / 8]
+  static const char* const kNames[2][2][3] = {
+      {{"RelPosAttentionKernel<fp16,64,4>", "RelPosAttentionKernel<fp16,64,7>", "RelPosAttentionKernel<fp16,64,8>"},
+       {"RelPosAttentionKernel<fp16,80,4>", "RelPosAttentionKernel<fp16,80,7>", "RelPosAttentionKernel<fp16,80,8>"}},
+      {{"RelPosAttentionKernel<bf16,64,4>", "RelPosAttentionKernel<bf16,64,7>", "RelPosAttentionKernel<bf16,64,8>"},
+       {"RelPosAttentionKernel<bf16,80,4>", "RelPosAttentionKernel<bf16,80,7>", "RelPosAttentionKernel<bf16,80,8>"}}};
+  const int w = WarpsFor(p.seq);
+  return kNames[bf16 ? 1 : 0][p.head_dim == 64 ? 0 : 1][w == 8 ? 2 : w == 7 ? 1 : 0];
 }
 
 cudaError_t LaunchRelPosAttention(const RelPosAttentionArgs& p, DType dtype,

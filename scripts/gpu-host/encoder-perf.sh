@@ -6,7 +6,8 @@
 #
 # Carried (ignored) paths: .gpu-debs, .carry/golden/tiny (../shared/golden/tiny-one), .carry/anchors.
 #   scripts/gpu-host/encoder-perf.sh
-# Environment: STEPS (default "build tests golden bench anchors"; also "kbench", "warps"), MASKBENCH_ROWS (row
+# Environment: STEPS (default "build tests golden bench anchors"; also "kbench" (KBENCH_WARPS),
+# "warps" (WARPS_LIST, WARPS_ROWS)), MASKBENCH_ROWS (row
 # name substrings, comma-separated), MASKBENCH_BATCHES (1,8,32), PROFILE_ROWS (rows to profile; none
 # by default), MASKBENCH_ARGS (more flags), ANCHORS_SET (quick|all|amg|none).
 set -uo pipefail
@@ -59,7 +60,7 @@ if has kbench; then
   # The fused attention kernel's variants at batch 32 (terms read / via RelPosTables / in the
   # kernel), with 4 and 8 warps per CTA for the windowed blocks.
   step "maskd_kernel_bench attention --fused-only"
-  for w in 4 8; do
+  for w in ${KBENCH_WARPS:-4 8}; do
     echo "--- MASKD_RELPOS_WINDOW_WARPS=$w"
     MASKD_RELPOS_WINDOW_WARPS=$w timeout 120 "$build/kernels/maskd_kernel_bench" attention --fused-only
     echo "rc=$?"
@@ -87,10 +88,14 @@ if has anchors && [ "${ANCHORS_SET:-quick}" != none ]; then
 fi
 
 if has warps; then
-  step "maskbench: windowed attention with 8 warps per CTA (MASKD_RELPOS_WINDOW_WARPS=8)"
-  MASKD_RELPOS_WINDOW_WARPS=8 timeout 200 "$build/load_tests/maskbench" --arch vit_b,vit_h --batch 32 --fp32-batch 1 \
-    --rows "GELU" --no-latency --json "$out/misc/maskbench-warps8.json" > "$out/maskbench-warps8.log" 2>&1
-  echo "rc=$?"; cat "$out/maskbench-warps8.log"
+  # maskbench with each MASKD_RELPOS_WINDOW_WARPS of WARPS_LIST (default "4 8") for the windowed
+  # blocks, on WARPS_ROWS (default: the default fast path's row), batch 32, encoder throughput only.
+  for w in ${WARPS_LIST:-4 8}; do
+    step "maskbench: windowed attention with $w warps per CTA (MASKD_RELPOS_WINDOW_WARPS=$w)"
+    MASKD_RELPOS_WINDOW_WARPS=$w timeout 200 "$build/load_tests/maskbench" --arch vit_b,vit_h --batch 32 --fp32-batch 1 \
+      --rows "${WARPS_ROWS:-windows made}" --no-latency --json "$out/misc/maskbench-warps$w.json" > "$out/maskbench-warps$w.log" 2>&1
+    echo "rc=$?"; grep -E "^vit" "$out/maskbench-warps$w.log"
+  done
 fi
 
 tar -C "$out" -czf "$out/misc.tar.gz" misc && rm -rf "$out/misc"
