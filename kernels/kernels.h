@@ -225,4 +225,30 @@ at::Tensor Int8Linear(const QuantizedActivations& x, const QuantizedWeight& w,
 at::Tensor Int8LinearReference(const QuantizedActivations& x, const QuantizedWeight& w,
                                const at::Tensor& bias, at::ScalarType out_dtype);
 
+// ---------------------------------------------------------------------------------------------------
+// fp8 (e4m3) linear layers with row-wise scales: Hopper's fp8 tensor cores through at::_scaled_mm
+// (CUTLASS's f8f8bf16 row-wise kernel: fp32 accumulation, scales and bf16 bias in the epilogue).
+//
+// Weights are quantised once per output channel, activations per row at each call:
+// q = clamp(round_e4m3(v / s), +-448), s = max|row| / 448 (the smallest normal scale where a row is
+// all zero). e4m3 keeps 3 mantissa bits: each value within 2^-4 relative, so the product's error
+// is that of the inputs' rounding, not of the accumulation.
+struct Fp8Rows {
+  at::Tensor values;  // float8_e4m3fn [M, K]
+  at::Tensor scales;  // float32 [M, 1]
+};
+Fp8Rows QuantizeRowsFp8(const at::Tensor& x);  // x [M, K], any float dtype and device
+struct Fp8Weight {
+  at::Tensor values;  // float8_e4m3fn [N, K] (row-major: .t() is the column-major B operand)
+  at::Tensor scales;  // float32 [1, N]
+};
+Fp8Weight QuantizeWeightFp8(const at::Tensor& w);  // w [N, K]
+// y [M, N] = (xq * x_scales) @ (wq * w_scales)^T + bias. CUDA (sm_90): at::_scaled_mm, bf16 out
+// only (the row-wise kernel writes bf16); K and N multiples of 16. Elsewhere: the reference.
+at::Tensor Fp8Linear(const Fp8Rows& x, const Fp8Weight& w, const at::Tensor& bias,
+                     at::ScalarType out_dtype);
+// The same in fp32 on the dequantised values, any device.
+at::Tensor Fp8LinearReference(const Fp8Rows& x, const Fp8Weight& w, const at::Tensor& bias,
+                              at::ScalarType out_dtype);
+
 }  // namespace maskd::kernels

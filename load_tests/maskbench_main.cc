@@ -73,6 +73,9 @@ std::vector<Row> Waterfall() {
   FastPathOptions q = f;
   q.int8 = true;
   rows.push_back({"+ int8 dynamic quant", Precision::kBFloat16, q});
+  FastPathOptions e = f;
+  e.fp8 = true;
+  rows.push_back({"+ fp8 e4m3 linears (instead of int8)", Precision::kBFloat16, e});
   FastPathOptions s = f;
   s.sparse24 = true;
   rows.push_back({"+ 2:4 sparsity (instead of int8)", Precision::kBFloat16, s});

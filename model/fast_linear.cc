@@ -63,7 +63,36 @@ class Sparse24Linear final : public FastLinear {
   int64_t out_features_;
 };
 
+// fp8 e4m3 with row-wise scales (kernels::Fp8Linear): weights quantised here once, activations at
+// every call. bf16 models only (the row-wise GEMM writes bf16).
+class Fp8Linear final : public FastLinear {
+ public:
+  explicit Fp8Linear(const torch::nn::Linear& l)
+      : w_(kernels::QuantizeWeightFp8(l->weight.detach())),
+        bias_(l->bias.defined() ? l->bias.detach() : at::Tensor()),
+        out_features_(l->weight.size(0)) {}
+
+  at::Tensor Forward(const at::Tensor& x) const override {
+    const int64_t k = x.size(-1);
+    const at::Tensor y = kernels::Fp8Linear(kernels::QuantizeRowsFp8(x.reshape({-1, k})), w_, bias_,
+                                            x.scalar_type());
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = out_features_;
+    return y.view(shape);
+  }
+  const char* name() const override { return "fp8-e4m3"; }
+
+ private:
+  kernels::Fp8Weight w_;
+  at::Tensor bias_;
+  int64_t out_features_;
+};
+
 }  // namespace
+
+std::shared_ptr<FastLinear> MakeFp8Linear(const torch::nn::Linear& linear) {
+  return std::make_shared<Fp8Linear>(linear);
+}
 
 at::Tensor Prune24(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) % 4 == 0,

@@ -24,6 +24,10 @@ class FastLinear {
 // Builds an int8 replacement of `linear` (weights quantised once here). CUDA only.
 std::shared_ptr<FastLinear> MakeInt8Linear(const torch::nn::Linear& linear);
 
+// Builds an fp8 (e4m3, row-wise scales) replacement: weights quantised once here. Runs on CUDA
+// (sm_90, bf16 activations); elsewhere it computes the dequantised reference (for tests).
+std::shared_ptr<FastLinear> MakeFp8Linear(const torch::nn::Linear& linear);
+
 // Builds a 2:4 sparse replacement: the weight is magnitude-pruned in blocks of 4 along the input
 // dimension (the 2 largest |w| of every 4 kept) and compressed for cuSPARSELt. CUDA only.
 std::shared_ptr<FastLinear> MakeSparse24Linear(const torch::nn::Linear& linear);

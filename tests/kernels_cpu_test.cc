@@ -410,6 +410,37 @@ TEST(kernels_cpu, Int8LinearReferenceMatchesFloatComputation) {
   EXPECT_EQ(mk::Int8Linear(xq, wq, at::Tensor(), at::kBFloat16).scalar_type(), at::kBFloat16);
 }
 
+// fp8 e4m3 quantisation: every value within e4m3's half-ulp (2^-4 relative) of its row's scaled
+// value, the row's largest magnitude maps to 448, a zero row stays zero with a finite scale; the
+// linear on the quantised values is the dequantised matmul, ~3 % of |y| from the float linear.
+TEST(kernels_cpu, Fp8QuantisationAndLinearReference) {
+  const int64_t M = 40, K = 64, N = 32;
+  at::Tensor x = Randn({M, K}, 17);
+  x[3].zero_();
+  const at::Tensor w = Randn({N, K}, 18, 0.1);
+  const at::Tensor bias = Randn({N}, 19);
+  const mk::Fp8Rows xq = mk::QuantizeRowsFp8(x);
+  ASSERT_EQ(xq.values.scalar_type(), at::kFloat8_e4m3fn);
+  ASSERT_EQ(xq.scales.sizes(), (at::IntArrayRef{M, 1}));
+  const at::Tensor deq = xq.values.to(at::kFloat) * xq.scales;
+  const at::Tensor rel = ((deq - x).abs() - x.abs() * (1.0 / 16) - xq.scales * 1e-3);
+  EXPECT_LE(rel.max().item<float>(), 0.0f) << "a value off by more than e4m3's rounding";
+  EXPECT_FLOAT_EQ(xq.values.to(at::kFloat).abs().amax(1).select(0, 0).item<float>(), 448.0f);
+  EXPECT_EQ(deq[3].abs().sum().item<float>(), 0.0f);
+  EXPECT_TRUE(std::isfinite(xq.scales[3].item<float>()));
+  const mk::Fp8Weight wq = mk::QuantizeWeightFp8(w);
+  ASSERT_EQ(wq.values.sizes(), (at::IntArrayRef{N, K}));
+  ASSERT_EQ(wq.scales.sizes(), (at::IntArrayRef{1, N}));
+  const at::Tensor y = mk::Fp8LinearReference(xq, wq, bias, at::kFloat);
+  const at::Tensor expect = at::linear(deq, wq.values.to(at::kFloat) * wq.scales.t(), bias);
+  EXPECT_LT((y - expect).abs().max().item<float>(), 1e-4);
+  const at::Tensor exact = at::linear(x, w, bias);
+  EXPECT_LT((y - exact).norm().item<double>() / exact.norm().item<double>(), 5e-2);
+  // On the CPU the entry point is the reference.
+  EXPECT_TRUE(at::equal(mk::Fp8Linear(xq, wq, bias, at::kFloat), y));
+  EXPECT_THROW(mk::QuantizeRowsFp8(Randn({2, 3, 4}, 20)), c10::Error);
+}
+
 TEST(kernels_cpu, BuiltWithCudaIsConsistentWithTheBuild) {
 #ifdef MASKD_KERNELS_TEST_EXPECT_CUDA
   EXPECT_TRUE(mk::BuiltWithCuda());

@@ -47,6 +47,10 @@ struct FastPathOptions {
   bool int8 = false;
   // 2:4 semi-structured sparsity of the encoder's MLP weights (magnitude pruned), sparse GEMM.
   bool sparse24 = false;
+  // fp8 (e4m3) encoder linears with row-wise scales (Hopper fp8 tensor cores via at::_scaled_mm),
+  // weights quantised once at load, activations per token at each call. Opt-in (an accuracy
+  // trade, reported by maskbench against fp32); bf16 precision on CUDA only; excludes int8 / 2:4.
+  bool fp8 = false;
   // Resize/normalise/pad on the device from uint8 (bit-exact with the CPU resize).
   bool gpu_preprocess = false;
   // Upscale/crop/threshold masks and encode COCO RLE on the device.

@@ -1,0 +1,68 @@
+// fp8 (e4m3) linear layers with row-wise scales (kernels.h). LibTorch only: the GEMM is
+// at::_scaled_mm's CUTLASS kernel, the quantisation three ATen passes for now (absmax, divide+clamp,
+// cast); fusing it into the kernel that produces the activation is the next step (issue #12).
+#include <ATen/ATen.h>
+
+#include "kernels/internal.h"
+#include "kernels/kernels.h"
+
+namespace maskd::kernels {
+namespace {
+
+constexpr double kE4m3Max = 448.0;
+// A zero row's scale: any positive value quantises it to zeros; the smallest normal float keeps
+// every later division finite.
+constexpr double kMinScale = 1.1754943508222875e-38;
+
+// Row-wise quantisation of a 2-D tensor along dim 1: scales [rows, 1].
+std::pair<at::Tensor, at::Tensor> QuantizeRows(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2, "fp8 quantisation: expected a 2-D tensor, got ", internal::Describe(x));
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "fp8 quantisation: expected a float tensor, got ",
+              internal::Describe(x));
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor scales = (xf.abs().amax(1, /*keepdim=*/true) / kE4m3Max).clamp_min(kMinScale);
+  const at::Tensor q = (xf / scales).clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn);
+  return {q, scales};
+}
+
+}  // namespace
+
+Fp8Rows QuantizeRowsFp8(const at::Tensor& x) {
+  auto [q, s] = QuantizeRows(x);
+  return {q, s};
+}
+
+Fp8Weight QuantizeWeightFp8(const at::Tensor& w) {
+  auto [q, s] = QuantizeRows(w);
+  return {q, s.t().contiguous()};
+}
+
+at::Tensor Fp8LinearReference(const Fp8Rows& x, const Fp8Weight& w, const at::Tensor& bias,
+                              at::ScalarType out_dtype) {
+  TORCH_CHECK(x.values.dim() == 2 && w.values.dim() == 2 && x.values.size(1) == w.values.size(1),
+              "Fp8Linear: expected x [M, K] and w [N, K] with the same K, got ",
+              internal::Describe(x.values), " and ", internal::Describe(w.values));
+  const at::Tensor xd = x.values.to(at::kFloat) * x.scales;
+  const at::Tensor wd = w.values.to(at::kFloat) * w.scales.t();
+  at::Tensor y = at::matmul(xd, wd.t());
+  if (bias.defined()) y = y + bias.to(at::kFloat);
+  return y.to(out_dtype);
+}
+
+at::Tensor Fp8Linear(const Fp8Rows& x, const Fp8Weight& w, const at::Tensor& bias,
+                     at::ScalarType out_dtype) {
+  if (!x.values.is_cuda()) return Fp8LinearReference(x, w, bias, out_dtype);
+  TORCH_CHECK(out_dtype == at::kBFloat16,
+              "Fp8Linear on CUDA writes bfloat16 (the row-wise fp8 GEMM), asked for ", out_dtype);
+  TORCH_CHECK(x.values.size(1) == w.values.size(1) && x.values.size(1) % 16 == 0 &&
+                  w.values.size(0) % 16 == 0,
+              "Fp8Linear on CUDA: expected K and N multiples of 16 and equal K, got x ",
+              internal::Describe(x.values), ", w ", internal::Describe(w.values));
+  std::optional<at::Tensor> b;
+  if (bias.defined()) b = bias.to(at::kBFloat16);
+  // use_fast_accum=false: the kernel promotes its fp32 accumulators regularly, the accurate mode.
+  return at::_scaled_mm(x.values, w.values.t(), x.scales, w.scales, b, std::nullopt, at::kBFloat16,
+                        /*use_fast_accum=*/false);
+}
+
+}  // namespace maskd::kernels
