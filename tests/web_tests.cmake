@@ -15,3 +15,13 @@ if(TARGET maskd AND TARGET maskctl)
            WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/web)
   set_tests_properties(web_http_front_test PROPERTIES LABELS cpu TIMEOUT 600)
 endif()
+# The page in headless Chromium (Debian's chromium + chromium-driver, Selenium from PyPI): screenshots
+# and the click -> overlay timings stay in BUILD/web_artefacts. Labelled cpu like the rest, so CI
+# (scripts/setup.sh test: the whole suite) runs it; `ctest -L browser` picks it alone.
+if(TARGET maskd)
+  add_test(NAME web_page_browser_test
+           COMMAND ${MASKD_PYTHON} -m pytest -v -s -p no:cacheprovider -W ignore::DeprecationWarning
+                   web_page_test.py --maskd $<TARGET_FILE:maskd> --artefacts ${PROJECT_BINARY_DIR}/web_artefacts
+           WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/web)
+  set_tests_properties(web_page_browser_test PROPERTIES LABELS "cpu;browser" TIMEOUT 600)
+endif()
