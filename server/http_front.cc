@@ -156,6 +156,13 @@ HttpFront::HttpFront(HttpFrontOptions options, std::shared_ptr<grpc::Channel> ch
   // Small JSON answers on kept-alive connections: without TCP_NODELAY, Nagle's algorithm holds the
   // last segment until the client's delayed ACK (tens of milliseconds per click).
   http.set_tcp_nodelay(true);
+  // httplib's default sets SO_REUSEPORT, with which a second maskd on the same port would start
+  // "fine" and take a share of the first one's connections (the reason gRPC's is off too).
+  // SO_REUSEADDR alone still allows a restart while old connections sit in TIME_WAIT.
+  http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
 
   http.Post("/v1/embed", [impl](const httplib::Request& req, httplib::Response& res) {
     impl->Unary<v1::EmbedRequest, v1::EmbedResponse>(req, res, "EmbedRequest",
