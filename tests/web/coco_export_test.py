@@ -71,6 +71,7 @@ def test_polygons_rle_and_png_give_the_same_masks_in_pycocotools(request, maskd,
     pieces = [sum(not p.get("hole", False) for p in m["polygons"]["polygons"])
               for m in poly_resp["results"][0]["masks"]]
     assert holes > 0 and max(pieces) > 1, (holes, pieces)
+    seen = {"border": False, "isolated pixel": False}
     for ann_id in polys.getAnnIds():
         a = polys.anns[ann_id]
         assert isinstance(a["segmentation"], list)  # polygon lists
@@ -87,8 +88,15 @@ def test_polygons_rle_and_png_give_the_same_masks_in_pycocotools(request, maskd,
         iou = inter / union if union else 1.0
         assert iou >= 0.99, (ann_id, iou)
         assert (m_poly != m_server).sum() == 0  # tolerance 0 is exact, not merely close
+        # Which hard cases these masks held: pieces cut by the image border, 1-pixel features.
+        seen["border"] |= bool(m_server[0].any() or m_server[-1].any() or m_server[:, 0].any()
+                               or m_server[:, -1].any())
+        padded = np.pad(m_server, 1)
+        neighbours = padded[:-2, 1:-1] + padded[2:, 1:-1] + padded[1:-1, :-2] + padded[1:-1, 2:]
+        seen["isolated pixel"] |= bool(((m_server == 1) & (neighbours == 0)).any())
         assert a["area"] == int(m_server.sum())
         assert a["bbox"] == [int(v) for v in mask_util.toBbox(mask_util.encode(np.asfortranarray(m_server)))]
+    assert all(seen.values()), seen
 
 
 def test_tolerance_shrinks_the_polygons(request, maskd, tmp_path):
