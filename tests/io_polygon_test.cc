@@ -36,6 +36,30 @@ double IoU(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   return uni == 0 ? 1.0 : static_cast<double>(inter) / uni;
 }
 
+// Brute-force 8-connected labels (0 outside), the definition the tracer's objects must match.
+std::vector<int> Labels8(const std::vector<uint8_t>& m, int w, int h, int* count) {
+  std::vector<int> label(m.size(), 0);
+  int next = 0;
+  for (int i = 0; i < w * h; ++i) {
+    if (!m[i] || label[i]) continue;
+    label[i] = ++next;
+    std::vector<int> stack = {i};
+    while (!stack.empty()) {
+      const int p = stack.back();
+      stack.pop_back();
+      for (int dy = -1; dy <= 1; ++dy)
+        for (int dx = -1; dx <= 1; ++dx) {
+          const int x = p % w + dx, y = p / w + dy;
+          if (x < 0 || y < 0 || x >= w || y >= h || !m[y * w + x] || label[y * w + x]) continue;
+          label[y * w + x] = next;
+          stack.push_back(y * w + x);
+        }
+    }
+  }
+  *count = next;
+  return label;
+}
+
 int CountHoles(const std::vector<Contour>& cs) {
   int n = 0;
   for (const Contour& c : cs) n += c.hole;
@@ -133,6 +157,18 @@ TEST(IoPolygon, RandomMasksRoundTripExactly) {
     for (auto& v : m) v = on(rng);
     std::vector<Contour> cs = TraceContours(m.data(), w, h);
     ASSERT_EQ(RasterisePolygons(cs, w, h), m) << "trial " << trial << " " << w << "x" << h;
+    // One outer contour per 8-connected object, and every hole names the outer contour of the object
+    // it lies in (each contour starts at the top-left corner of an inside pixel of its object).
+    int objects = 0;
+    const std::vector<int> label = Labels8(m, w, h, &objects);
+    ASSERT_EQ(static_cast<int>(cs.size()) - CountHoles(cs), objects) << "trial " << trial;
+    for (const Contour& c : cs) {
+      if (!c.hole) continue;
+      ASSERT_GE(c.parent, 0);
+      const Contour& outer = cs[c.parent];
+      ASSERT_FALSE(outer.hole);
+      EXPECT_EQ(label[c.xy[1] * w + c.xy[0]], label[outer.xy[1] * w + outer.xy[0]]) << "trial " << trial;
+    }
     // Tolerance 0 only drops collinear vertices: the shape is unchanged.
     std::vector<Contour> simple = MaskToPolygons(m.data(), w, h, 0.0);
     ASSERT_EQ(RasterisePolygons(simple, w, h), m) << "trial " << trial;
