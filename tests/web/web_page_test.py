@@ -213,3 +213,34 @@ def test_coco_download_loads_in_pycocotools(page, artefacts):
     mask, m = best_mask(page.execute_script("return window.maskd.response"))
     np.testing.assert_array_equal(coco.annToMask(ann), mask)
     assert ann["area"] == int(m["area"]) and coco.imgs[1]["width"] == WIDTH
+
+
+def test_png_download_is_the_picture_with_the_overlay(page, artefacts, tmp_path_factory):
+    from PIL import Image
+
+    target = os.path.join(artefacts, "maskd.png")
+    if os.path.exists(target):
+        os.remove(target)
+    page.find_element(By.ID, "download-png").click()
+    wait_until(lambda: os.path.exists(target) and os.path.getsize(target) > 0, 30, "the PNG download")
+    time.sleep(0.2)
+    got = np.asarray(Image.open(target).convert("RGB")).astype(np.int32)
+    assert got.shape == (HEIGHT, WIDTH, 3)
+    original_path = tmp_path_factory.mktemp("orig") / "o.png"
+    write_test_image(original_path, WIDTH, HEIGHT)
+    original = np.asarray(Image.open(original_path).convert("RGB")).astype(np.int32)
+    mask, _ = best_mask(page.execute_script("return window.maskd.response"))
+    # Away from the box's outline (the marks layer), the picture is the image with the overlay colour
+    # blended in at alpha 128/255 exactly where the mask is.
+    box = page.execute_script("return window.maskd.box")
+    yy, xx = np.mgrid[0:HEIGHT, 0:WIDTH]
+    near_outline = np.zeros((HEIGHT, WIDTH), bool)
+    for v, grid in ((box["x0"], xx), (box["x1"], xx), (box["y0"], yy), (box["y1"], yy)):
+        near_outline |= np.abs(grid + 0.5 - v) < 4
+    a = 128 / 255
+    blended = np.round(original * (1 - a) + np.array([30, 144, 255]) * a)
+    inside = mask.astype(bool) & ~near_outline
+    outside = ~mask.astype(bool) & ~near_outline
+    assert inside.any() and outside.any()
+    assert np.abs(got[inside] - blended[inside]).max() <= 3
+    assert np.abs(got[outside] - original[outside]).max() <= 1
