@@ -97,10 +97,14 @@ TEST(ServerHttpFront, AnswersWhatTheGrpcServiceAnswers) {
   pt->set_y(20);
   p->set_multimask(true);
   seg.set_output_format(v1::OUTPUT_FORMAT_POLYGONS);
-  auto s = http.Post("/v1/segment", ToJson(seg), "application/json");
+  // As a browser asks: compressed if you like. The answer comes back as it is (see kJsonContentType).
+  auto s = http.Post("/v1/segment", {{"Accept-Encoding", "gzip, deflate, br"}}, ToJson(seg),
+                     "application/json");
   ASSERT_TRUE(s);
   ASSERT_EQ(s->status, 200) << s->body;
   EXPECT_TRUE(s->has_header("x-request-id"));
+  EXPECT_FALSE(s->has_header("Content-Encoding")) << s->get_header_value("Content-Encoding");
+  EXPECT_EQ(s->get_header_value("Content-Type"), kJsonContentType);
   const auto over_http = FromJson<v1::SegmentResponse>(s->body);
 
   client::ClientOptions co;

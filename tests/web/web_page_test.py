@@ -154,9 +154,14 @@ def check_overlay_is_the_response(browser, maskd, response):
     assert best_mask(direct)[1]["rle"] == m["rle"]
 
 
+TIMINGS = []
+
+
 def log_timing(artefacts, name, last):
+    TIMINGS.append(last)
     line = (f"{name}: click -> overlay {last['clickToOverlayMs']:.1f} ms (request "
-            f"{last['requestMs']:.1f} ms, server {last['serverMs']:.1f} ms, page {last['pageMs']:.1f} ms)")
+            f"{last['requestMs']:.1f} ms, server {last['serverMs']:.1f} ms, page {last['pageMs']:.1f} ms; "
+            f"beyond the server {last['clickToOverlayMs'] - last['serverMs']:.1f} ms)")
     print(line)
     with open(os.path.join(artefacts, "web_page_timing.txt"), "a") as f:
         f.write(line + "\n")
@@ -244,3 +249,12 @@ def test_png_download_is_the_picture_with_the_overlay(page, artefacts, tmp_path_
     assert inside.any() and outside.any()
     assert np.abs(got[inside] - blended[inside]).max() <= 3
     assert np.abs(got[outside] - original[outside]).max() <= 1
+
+
+def test_click_to_overlay_is_the_model_plus_at_most_30_ms():
+    # The target: click to overlay is the server's time plus <= 30 ms for everything else
+    # (the page's decode and draw, HTTP, JSON). The median of the interactions above, so that one
+    # scheduling hiccup on a shared CI machine does not decide it.
+    assert len(TIMINGS) == 3, TIMINGS
+    beyond = sorted(t["clickToOverlayMs"] - t["serverMs"] for t in TIMINGS)
+    assert beyond[1] <= 30.0, beyond
