@@ -399,6 +399,50 @@ TEST(ServerService, PolygonsRasteriseBackToTheMask) {
   }
 }
 
+// Polygons in a SegmentStream: each message chooses its own format and tolerance, and a bad tolerance
+// is an inline error that leaves the stream open.
+TEST(ServerService, StreamMessagesChooseTheirOwnPolygonFormat) {
+  MaskdOnFakeEngines m({});
+  const v1::Image a = Encoded(40, 30, 3);
+  grpc::ClientContext ctx;
+  auto stream = m.stub().SegmentStream(&ctx);
+  std::vector<v1::SegmentRequest> msgs;
+  msgs.push_back(ByImage(a, {Click(20, 15)}));  // RLE
+  msgs.push_back(ById("", {Click(20, 15)}, v1::OUTPUT_FORMAT_POLYGONS));
+  msgs.back().clear_image_id();
+  msgs.push_back(msgs.back());
+  msgs.back().set_polygon_tolerance(-2);  // inline INVALID_ARGUMENT
+  msgs.push_back(ById("", {Click(20, 15)}, v1::OUTPUT_FORMAT_POLYGONS));
+  msgs.back().clear_image_id();
+  msgs.back().set_polygon_tolerance(1);
+  for (const auto& msg : msgs) ASSERT_TRUE(stream->Write(msg));
+  stream->WritesDone();
+  std::vector<v1::SegmentResponse> got;
+  v1::SegmentResponse r;
+  while (stream->Read(&r)) got.push_back(r);
+  ASSERT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(got.size(), 4u);
+  ASSERT_TRUE(got[0].results(0).masks(0).has_rle());
+  ASSERT_TRUE(got[1].results(0).masks(0).has_polygons());
+  std::vector<Contour> contours;
+  for (const v1::Polygon& p : got[1].results(0).masks(0).polygons().polygons()) {
+    Contour c;
+    for (float v : p.points()) c.xy.push_back(static_cast<int32_t>(v));
+    c.hole = p.hole();
+    c.parent = p.parent();
+    contours.push_back(std::move(c));
+  }
+  EXPECT_EQ(RasterisePolygons(contours, 40, 30), DecodeRle(got[0].results(0).masks(0)));
+  ASSERT_TRUE(got[2].has_error());
+  EXPECT_EQ(got[2].error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_NE(got[2].error().message().find("polygon_tolerance = -2"), std::string::npos);
+  ASSERT_FALSE(got[3].has_error()) << got[3].error().message();
+  int exact = 0, coarse = 0;
+  for (const auto& p : got[1].results(0).masks(0).polygons().polygons()) exact += p.points_size();
+  for (const auto& p : got[3].results(0).masks(0).polygons().polygons()) coarse += p.points_size();
+  EXPECT_LT(coarse, exact);
+}
+
 TEST(ServerService, MaskInputByResultIdAndByLogits) {
   MaskdOnFakeEngines m({});
   const v1::Image image = Encoded(64, 48, 5);
