@@ -156,6 +156,8 @@ HttpFront::HttpFront(HttpFrontOptions options, std::shared_ptr<grpc::Channel> ch
   // Small JSON answers on kept-alive connections: without TCP_NODELAY, Nagle's algorithm holds the
   // last segment until the client's delayed ACK (tens of milliseconds per click).
   http.set_tcp_nodelay(true);
+  // A page makes a request per click; httplib's default closes a kept-alive connection after 5.
+  http.set_keep_alive_max_count(1000);
   // httplib's default sets SO_REUSEPORT, with which a second maskd on the same port would start
   // "fine" and take a share of the first one's connections (the reason gRPC's is off too).
   // SO_REUSEADDR alone still allows a restart while old connections sit in TIME_WAIT.
