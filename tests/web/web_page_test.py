@@ -48,8 +48,12 @@ def artefacts(request, tmp_path_factory):
     d = request.config.getoption("--artefacts")
     if d:
         os.makedirs(d, exist_ok=True)
-        return d
-    return str(tmp_path_factory.mktemp("web-artefacts"))
+    else:
+        d = str(tmp_path_factory.mktemp("web-artefacts"))
+    # This run's timings only.
+    if os.path.exists(os.path.join(d, "web_page_timing.txt")):
+        os.remove(os.path.join(d, "web_page_timing.txt"))
+    return d
 
 
 @pytest.fixture(scope="module")
