@@ -155,6 +155,7 @@ v1::SegmentRequest BuildSegmentRequest(const SegmentArgs& args) {
   }
   for (const PromptArg& p : args.prompts) *request.add_prompts() = BuildPrompt(p);
   request.set_output_format(args.format);
+  if (args.polygon_tolerance != 0) request.set_polygon_tolerance(args.polygon_tolerance);
   if (!args.request_tag.empty()) request.set_request_tag(args.request_tag);
   return request;
 }

@@ -102,6 +102,7 @@ struct SegmentArgs {
   ImageArg image;
   std::vector<PromptArg> prompts;
   v1::OutputFormat format = v1::OUTPUT_FORMAT_COCO_RLE;
+  float polygon_tolerance = 0;  // OUTPUT_FORMAT_POLYGONS: Douglas-Peucker tolerance, pixels
   std::string request_tag;
 };
 

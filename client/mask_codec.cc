@@ -1,14 +1,45 @@
 #include "client/mask_codec.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "model/io/image_codec.h"
+#include "model/io/polygon.h"
 #include "model/io/rle.h"
 
 namespace maskd::client {
+
+StatusOr<std::vector<Contour>> ContoursFrom(const v1::Polygons& polygons) {
+  std::vector<Contour> out;
+  const int n = polygons.polygons_size();
+  for (int i = 0; i < n; ++i) {
+    const v1::Polygon& p = polygons.polygons(i);
+    const std::string f = "polygons[" + std::to_string(i) + "]";
+    if (p.points_size() % 2 != 0) {
+      return InvalidArgument(f + ".points has " + std::to_string(p.points_size()) +
+                             " values (expected x, y pairs)");
+    }
+    Contour c;
+    for (float v : p.points()) {
+      if (!std::isfinite(v) || v != std::round(v) || std::fabs(v) > 1e9f) {
+        return InvalidArgument(f + ".points holds " + std::to_string(v) +
+                               " (expected integral pixel-corner coordinates)");
+      }
+      c.xy.push_back(static_cast<int32_t>(v));
+    }
+    c.hole = p.hole();
+    c.parent = p.parent();
+    if (c.hole && (c.parent < 0 || c.parent >= n)) {
+      return InvalidArgument(f + ".parent = " + std::to_string(c.parent) + " (expected 0 .. " +
+                             std::to_string(n - 1) + " for a hole)");
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
 
 StatusOr<std::vector<uint8_t>> DecodeMask(const v1::MaskResult& mask, int width, int height) {
   switch (mask.data_case()) {
@@ -35,12 +66,17 @@ StatusOr<std::vector<uint8_t>> DecodeMask(const v1::MaskResult& mask, int width,
       for (size_t i = 0; i < out.size(); ++i) out[i] = png->pixels[i] != 0;
       return out;
     }
+    case v1::MaskResult::kPolygons: {
+      StatusOr<std::vector<Contour>> contours = ContoursFrom(mask.polygons());
+      if (!contours.ok()) return contours.status();
+      return RasterisePolygons(*contours, width, height);
+    }
     case v1::MaskResult::kLowResLogits:
-      return InvalidArgument("mask: only 256x256 low-res logits were returned; ask for rle or png");
+      return InvalidArgument("mask: only 256x256 low-res logits were returned; ask for rle, png or polygons");
     case v1::MaskResult::DATA_NOT_SET:
       break;
   }
-  return InvalidArgument("mask: no mask data in the result (rle, png or low_res_logits expected)");
+  return InvalidArgument("mask: no mask data in the result (rle, png, low_res_logits or polygons expected)");
 }
 
 StatusOr<ImageRGB8> DecodeImageBytes(const std::string& bytes) { return DecodeImage(bytes, {}, "image"); }

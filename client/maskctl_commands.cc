@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "client/client.h"
+#include "client/coco_export.h"
 #include "client/mask_codec.h"
 #include "client/overlay.h"
 #include "client/prompt_parse.h"
@@ -127,6 +128,15 @@ void PrintSegment(std::ostream& out, const v1::SegmentResponse& r) {
           << m.bbox().y() << ", " << m.bbox().width() << ", " << m.bbox().height() << "]";
       if (m.has_rle()) out << " rle " << m.rle().counts().size() << " B";
       if (!m.png().empty()) out << " png " << m.png().size() << " B";
+      if (m.has_polygons()) {
+        int holes = 0, vertices = 0;
+        for (const v1::Polygon& poly : m.polygons().polygons()) {
+          holes += poly.hole();
+          vertices += poly.points_size() / 2;
+        }
+        out << " polygons " << m.polygons().polygons_size() - holes << " + " << holes << " holes, "
+            << vertices << " vertices";
+      }
       out << "\n";
     }
   }
@@ -142,7 +152,9 @@ struct SegmentFlags {
   int mask_index = -1;
   bool multimask = false;
   std::string format = "rle";
+  float polygon_tolerance = 0;
   std::string out_json;
+  std::string out_coco;
   std::string out_overlay;
   std::string tag;
 };
@@ -172,7 +184,12 @@ int RunSegment(const MaskctlConfig& config, const SegmentFlags& f, std::ostream&
   StatusOr<v1::OutputFormat> format = ParseOutputFormat(f.format);
   if (!format.ok()) return Fail(err, format.status());
   if (!f.out_overlay.empty() && *format == v1::OUTPUT_FORMAT_LOW_RES_LOGITS) {
-    return Fail(err, InvalidArgument("--out-overlay needs --format rle or png (logits are 256x256)"));
+    return Fail(err, InvalidArgument("--out-overlay needs --format rle, png or polygons (logits are "
+                                     "256x256)"));
+  }
+  if (!f.out_coco.empty() && *format == v1::OUTPUT_FORMAT_LOW_RES_LOGITS) {
+    return Fail(err, InvalidArgument("--out-coco needs --format rle, png or polygons (COCO has no "
+                                     "low-res logits)"));
   }
 
   SegmentArgs args;
@@ -187,6 +204,7 @@ int RunSegment(const MaskctlConfig& config, const SegmentFlags& f, std::ostream&
   }
   args.prompts.push_back(prompt);
   args.format = *format;
+  args.polygon_tolerance = f.polygon_tolerance;
   args.request_tag = f.tag;
 
   StatusOr<std::unique_ptr<Client>> client = Client::Connect(OptionsFrom(config));
@@ -199,6 +217,16 @@ int RunSegment(const MaskctlConfig& config, const SegmentFlags& f, std::ostream&
     Status s = WriteFileBytes(f.out_json, ToJson(*response) + "\n");
     if (!s.ok()) return Fail(err, s);
     out << "wrote " << f.out_json << "\n";
+  }
+  if (!f.out_coco.empty()) {
+    CocoImage image;
+    image.file_name = f.image_path.empty() ? response->image_id() : f.image_path;
+    image.response = *response;
+    StatusOr<std::string> coco = CocoAnnotationsJson({image});
+    if (!coco.ok()) return Fail(err, coco.status());
+    Status s = WriteFileBytes(f.out_coco, *coco + "\n");
+    if (!s.ok()) return Fail(err, s);
+    out << "wrote " << f.out_coco << "\n";
   }
   if (!f.out_overlay.empty()) {
     if (response->results_size() == 0 || response->results(0).masks_size() == 0) {
@@ -298,10 +326,20 @@ void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, st
                     "which mask of --mask-from to use (default: its best)")
         ->check(CLI::NonNegativeNumber);
     seg->add_flag("--multimask", f->multimask, "return SAM's three candidate masks instead of one");
-    seg->add_option("--format", f->format, "mask format: rle (COCO RLE), png, logits (256x256 low-res)")
-        ->check(CLI::IsMember({"rle", "png", "logits"}))
+    seg->add_option("--format", f->format,
+                    "mask format: rle (COCO RLE), png, logits (256x256 low-res), polygons (outer "
+                    "contours and holes)")
+        ->check(CLI::IsMember({"rle", "png", "logits", "polygons"}))
+        ->capture_default_str();
+    seg->add_option("--polygon-tolerance", f->polygon_tolerance,
+                    "--format polygons: Douglas-Peucker tolerance in pixels (0 = exact pixel outline)")
+        ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
     seg->add_option("--out-json", f->out_json, "write the SegmentResponse as JSON to FILE");
+    seg->add_option("--out-coco", f->out_coco,
+                    "write the masks as a COCO annotations JSON to FILE (images, annotations with "
+                    "segmentation, area, bbox, score; categories), readable by pycocotools; "
+                    "segmentation is RLE, or polygons with --format polygons");
     seg->add_option("--out-overlay", f->out_overlay,
                     "write a PNG of IMAGE with the best mask blended in colour and the prompt drawn");
     seg->add_option("--tag", f->tag, "request tag echoed by the server and shown in its logs");

@@ -71,13 +71,15 @@ StatusOr<v1::OutputFormat> ParseOutputFormat(std::string_view text) {
   if (text == "rle" || text == "coco_rle") return v1::OUTPUT_FORMAT_COCO_RLE;
   if (text == "png") return v1::OUTPUT_FORMAT_PNG;
   if (text == "logits" || text == "low_res_logits") return v1::OUTPUT_FORMAT_LOW_RES_LOGITS;
-  return InvalidArgument("--format '" + std::string(text) + "': expected rle, png or logits");
+  if (text == "polygons") return v1::OUTPUT_FORMAT_POLYGONS;
+  return InvalidArgument("--format '" + std::string(text) + "': expected rle, png, logits or polygons");
 }
 
 const char* OutputFormatName(v1::OutputFormat format) {
   switch (format) {
     case v1::OUTPUT_FORMAT_PNG: return "png";
     case v1::OUTPUT_FORMAT_LOW_RES_LOGITS: return "logits";
+    case v1::OUTPUT_FORMAT_POLYGONS: return "polygons";
     default: return "rle";
   }
 }

@@ -180,6 +180,15 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_net),
       "listen");
+  env(app.add_option("--http-listen", c.http_listen,
+                     "HOST:PORT for the HTTP/JSON API (POST /v1/embed, POST /v1/segment, GET /v1/info: "
+                     "the proto3 JSON mapping of the gRPC calls, same validation and limits) and the "
+                     "web page at / (click to segment); port 0 picks a free port (logged as 'HTTP front "
+                     "listening on HOST:PORT'). Off unless given. No TLS or authentication: bind it to "
+                     "localhost or put it behind a proxy")
+          ->type_name("HOST:PORT")
+          ->group(g_net),
+      "http-listen");
 
   auto* g_batch = "Batching (per device)";
   env(app.add_option("--encoder-max-batch", c.encoder_max_batch, "Images per encoder batch")
@@ -450,24 +459,29 @@ Status ValidateConfig(const ServerConfig& c) {
     return InvalidArgument("--shutdown-grace-s = " + v.str() +
                            " (expected a number of seconds, 0 .. 3600)");
   }
+  if (!c.http_listen.empty()) {
+    if (StatusOr<std::pair<std::string, int>> l = ParseListen(c.http_listen, "--http-listen"); !l.ok()) {
+      return l.status();
+    }
+  }
   return Status::Ok();
 }
 
-StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen) {
+StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen, const std::string& flag) {
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size()) {
-    return InvalidArgument("--listen = \"" + listen + "\" (expected HOST:PORT, e.g. 0.0.0.0:50051)");
+    return InvalidArgument(flag + " = \"" + listen + "\" (expected HOST:PORT, e.g. 0.0.0.0:50051)");
   }
   std::string host = listen.substr(0, colon);
   const std::string port_text = listen.substr(colon + 1);
   if (!std::all_of(port_text.begin(), port_text.end(), [](unsigned char c) { return std::isdigit(c); }) ||
       port_text.size() > 5) {
-    return InvalidArgument("--listen = \"" + listen + "\": port \"" + port_text +
+    return InvalidArgument(flag + " = \"" + listen + "\": port \"" + port_text +
                            "\" (expected 0 .. 65535)");
   }
   const int port = std::stoi(port_text);
   if (port > 65535) {
-    return InvalidArgument("--listen = \"" + listen + "\": port " + port_text +
+    return InvalidArgument(flag + " = \"" + listen + "\": port " + port_text +
                            " (expected 0 .. 65535)");
   }
   return std::make_pair(host, port);

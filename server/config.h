@@ -33,6 +33,8 @@ struct ServerConfig {
 
   // Network.
   std::string listen = "0.0.0.0:50051";
+  // The HTTP/JSON front and web page (server/http_front.h) on a port of its own; empty: off.
+  std::string http_listen;
 
   // Batching (per device).
   int encoder_max_batch = 8;
@@ -94,8 +96,9 @@ ConfigParseResult ParseConfig(int argc, const char* const* argv);
 // INVALID_ARGUMENT naming the flag, the value and what is expected. MaskServer checks it too.
 Status ValidateConfig(const ServerConfig& config);
 
-// "0.0.0.0:50051", "[::1]:0" -> host and port; INVALID_ARGUMENT naming --listen.
-StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen);
+// "0.0.0.0:50051", "[::1]:0" -> host and port; INVALID_ARGUMENT naming `flag`.
+StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen,
+                                                  const std::string& flag = "--listen");
 
 // "512MiB", "2GiB", "1.5G", "1000000" -> bytes (K/M/G/T and Ki/Mi/Gi/Ti are powers of 1024,
 // KB/MB/GB/TB powers of 1000).

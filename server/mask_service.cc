@@ -222,7 +222,7 @@ grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* cont
     }
     auto out = std::make_shared<SegmentOutcome>();
     backend.pipeline->Segment(std::move(target), std::move(*drafts),
-                              OutputFormatFrom(request->output_format()), call->control,
+                              OutputSpecFrom(*request), call->control,
                               call->arrival, out.get(), nullptr,
                               [call, out, response, prompts, tag](Status s) {
                                 ToProto(*out, s, response);

@@ -20,7 +20,7 @@ struct Pipeline::Job {
   ImageInput image;
   ImageOutcome* image_out = nullptr;   // Embed's outcome, or the image part of Segment's
   SegmentOutcome* segment = nullptr;   // null for Embed
-  OutputFormat format = OutputFormat::kRle;
+  OutputSpec output;
   std::vector<PromptDraft> drafts;
   OnImage on_image;
   Done done;
@@ -52,7 +52,8 @@ namespace {
 
 MaskEncoding EncodingFor(OutputFormat f) {
   switch (f) {
-    case OutputFormat::kPng: return MaskEncoding::kBitmask;
+    case OutputFormat::kPng:
+    case OutputFormat::kPolygons: return MaskEncoding::kBitmask;
     case OutputFormat::kLowResLogits: return MaskEncoding::kNone;
     case OutputFormat::kRle: break;
   }
@@ -80,7 +81,7 @@ void Pipeline::Embed(ImageInput image, CallControlPtr control, Clock::time_point
   Start(job);
 }
 
-void Pipeline::Segment(ImageInput image, std::vector<PromptDraft> drafts, OutputFormat format,
+void Pipeline::Segment(ImageInput image, std::vector<PromptDraft> drafts, OutputSpec output,
                        CallControlPtr control, Clock::time_point arrival, SegmentOutcome* out,
                        OnImage on_image, Done done) {
   auto job = std::make_shared<Job>();
@@ -89,8 +90,8 @@ void Pipeline::Segment(ImageInput image, std::vector<PromptDraft> drafts, Output
   job->image = std::move(image);
   job->segment = out;
   job->image_out = &out->image;
-  job->format = format;
-  out->format = format;
+  job->output = output;
+  out->format = output.format;
   job->drafts = std::move(drafts);
   job->on_image = std::move(on_image);
   job->done = std::move(done);
@@ -364,7 +365,7 @@ Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
                                   const std::vector<DecodedPrompt>& decoded) {
   DeviceWorker* worker = job->worker.load();
   const CachedEmbedding& e = *job->entry;
-  const OutputFormat format = job->format;
+  const OutputFormat format = job->output.format;
   const MaskEncoding encoding = EncodingFor(format);
   std::vector<PostprocessItem> items;
   items.reserve(decoded.size());
@@ -426,6 +427,10 @@ Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
             return Internal("Engine::Postprocess returned a bitmask of " +
                             std::to_string(md[m].bitmask.size()) + " bytes for a " +
                             std::to_string(w) + " x " + std::to_string(h) + " image");
+          }
+          if (format == OutputFormat::kPolygons) {
+            mr.polygons = MaskToPolygons(md[m].bitmask.data(), w, h, job->output.polygon_tolerance);
+            break;
           }
           StatusOr<std::string> png = EncodePngMask(md[m].bitmask.data(), w, h, options_.png);
           if (!png.ok()) return png.status();

@@ -49,7 +49,7 @@ class Pipeline {
   void Embed(ImageInput image, CallControlPtr control, Clock::time_point arrival, ImageOutcome* out,
              Done done);
   // `drafts` come from ValidatePrompts; an empty list only sets the image.
-  void Segment(ImageInput image, std::vector<PromptDraft> drafts, OutputFormat format,
+  void Segment(ImageInput image, std::vector<PromptDraft> drafts, OutputSpec output,
                CallControlPtr control, Clock::time_point arrival, SegmentOutcome* out,
                OnImage on_image, Done done);
 

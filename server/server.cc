@@ -74,6 +74,22 @@ Status MaskServer::StartListening() {
   SetHealth(false);
   address_ = listen->first + ":" + std::to_string(port_);
   spdlog::info("listening on {}", address_);
+  if (!config_.http_listen.empty()) {
+    StatusOr<std::pair<std::string, int>> http = ParseListen(config_.http_listen, "--http-listen");
+    if (!http.ok()) return http.status();
+    HttpFrontOptions ho;
+    ho.host = http->first;
+    ho.port = http->second;
+    // JSON carries bytes in base64 (4/3) and logits as decimal text (up to ~16 characters a float).
+    ho.max_body_bytes = image / 3 * 4 + 4 + prompts * 4 + (uint64_t{1} << 20);
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    http_front_ = std::make_unique<HttpFront>(ho, grpc_server_->InProcessChannel(args));
+    MASKD_RETURN_IF_ERROR(http_front_->Start());
+    spdlog::info("HTTP front listening on {}:{} (web page at http://{}:{}/)", ho.host,
+                 http_front_->port(), ho.host, http_front_->port());
+  }
   return Status::Ok();
 }
 
@@ -211,6 +227,9 @@ void MaskServer::Shutdown() {
                  service_->active_calls());
   }
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // After gRPC: HTTP requests in flight are gRPC calls, which the shutdown above has drained or
+  // cancelled, so stopping the front (which waits for its handlers) does not wait for long.
+  if (http_front_) http_front_->Stop();
   // Queued work fails with UNAVAILABLE; then the pools run what is left (which only finishes calls).
   for (auto& w : workers_) w->Stop();
   if (decode_pool_) decode_pool_->Stop();

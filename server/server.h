@@ -16,6 +16,7 @@
 #include "model/api/status.h"
 #include "server/config.h"
 #include "server/device_worker.h"
+#include "server/http_front.h"
 #include "server/mask_service.h"
 #include "server/pipeline.h"
 #include "server/router.h"
@@ -37,6 +38,8 @@ class MaskServer {
   // StartListening + LoadAndServe.
   Status Start();
   // Binds --listen and starts gRPC with health NOT_SERVING; MaskService calls answer UNAVAILABLE.
+  // With --http-listen, also the HTTP front (its calls reach the same service, so they answer
+  // UNAVAILABLE too until the model is loaded).
   Status StartListening();
   // Creates the engines (in parallel, one per device), checks they agree on the model identity,
   // builds the workers and pipeline, then reports SERVING.
@@ -48,6 +51,8 @@ class MaskServer {
   void Wait();
 
   int port() const { return port_; }
+  // The HTTP front's port; 0 without --http-listen.
+  int http_port() const { return http_front_ ? http_front_->port() : 0; }
   const std::string& address() const { return address_; }
   MaskService& service() { return *service_; }
   std::vector<DeviceWorker*> workers() const;
@@ -63,6 +68,7 @@ class MaskServer {
 
   std::unique_ptr<MaskService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<HttpFront> http_front_;
   int port_ = 0;
   std::string address_;
 

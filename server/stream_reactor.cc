@@ -256,7 +256,7 @@ void StreamReactor::Dispatch(Message* m, ImageInput target, std::vector<PromptDr
   }
   m->dispatched = true;
   backend_.pipeline->Segment(std::move(target), std::move(drafts),
-                             OutputFormatFrom(m->request.output_format()), m->control, m->arrival,
+                             OutputSpecFrom(m->request), m->control, m->arrival,
                              &m->outcome, std::move(on_image), [this, m](Status s) { Complete(m, s); });
 }
 

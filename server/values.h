@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/api/engine.h"
+#include "model/io/polygon.h"
 
 namespace maskd::server {
 
@@ -34,7 +35,13 @@ struct PromptDraft {
   const float* logits = nullptr;  // kLogits: kLowResSide x kLowResSide values in the request
 };
 
-enum class OutputFormat { kRle, kPng, kLowResLogits };
+enum class OutputFormat { kRle, kPng, kLowResLogits, kPolygons };
+
+// How a Segment call wants its masks.
+struct OutputSpec {
+  OutputFormat format = OutputFormat::kRle;
+  double polygon_tolerance = 0;  // kPolygons: Douglas-Peucker tolerance in pixels
+};
 
 struct MaskResult {
   float score = 0;
@@ -45,6 +52,7 @@ struct MaskResult {
   std::string png;         // kPng
   std::vector<float> low_res_logits;  // kLowResLogits: low_res_side x low_res_side
   int low_res_side = 0;
+  std::vector<Contour> polygons;  // kPolygons
 };
 
 struct PromptResult {

@@ -178,7 +178,13 @@ Status ValidateSegmentOptions(const v1::SegmentRequest& request, const RequestLi
   if (!v1::OutputFormat_IsValid(request.output_format())) {
     return InvalidArgument("output_format = " + std::to_string(static_cast<int>(request.output_format())) +
                            " (expected 0 OUTPUT_FORMAT_UNSPECIFIED, 1 OUTPUT_FORMAT_COCO_RLE, 2 "
-                           "OUTPUT_FORMAT_PNG or 3 OUTPUT_FORMAT_LOW_RES_LOGITS)");
+                           "OUTPUT_FORMAT_PNG, 3 OUTPUT_FORMAT_LOW_RES_LOGITS or 4 "
+                           "OUTPUT_FORMAT_POLYGONS)");
+  }
+  const float tol = request.polygon_tolerance();
+  if (!std::isfinite(tol) || tol < 0) {
+    return InvalidArgument("polygon_tolerance = " + std::to_string(tol) +
+                           " (expected a finite number of pixels >= 0)");
   }
   if (request.request_tag().size() > limits.max_request_tag_bytes) {
     return InvalidArgument("request_tag is " + std::to_string(request.request_tag().size()) +
@@ -209,12 +215,16 @@ ImageInput ImageInputFromId(const std::string& image_id) {
   return in;
 }
 
-OutputFormat OutputFormatFrom(v1::OutputFormat format) {
-  switch (format) {
-    case v1::OUTPUT_FORMAT_PNG: return OutputFormat::kPng;
-    case v1::OUTPUT_FORMAT_LOW_RES_LOGITS: return OutputFormat::kLowResLogits;
-    default: return OutputFormat::kRle;  // UNSPECIFIED and COCO_RLE
+OutputSpec OutputSpecFrom(const v1::SegmentRequest& request) {
+  OutputSpec spec;
+  switch (request.output_format()) {
+    case v1::OUTPUT_FORMAT_PNG: spec.format = OutputFormat::kPng; break;
+    case v1::OUTPUT_FORMAT_LOW_RES_LOGITS: spec.format = OutputFormat::kLowResLogits; break;
+    case v1::OUTPUT_FORMAT_POLYGONS: spec.format = OutputFormat::kPolygons; break;
+    default: spec.format = OutputFormat::kRle;  // UNSPECIFIED and COCO_RLE
   }
+  spec.polygon_tolerance = request.polygon_tolerance();
+  return spec;
 }
 
 namespace {
@@ -277,6 +287,16 @@ void ToProto(const SegmentOutcome& o, const Status& status, v1::SegmentResponse*
           l->set_width(static_cast<uint32_t>(m.low_res_side));
           l->set_height(static_cast<uint32_t>(m.low_res_side));
           l->mutable_values()->Add(m.low_res_logits.begin(), m.low_res_logits.end());
+          break;
+        }
+        case OutputFormat::kPolygons: {
+          v1::Polygons* ps = mr->mutable_polygons();
+          for (const Contour& c : m.polygons) {
+            v1::Polygon* p = ps->add_polygons();
+            p->mutable_points()->Add(c.xy.begin(), c.xy.end());
+            p->set_hole(c.hole);
+            p->set_parent(c.parent);
+          }
           break;
         }
       }

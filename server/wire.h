@@ -31,13 +31,14 @@ Status ValidateImageId(const std::string& image_id, const std::string& field);
 StatusOr<std::vector<PromptDraft>> ValidatePrompts(
     const google::protobuf::RepeatedPtrField<v1::Prompt>& prompts, const RequestLimits& limits,
     bool allow_empty);
-// output_format and request_tag.
+// output_format, polygon_tolerance and request_tag.
 Status ValidateSegmentOptions(const v1::SegmentRequest& request, const RequestLimits& limits);
 
 // Requests to values (after the checks above). The views point into the message.
 ImageInput ImageInputFrom(const v1::Image& image);
 ImageInput ImageInputFromId(const std::string& image_id);
-OutputFormat OutputFormatFrom(v1::OutputFormat format);
+// output_format and polygon_tolerance.
+OutputSpec OutputSpecFrom(const v1::SegmentRequest& request);
 
 // Values to responses. Results are written only when `status` is OK (a failed call has none).
 void ToProto(const ImageOutcome& outcome, v1::EmbedResponse* response);

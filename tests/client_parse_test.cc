@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "client/client.h"
+#include "client/mask_codec.h"
 #include "client/overlay.h"
 #include "client/prompt_parse.h"
 
@@ -47,7 +48,34 @@ TEST(ClientParse, OutputFormat) {
   EXPECT_EQ(*ParseOutputFormat("rle"), v1::OUTPUT_FORMAT_COCO_RLE);
   EXPECT_EQ(*ParseOutputFormat("png"), v1::OUTPUT_FORMAT_PNG);
   EXPECT_EQ(*ParseOutputFormat("logits"), v1::OUTPUT_FORMAT_LOW_RES_LOGITS);
+  EXPECT_EQ(*ParseOutputFormat("polygons"), v1::OUTPUT_FORMAT_POLYGONS);
   EXPECT_FALSE(ParseOutputFormat("jpeg").ok());
+}
+
+// Polygons from a server are checked before they are rasterised: a vertex off the pixel-corner grid,
+// half a pair or a dangling parent is named, and a valid ring with its hole decodes to the ring.
+TEST(ClientMaskCodec, PolygonsAreCheckedAndDecoded) {
+  v1::MaskResult m;
+  v1::Polygon* outer = m.mutable_polygons()->add_polygons();
+  for (float v : {0, 0, 3, 0, 3, 3, 0, 3}) outer->add_points(v);
+  outer->set_parent(-1);
+  v1::Polygon* hole = m.mutable_polygons()->add_polygons();
+  for (float v : {1, 2, 2, 2, 2, 1, 1, 1}) hole->add_points(v);
+  hole->set_hole(true);
+  hole->set_parent(0);
+  auto mask = DecodeMask(m, 4, 3);
+  ASSERT_TRUE(mask.ok()) << mask.status().ToString();
+  EXPECT_EQ(*mask, (std::vector<uint8_t>{1, 1, 1, 0, 1, 0, 1, 0, 1, 1, 1, 0}));
+
+  v1::MaskResult bad = m;
+  bad.mutable_polygons()->mutable_polygons(1)->set_parent(7);
+  EXPECT_NE(DecodeMask(bad, 4, 3).status().message().find("polygons[1].parent = 7"), std::string::npos);
+  bad = m;
+  bad.mutable_polygons()->mutable_polygons(0)->set_points(1, 0.5f);
+  EXPECT_NE(DecodeMask(bad, 4, 3).status().message().find("integral pixel-corner"), std::string::npos);
+  bad = m;
+  bad.mutable_polygons()->mutable_polygons(0)->add_points(1);
+  EXPECT_NE(DecodeMask(bad, 4, 3).status().message().find("x, y pairs"), std::string::npos);
 }
 
 TEST(ClientRequest, BuildSegmentRequestCarriesEveryField) {

@@ -24,6 +24,7 @@
 #include "model/io/rle.h"
 #include "model/tensor_file.h"
 #include "model/io/image_id.h"
+#include "model/io/polygon.h"
 #include "server/server.h"
 #include "tests/golden_dir.h"
 
@@ -259,6 +260,56 @@ TEST_F(ServerE2E, GoldenBatchOfBoxesInOneRequestAndAsPng) {
       }
     }
   }
+}
+
+// Issue #15: the real model's masks (several objects, holes, pieces cut by the image border) as
+// polygons over gRPC: at tolerance 0 they rasterise back to exactly the RLE masks of the same prompts.
+TEST_F(ServerE2E, GoldenMasksAsPolygonsRasteriseBackExactly) {
+  int outers = 0, holes = 0, masks_with_pieces = 0;
+  for (const GoldenImage& g : images_) {
+    v1::SegmentRequest r = ByPng(g);
+    for (const auto& b : g.batch_boxes) {
+      GoldenCase c;
+      c.box = b;
+      c.multimask = true;
+      *r.add_prompts() = ToPrompt(c);
+    }
+    auto rle = client_->Segment(r);
+    r.set_output_format(v1::OUTPUT_FORMAT_POLYGONS);
+    auto poly = client_->Segment(r);
+    ASSERT_TRUE(rle.ok() && poly.ok()) << poly.status().ToString();
+    ASSERT_EQ(poly->results_size(), rle->results_size());
+    for (int b = 0; b < poly->results_size(); ++b) {
+      for (int m = 0; m < poly->results(b).masks_size(); ++m) {
+        const v1::MaskResult& pm = poly->results(b).masks(m);
+        ASSERT_TRUE(pm.has_polygons());
+        std::vector<Contour> contours;
+        int pieces = 0;
+        for (const v1::Polygon& p : pm.polygons().polygons()) {
+          Contour c;
+          for (float v : p.points()) c.xy.push_back(static_cast<int32_t>(v));
+          c.hole = p.hole();
+          c.parent = p.parent();
+          if (c.hole) {
+            ++holes;
+            ASSERT_GE(c.parent, 0);
+            ASSERT_FALSE(pm.polygons().polygons(c.parent).hole());
+          } else {
+            ++outers;
+            ++pieces;
+          }
+          contours.push_back(std::move(c));
+        }
+        masks_with_pieces += pieces > 1;
+        EXPECT_EQ(RasterisePolygons(contours, g.width, g.height), MaskOf(rle->results(b).masks(m)))
+            << g.name << " box " << b << " mask " << m;
+        EXPECT_EQ(pm.area(), rle->results(b).masks(m).area());
+      }
+    }
+  }
+  std::printf("polygons: %d outer contours, %d holes, %d masks of several pieces\n", outers, holes,
+              masks_with_pieces);
+  EXPECT_GT(outers, 0);
 }
 
 TEST_F(ServerE2E, ConcurrentMixedRequestsEqualSequential) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <limits>
 #include <thread>
 
 #include <grpcpp/generic/generic_stub.h>
@@ -13,6 +14,7 @@
 #include "model/io/image_codec.h"
 #include "model/io/rle.h"
 #include "model/io/image_id.h"
+#include "model/io/polygon.h"
 #include "server/server.h"
 #include "tests/fake_engine.h"
 
@@ -333,6 +335,112 @@ TEST(ServerService, OutputFormatsDescribeTheSameMask) {
     EXPECT_FLOAT_EQ(r.score(), l.score());
     EXPECT_FLOAT_EQ(r.stability_score(), p.stability_score());
   }
+}
+
+// Issue #15: OUTPUT_FORMAT_POLYGONS over real gRPC. At tolerance 0 the polygons rasterise back to
+// exactly the RLE mask; a tolerance gives fewer vertices and still nearly the same mask; the
+// statistics are those of the mask in every format; a bad tolerance is INVALID_ARGUMENT.
+TEST(ServerService, PolygonsRasteriseBackToTheMask) {
+  MaskdOnFakeEngines m({});
+  auto e = m.Embed(Encoded(80, 60, 6));
+  ASSERT_TRUE(e.ok());
+  // A click near the border: the fake engine's discs are cut by the image edge.
+  const auto prompt = Click(75, 5, true);
+  auto rle = m.Segment(ById(e->image_id(), {prompt}));
+  auto exact = m.Segment(ById(e->image_id(), {prompt}, v1::OUTPUT_FORMAT_POLYGONS));
+  v1::SegmentRequest coarse_request = ById(e->image_id(), {prompt}, v1::OUTPUT_FORMAT_POLYGONS);
+  coarse_request.set_polygon_tolerance(1.0f);
+  auto coarse = m.Segment(coarse_request);
+  ASSERT_TRUE(rle.ok() && exact.ok() && coarse.ok()) << exact.status().ToString();
+  ASSERT_EQ(exact->results(0).masks_size(), 3);
+  for (int k = 0; k < 3; ++k) {
+    const v1::MaskResult& r = rle->results(0).masks(k);
+    const v1::MaskResult& p = exact->results(0).masks(k);
+    const v1::MaskResult& c = coarse->results(0).masks(k);
+    ASSERT_TRUE(p.has_polygons());
+    const auto ToContours = [](const v1::Polygons& ps) {
+      std::vector<Contour> out;
+      for (const v1::Polygon& poly : ps.polygons()) {
+        Contour contour;
+        for (float v : poly.points()) contour.xy.push_back(static_cast<int32_t>(v));
+        contour.hole = poly.hole();
+        contour.parent = poly.parent();
+        out.push_back(std::move(contour));
+      }
+      return out;
+    };
+    const std::vector<uint8_t> mask = DecodeRle(r);
+    ASSERT_GT(r.area(), 0u);
+    EXPECT_EQ(RasterisePolygons(ToContours(p.polygons()), 80, 60), mask) << "mask " << k;
+    EXPECT_EQ(p.area(), r.area());
+    EXPECT_EQ(p.bbox().x(), r.bbox().x());
+    EXPECT_EQ(p.bbox().width(), r.bbox().width());
+    EXPECT_FLOAT_EQ(p.score(), r.score());
+    int exact_vertices = 0, coarse_vertices = 0;
+    for (const auto& poly : p.polygons().polygons()) exact_vertices += poly.points_size() / 2;
+    for (const auto& poly : c.polygons().polygons()) coarse_vertices += poly.points_size() / 2;
+    EXPECT_LT(coarse_vertices, exact_vertices) << "mask " << k;
+    const std::vector<uint8_t> approx = RasterisePolygons(ToContours(c.polygons()), 80, 60);
+    size_t inter = 0, uni = 0;
+    for (size_t i = 0; i < mask.size(); ++i) {
+      inter += mask[i] && approx[i];
+      uni += mask[i] || approx[i];
+    }
+    // The fake discs are small (tens of pixels), so a 1-pixel tolerance costs a noticeable share.
+    EXPECT_GT(static_cast<double>(inter) / uni, 0.8) << "mask " << k << " area " << r.area();
+  }
+  for (float bad : {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    v1::SegmentRequest r = ById(e->image_id(), {prompt}, v1::OUTPUT_FORMAT_POLYGONS);
+    r.set_polygon_tolerance(bad);
+    auto s = m.Segment(r);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find("polygon_tolerance = "), std::string::npos) << s.status().message();
+  }
+}
+
+// Polygons in a SegmentStream: each message chooses its own format and tolerance, and a bad tolerance
+// is an inline error that leaves the stream open.
+TEST(ServerService, StreamMessagesChooseTheirOwnPolygonFormat) {
+  MaskdOnFakeEngines m({});
+  const v1::Image a = Encoded(40, 30, 3);
+  grpc::ClientContext ctx;
+  auto stream = m.stub().SegmentStream(&ctx);
+  std::vector<v1::SegmentRequest> msgs;
+  msgs.push_back(ByImage(a, {Click(20, 15)}));  // RLE
+  msgs.push_back(ById("", {Click(20, 15)}, v1::OUTPUT_FORMAT_POLYGONS));
+  msgs.back().clear_image_id();
+  msgs.push_back(msgs.back());
+  msgs.back().set_polygon_tolerance(-2);  // inline INVALID_ARGUMENT
+  msgs.push_back(ById("", {Click(20, 15)}, v1::OUTPUT_FORMAT_POLYGONS));
+  msgs.back().clear_image_id();
+  msgs.back().set_polygon_tolerance(1);
+  for (const auto& msg : msgs) ASSERT_TRUE(stream->Write(msg));
+  stream->WritesDone();
+  std::vector<v1::SegmentResponse> got;
+  v1::SegmentResponse r;
+  while (stream->Read(&r)) got.push_back(r);
+  ASSERT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(got.size(), 4u);
+  ASSERT_TRUE(got[0].results(0).masks(0).has_rle());
+  ASSERT_TRUE(got[1].results(0).masks(0).has_polygons());
+  std::vector<Contour> contours;
+  for (const v1::Polygon& p : got[1].results(0).masks(0).polygons().polygons()) {
+    Contour c;
+    for (float v : p.points()) c.xy.push_back(static_cast<int32_t>(v));
+    c.hole = p.hole();
+    c.parent = p.parent();
+    contours.push_back(std::move(c));
+  }
+  EXPECT_EQ(RasterisePolygons(contours, 40, 30), DecodeRle(got[0].results(0).masks(0)));
+  ASSERT_TRUE(got[2].has_error());
+  EXPECT_EQ(got[2].error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_NE(got[2].error().message().find("polygon_tolerance = -2"), std::string::npos);
+  ASSERT_FALSE(got[3].has_error()) << got[3].error().message();
+  int exact = 0, coarse = 0;
+  for (const auto& p : got[1].results(0).masks(0).polygons().polygons()) exact += p.points_size();
+  for (const auto& p : got[3].results(0).masks(0).polygons().polygons()) coarse += p.points_size();
+  EXPECT_LT(coarse, exact);
 }
 
 TEST(ServerService, MaskInputByResultIdAndByLogits) {

@@ -14,6 +14,9 @@ maskd_add_test(server_validation_test SOURCES server_validation_test.cc
                LIBS maskd_server maskd_fake_engine)
 maskd_add_test(server_service_test SOURCES server_service_test.cc
                LIBS maskd_server maskd_client maskd_fake_engine)
+# Issue #15: the HTTP front through real HTTP (cpp-httplib's client) on fake engines.
+maskd_add_test(server_http_front_test SOURCES server_http_front_test.cc
+               LIBS maskd_server maskd_client maskd_fake_engine PkgConfig::HTTPLIB)
 
 # End to end with the real engine and the golden tiny model (skips loudly without the golden data,
 # fails under CI=true). Runs the maskd binary too, so it depends on it.

@@ -2,8 +2,8 @@
 
 Coordinates are original image pixels. Points are (x, y) or (x, y, label) with label 1 = foreground
 (default), 0 = background, as in SAM. Masks come back as `Mask` objects holding the server's data in
-the requested format; `Mask.decode()` turns COCO RLE (via pycocotools) or PNG (via Pillow) into a
-numpy uint8 array of shape (height, width).
+the requested format; `Mask.decode()` turns COCO RLE (via pycocotools), PNG (via Pillow) or polygons
+(via pycocotools) into a numpy uint8 array of shape (height, width).
 
 Affinity: by default every Embed, Segment and SegmentStream call carries the gRPC metadata
 `x-maskd-image-id: <image_id>` (see maskd_client.image_id), so that a proxy balancing on it
@@ -31,6 +31,7 @@ OUTPUT_FORMATS = {
     "rle": maskd_pb2.OUTPUT_FORMAT_COCO_RLE,
     "png": maskd_pb2.OUTPUT_FORMAT_PNG,
     "logits": maskd_pb2.OUTPUT_FORMAT_LOW_RES_LOGITS,
+    "polygons": maskd_pb2.OUTPUT_FORMAT_POLYGONS,
 }
 
 PointLike = Union[Tuple[float, float], Tuple[float, float, int]]
@@ -49,6 +50,9 @@ class Mask:
     rle: Optional[dict] = None        # {"size": [h, w], "counts": bytes}: pycocotools' form
     png: Optional[bytes] = None
     low_res_logits: Optional[np.ndarray] = None  # 256 x 256 float32
+    # format="polygons": [{"points": [x1, y1, x2, y2, ...], "hole": bool, "parent": int}, ...] in
+    # pixel-corner coordinates (see maskd.proto's Polygon); holes name their outer contour.
+    polygons: Optional[List[dict]] = None
 
     def decode(self) -> np.ndarray:
         """The mask at the original image size, uint8 0/1, shape (height, width)."""
@@ -58,7 +62,17 @@ class Mask:
         if self.png is not None:
             from PIL import Image
             return (np.asarray(Image.open(io.BytesIO(self.png)).convert("L")) > 0).astype(np.uint8)
-        raise ValueError("this result holds only 256x256 low-res logits; ask for format='rle' or 'png'")
+        if self.polygons is not None:
+            from pycocotools import mask as mask_utils
+            # Outer contours add and holes subtract (an island in a hole is an outer contour again).
+            acc = np.zeros((self.height, self.width), np.int32)
+            for p in self.polygons:
+                rle = mask_utils.frPyObjects([list(p["points"])], self.height, self.width)
+                piece = mask_utils.decode(rle)[:, :, 0].astype(np.int32)
+                acc += -piece if p["hole"] else piece
+            return (acc > 0).astype(np.uint8)
+        raise ValueError("this result holds only 256x256 low-res logits; ask for format='rle', 'png' "
+                         "or 'polygons'")
 
 
 @dataclass
@@ -95,6 +109,9 @@ def _mask_from_proto(m: maskd_pb2.MaskResult, width: int, height: int) -> Mask:
     elif which == "low_res_logits":
         lr = m.low_res_logits
         out.low_res_logits = np.asarray(lr.values, dtype=np.float32).reshape(lr.height, lr.width)
+    elif which == "polygons":
+        out.polygons = [{"points": list(p.points), "hole": p.hole, "parent": p.parent}
+                        for p in m.polygons.polygons]
     return out
 
 
@@ -131,12 +148,14 @@ def build_prompt(points: Sequence[PointLike] = (), box: Optional[BoxLike] = None
 
 
 def build_segment_request(image: Union[bytes, str, None], prompts: Sequence[maskd_pb2.Prompt],
-                          format: str = "rle", request_tag: str = "") -> maskd_pb2.SegmentRequest:
+                          format: str = "rle", request_tag: str = "",
+                          polygon_tolerance: float = 0.0) -> maskd_pb2.SegmentRequest:
     """`image`: encoded bytes (JPEG/PNG/WebP), an image_id string, or None (SegmentStream: keep the
-    stream's current image)."""
+    stream's current image). `polygon_tolerance`: format="polygons" only, Douglas-Peucker pixels."""
     if format not in OUTPUT_FORMATS:
         raise ValueError(f"format {format!r}: expected one of {sorted(OUTPUT_FORMATS)}")
-    req = maskd_pb2.SegmentRequest(output_format=OUTPUT_FORMATS[format], request_tag=request_tag)
+    req = maskd_pb2.SegmentRequest(output_format=OUTPUT_FORMATS[format], request_tag=request_tag,
+                                   polygon_tolerance=polygon_tolerance)
     if isinstance(image, (bytes, bytearray, memoryview)):
         req.image.encoded = bytes(image)
     elif isinstance(image, str):
@@ -226,15 +245,17 @@ class MaskdClient:
     def segment(self, image: Union[bytes, str], points: Sequence[PointLike] = (),
                 box: Optional[BoxLike] = None, mask_from: Optional[str] = None,
                 mask_index: Optional[int] = None, multimask: bool = False, format: str = "rle",
-                request_tag: str = "") -> SegmentResult:
+                request_tag: str = "", polygon_tolerance: float = 0.0) -> SegmentResult:
         """One prompt on one image (encoded bytes, or the image_id of an earlier call)."""
         prompt = build_prompt(points, box, mask_from, mask_index, multimask)
-        return self.segment_prompts(image, [prompt], format=format, request_tag=request_tag)
+        return self.segment_prompts(image, [prompt], format=format, request_tag=request_tag,
+                                    polygon_tolerance=polygon_tolerance)
 
     def segment_prompts(self, image: Union[bytes, str], prompts: Sequence[maskd_pb2.Prompt],
-                        format: str = "rle", request_tag: str = "") -> SegmentResult:
+                        format: str = "rle", request_tag: str = "",
+                        polygon_tolerance: float = 0.0) -> SegmentResult:
         """Several prompts (see build_prompt) on one image in one call."""
-        req = build_segment_request(image, prompts, format, request_tag)
+        req = build_segment_request(image, prompts, format, request_tag, polygon_tolerance)
         md = self._metadata(req)
         return _result_from_proto(self.stub.Segment(req, timeout=self.timeout, metadata=md))
 

@@ -82,6 +82,21 @@ def test_png_output_equals_rle_output(client, golden_dir):
         assert a.area == b.area and a.bbox == b.bbox
 
 
+def test_polygon_output_equals_rle_output(client, golden_dir):
+    # Issue #15: polygons (outer contours and holes) decode to exactly the RLE mask at tolerance 0.
+    im = _manifest(golden_dir)["images"][1]
+    data = _image_bytes(golden_dir, im["name"])
+    case = im["cases"][3]
+    kwargs = dict(points=_points(case), box=tuple(case["box"]), multimask=case["multimask"])
+    rle = client.segment(data, format="rle", **kwargs)
+    poly = client.segment(data, format="polygons", **kwargs)
+    coarse = client.segment(data, format="polygons", polygon_tolerance=2.0, **kwargs)
+    for a, b, c in zip(rle.prompts[0].masks, poly.prompts[0].masks, coarse.prompts[0].masks):
+        assert b.polygons
+        np.testing.assert_array_equal(a.decode(), b.decode())
+        assert sum(len(p["points"]) for p in c.polygons) < sum(len(p["points"]) for p in b.polygons)
+
+
 def test_logits_output(client, golden_dir):
     im = _manifest(golden_dir)["images"][0]
     r = client.segment(_image_bytes(golden_dir, im["name"]), points=[(100, 100, 1)], format="logits")

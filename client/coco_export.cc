@@ -1,0 +1,93 @@
+#include "client/coco_export.h"
+
+#include <nlohmann/json.hpp>
+
+#include "client/mask_codec.h"
+#include "model/io/polygon.h"
+#include "model/io/rle.h"
+
+namespace maskd::client {
+namespace {
+
+using nlohmann::json;
+
+json RleJson(const std::string& counts, int width, int height) {
+  return json{{"size", {height, width}}, {"counts", counts}};
+}
+
+StatusOr<json> Segmentation(const v1::MaskResult& m, int width, int height) {
+  switch (m.data_case()) {
+    case v1::MaskResult::kRle:
+      return RleJson(m.rle().counts(), width, height);
+    case v1::MaskResult::kPng: {
+      StatusOr<std::vector<uint8_t>> mask = DecodeMask(m, width, height);
+      if (!mask.ok()) return mask.status();
+      return RleJson(RleCountsToString(RleEncode(mask->data(), width, height)), width, height);
+    }
+    case v1::MaskResult::kPolygons: {
+      StatusOr<std::vector<Contour>> contours = ContoursFrom(m.polygons());
+      if (!contours.ok()) return contours.status();
+      std::vector<std::vector<double>> lists = CocoPolygons(*contours);
+      if (lists.empty()) {
+        const std::vector<uint32_t> zeros = {static_cast<uint32_t>(width) * static_cast<uint32_t>(height)};
+        return RleJson(RleCountsToString(zeros), width, height);
+      }
+      return json(lists);
+    }
+    case v1::MaskResult::kLowResLogits:
+      return InvalidArgument("COCO export: the result holds only 256x256 low-res logits (expected rle, "
+                             "png or polygons)");
+    case v1::MaskResult::DATA_NOT_SET:
+      break;
+  }
+  return InvalidArgument("COCO export: a mask result has no data (expected rle, png or polygons)");
+}
+
+}  // namespace
+
+StatusOr<std::string> CocoAnnotationsJson(const std::vector<CocoImage>& images) {
+  json out;
+  out["info"] = {{"description", "maskd Segment results"}, {"version", "1.0"}};
+  out["licenses"] = json::array();
+  out["categories"] = json::array({{{"id", 1}, {"name", "object"}, {"supercategory", "object"}}});
+  json jimages = json::array(), annotations = json::array();
+  int64_t ann_id = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const v1::SegmentResponse& r = images[i].response;
+    const int w = static_cast<int>(r.width()), h = static_cast<int>(r.height());
+    const int64_t image_id = static_cast<int64_t>(i) + 1;
+    jimages.push_back({{"id", image_id},
+                       {"file_name", images[i].file_name},
+                       {"width", w},
+                       {"height", h},
+                       {"maskd_image_id", r.image_id()}});
+    for (int p = 0; p < r.results_size(); ++p) {
+      const v1::PromptResult& pr = r.results(p);
+      for (int k = 0; k < pr.masks_size(); ++k) {
+        const v1::MaskResult& m = pr.masks(k);
+        StatusOr<json> seg = Segmentation(m, w, h);
+        if (!seg.ok()) return seg.status();
+        const v1::BoundingBox& b = m.bbox();
+        annotations.push_back({{"id", ++ann_id},
+                               {"image_id", image_id},
+                               {"category_id", 1},
+                               {"segmentation", std::move(*seg)},
+                               {"area", m.area()},
+                               {"bbox", {b.x(), b.y(), b.width(), b.height()}},
+                               {"iscrowd", 0},
+                               {"score", m.score()},
+                               {"stability_score", m.stability_score()},
+                               {"prompt_index", p},
+                               {"mask_index", k},
+                               {"best", static_cast<uint32_t>(k) == pr.best_index()},
+                               {"result_id", pr.result_id()}});
+      }
+    }
+  }
+  out["images"] = std::move(jimages);
+  out["annotations"] = std::move(annotations);
+  // Compact: polygon lists of noisy masks run to many thousands of numbers.
+  return out.dump();
+}
+
+}  // namespace maskd::client
