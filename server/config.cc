@@ -205,6 +205,13 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_batch),
       "decoder-max-prompts");
+  env(app.add_option("--decoder-request-prompts", c.decoder_request_prompts,
+                     "Most prompts of one request in one mask-decoder batch; bigger requests run in "
+                     "parts that take turns with other requests' prompts (fairness, cancellation)")
+          ->check(CLI::Range(1, 65536))
+          ->capture_default_str()
+          ->group(g_batch),
+      "decoder-request-prompts");
   env(app.add_option("--decoder-queue-delay-us", c.decoder_queue_delay_us,
                      "Longest a prompt waits for its decoder batch to fill, microseconds")
           ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))

@@ -40,6 +40,10 @@ struct ServerConfig {
   int encoder_queue_capacity = 64;
   // One request's prompts fit one decoder batch by default.
   int decoder_max_prompts = static_cast<int>(Limits{}.max_prompts_per_request);
+  // The most prompts of one request in one decoder batch: a bigger request runs in parts that take
+  // turns with other requests, so that a click never waits for a whole 256-prompt request, and a
+  // cancelled or expired request stops at its next part.
+  int decoder_request_prompts = 64;
   int64_t decoder_queue_delay_us = 500;
   int decoder_queue_capacity = 8192;
 

@@ -22,8 +22,14 @@ struct MaskService::UnaryCall {
   std::atomic<bool> finished{false};
 
   // images/prompts/cached: what the access log reports for this call.
-  void Finish(const Status& status, int images, int prompts, bool cached, const std::string& tag = "") {
+  void Finish(const Status& given, int images, int prompts, bool cached, const std::string& tag = "") {
     if (finished.exchange(true)) return;
+    // Work that completed after the client left or its deadline passed did not reach anyone: the
+    // log, the counters and the (unread) reply say so instead of OK.
+    Status status = given;
+    if (status.ok()) {
+      if (Status alive = control->Check(); !alive.ok()) status = alive;
+    }
     control->MarkFinished();
     service->RecordOutcome(status);
     if (service->options_.access_log) {

@@ -312,7 +312,9 @@ void Pipeline::StartDecode(const JobPtr& job) {
   }
   job->segment->results.resize(items.size());
 
-  const size_t chunk = std::max<size_t>(1, decoder.max_prompts());
+  // Parts of at most max_part_prompts, grouped: they take turns with other requests' prompts in
+  // the decoder's batches, and a cancelled or expired call stops at its next part.
+  const size_t chunk = std::max<size_t>(1, decoder.max_part_prompts());
   const size_t n_chunks = (items.size() + chunk - 1) / chunk;
   job->chunks_left = static_cast<int>(n_chunks);
   for (size_t c = 0; c < n_chunks; ++c) {
@@ -320,6 +322,7 @@ void Pipeline::StartDecode(const JobPtr& job) {
     const size_t last = std::min(items.size(), first + chunk);
     DecoderBatcher::Request request;
     request.prompts.assign(items.begin() + first, items.begin() + last);
+    request.group = job.get();
     CallControlPtr control = job->control;
     request.alive = [control] { return control->Check(); };
     request.done = [this, job, first](StatusOr<std::vector<DecodedPrompt>> decoded,

@@ -139,6 +139,7 @@ Status MaskServer::LoadAndServe() {
   wo.encoder.max_queue_delay = std::chrono::microseconds(config_.encoder_queue_delay_us);
   wo.encoder.capacity_weight = static_cast<size_t>(config_.encoder_queue_capacity);
   wo.decoder.max_batch_weight = static_cast<size_t>(config_.decoder_max_prompts);
+  wo.decoder.max_group_weight = static_cast<size_t>(config_.decoder_request_prompts);
   wo.decoder.max_queue_delay = std::chrono::microseconds(config_.decoder_queue_delay_us);
   wo.decoder.capacity_weight = static_cast<size_t>(config_.decoder_queue_capacity);
   wo.cache_device_bytes = config_.cache_device_bytes;

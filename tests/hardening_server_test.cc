@@ -2,7 +2,9 @@
 // to a whole in-process server on an ephemeral loopback port (fake engines).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
+#include <thread>
 #include <future>
 #include <regex>
 #include <set>
@@ -10,7 +12,7 @@
 #include <sys/wait.h>
 
 #include <grpcpp/generic/generic_stub.h>
-#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "client/client.h"
@@ -60,17 +62,21 @@ ServerConfig TestConfig() {
   return c;
 }
 
-EngineFactory FakeFactory() {
-  return [](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
-    FakeEngineOptions fo;
+// `made`, when given, receives the (last) engine made, for tests that read its counters.
+EngineFactory FakeFactory(FakeEngineOptions options = {}, std::atomic<FakeEngine*>* made = nullptr) {
+  return [options, made](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
+    FakeEngineOptions fo = options;
     fo.device = eo.device;
-    return std::unique_ptr<Engine>(std::make_unique<FakeEngine>(fo));
+    auto engine = std::make_unique<FakeEngine>(fo);
+    if (made) made->store(engine.get());
+    return std::unique_ptr<Engine>(std::move(engine));
   };
 }
 
 // A loaded server with fake engines and a client connected to it.
 struct TestServer {
-  explicit TestServer(ServerConfig c = TestConfig()) : server(c, FakeFactory(), 0) {
+  explicit TestServer(ServerConfig c = TestConfig(), FakeEngineOptions fo = {})
+      : server(c, FakeFactory(fo, &engine), 0) {
     spdlog::set_level(spdlog::level::err);
     Status s = server.Start();
     EXPECT_TRUE(s.ok()) << s.ToString();
@@ -80,6 +86,7 @@ struct TestServer {
     client = std::make_unique<Client>(co);
   }
   ~TestServer() { server.Shutdown(); }
+  std::atomic<FakeEngine*> engine{nullptr};  // before `server`, whose factory writes it
   MaskServer server;
   std::unique_ptr<Client> client;
 };
@@ -219,24 +226,40 @@ TEST(HardeningLogSafe, EscapesControlsBackslashesAndInvalidUtf8) {
 }
 
 // Captures what the server logs (spdlog's default logger) for one test.
+// A sink whose text may be read while server threads still log (under the sink's own lock).
+class StringSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return text_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    text_.append(formatted.data(), formatted.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::string text_;
+};
+
 class CapturedLog {
  public:
-  CapturedLog() : old_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    sink->set_pattern("%L %v");
-    auto logger = std::make_shared<spdlog::logger>("hardening-capture", sink);
+  CapturedLog() : old_(spdlog::default_logger()), sink_(std::make_shared<StringSink>()) {
+    sink_->set_pattern("%L %v");
+    auto logger = std::make_shared<spdlog::logger>("hardening-capture", sink_);
     logger->set_level(spdlog::level::debug);
     spdlog::set_default_logger(logger);
   }
   ~CapturedLog() { spdlog::set_default_logger(old_); }
-  std::string text() {
-    spdlog::default_logger()->flush();
-    return out_.str();
-  }
+  std::string text() { return sink_->text(); }
 
  private:
   std::shared_ptr<spdlog::logger> old_;
-  std::ostringstream out_;
+  std::shared_ptr<StringSink> sink_;
 };
 
 TEST(HardeningLogSafe, NewlinesInRequestTagAndEchoedIdsStayOnTheirLine) {
@@ -385,6 +408,152 @@ TEST(HardeningStream, WellFormedStreamsStillEndOk) {
   auto r1 = session->Send(next);
   ASSERT_TRUE(r1.ok()) << r1.status().ToString();
   EXPECT_TRUE(session->Finish().ok());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 2: one big request does not make a click wait for all of it, and a cancelled or expired
+// request is dropped from the decoder queue before more model work (the log says so, not OK).
+
+constexpr int kBigPrompts = 256;
+constexpr auto kPerPrompt = std::chrono::milliseconds(8);  // the fake decoder's cost per prompt
+// What the big request costs when all of it is decoded.
+constexpr auto kBigCost = kPerPrompt * kBigPrompts;
+
+struct FairnessServer : TestServer {
+  FairnessServer() : TestServer(Config(), Options()) {
+    v1::EmbedRequest e;
+    *e.mutable_image() = EncodedPicture(64, 48, 9);
+    auto r = client->Embed(e);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) image_id = r->image_id();
+  }
+  static ServerConfig Config() {
+    ServerConfig c = TestConfig();
+    c.decoder_request_prompts = 16;
+    c.shutdown_grace_s = 5;
+    return c;
+  }
+  static FakeEngineOptions Options() {
+    FakeEngineOptions fo;
+    fo.decode_delay_per_prompt = kPerPrompt;
+    return fo;
+  }
+  v1::SegmentRequest Big() const {
+    v1::SegmentRequest r;
+    r.set_image_id(image_id);
+    for (int i = 0; i < kBigPrompts; ++i) *r.add_prompts() = Point(i % 60, (i / 60) % 40);
+    return r;
+  }
+  // Waits until the decoder works on the big request.
+  void WaitForDecoding() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (engine.load()->decode_calls.load() == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_GT(engine.load()->decode_calls.load(), 0);
+  }
+  // One click's latency; it must succeed.
+  std::chrono::duration<double> Click() {
+    v1::SegmentRequest r;
+    r.set_image_id(image_id);
+    *r.add_prompts() = Point(20, 20);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto res = client->Segment(r);
+    const auto dt = std::chrono::steady_clock::now() - t0;
+    EXPECT_TRUE(res.ok()) << res.status().ToString();
+    return dt;
+  }
+  uint64_t DroppedByDecoder() {
+    auto info = client->GetInfo();
+    EXPECT_TRUE(info.ok());
+    return info.ok() ? info->decoder_queue().dropped() : 0;
+  }
+  std::string image_id;
+};
+
+TEST(HardeningFairness, ClickAfterABigRequestDoesNotWaitForAllOfIt) {
+  FairnessServer t;
+  ASSERT_FALSE(t.image_id.empty());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto big = std::async(std::launch::async, [&] {
+    auto r = t.client->Segment(t.Big());
+    return std::make_pair(r, std::chrono::steady_clock::now() - t0);
+  });
+  t.WaitForDecoding();
+  const auto click = t.Click();
+  auto [res, big_took] = big.get();
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  EXPECT_EQ(res->results_size(), kBigPrompts);
+  const double big_s = std::chrono::duration<double>(big_took).count();
+  // All of the big request: >= 2 s of decoding. The click waits for one 16-prompt part (0.13 s).
+  EXPECT_GE(big_s, std::chrono::duration<double>(kBigCost).count() * 0.9);
+  EXPECT_LT(click.count(), big_s / 3) << "the click took " << click.count() << " s, the big request "
+                                      << big_s << " s";
+}
+
+TEST(HardeningFairness, ExpiredBigRequestIsDroppedAndLoggedAsDeadlineExceeded) {
+  FairnessServer t;
+  ASSERT_FALSE(t.image_id.empty());
+  CapturedLog log;
+  auto stub = v1::MaskService::NewStub(t.client->channel());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto big = std::async(std::launch::async, [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(400));
+    v1::SegmentResponse response;
+    return stub->Segment(&ctx, t.Big(), &response);
+  });
+  t.WaitForDecoding();
+  const auto click = t.Click();
+  const grpc::Status s = big.get();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_LT(click.count(), std::chrono::duration<double>(kBigCost).count() / 3);
+  // Let the time pass that the whole big request would have taken: its parts after the deadline
+  // never reach the engine.
+  std::this_thread::sleep_until(t0 + kBigCost + std::chrono::milliseconds(300));
+  const int decoded = t.engine.load()->decoded_prompts.load();
+  EXPECT_LT(decoded, kBigPrompts / 2) << "prompts decoded after the deadline";
+  EXPECT_GE(t.DroppedByDecoder(), 1u);
+  const std::string text = log.text();
+  EXPECT_TRUE(std::regex_search(text, std::regex("method=Segment [^\n]*status=DEADLINE_EXCEEDED"
+                                                 "[^\n]*prompts=256")))
+      << text;
+  EXPECT_FALSE(std::regex_search(text, std::regex("method=Segment [^\n]*status=OK[^\n]*prompts=256")))
+      << text;
+}
+
+TEST(HardeningFairness, CancelledBigRequestIsDroppedAndLoggedAsCancelled) {
+  FairnessServer t;
+  ASSERT_FALSE(t.image_id.empty());
+  CapturedLog log;
+  auto stub = v1::MaskService::NewStub(t.client->channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto big = std::async(std::launch::async, [&] {
+    v1::SegmentResponse response;
+    return stub->Segment(&ctx, t.Big(), &response);
+  });
+  t.WaitForDecoding();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ctx.TryCancel();
+  const grpc::Status s = big.get();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  const auto click = t.Click();
+  EXPECT_LT(click.count(), std::chrono::duration<double>(kBigCost).count() / 3);
+  std::this_thread::sleep_until(t0 + kBigCost + std::chrono::milliseconds(300));
+  EXPECT_LT(t.engine.load()->decoded_prompts.load(), kBigPrompts / 2);
+  EXPECT_GE(t.DroppedByDecoder(), 1u);
+  // The server's access line for the big call comes when its last part is reported.
+  std::string text;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < until) {
+    text = log.text();
+    if (text.find("prompts=256") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(std::regex_search(text, std::regex("method=Segment [^\n]*status=CANCELLED[^\n]*prompts=256")))
+      << text;
 }
 
 }  // namespace
