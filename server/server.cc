@@ -78,6 +78,23 @@ Status MaskServer::StartListening() {
 }
 
 Status MaskServer::LoadAndServe() {
+  {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    if (shutting_down_) return Unavailable("shut down before loading");
+    loading_ = true;
+  }
+  Status s = Load();
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  loading_ = false;
+  if (!s.ok()) return s;
+  if (shutting_down_) return Unavailable("shut down while loading");
+  service_->SetBackend(Backend{pipeline_.get(), workers()});
+  SetHealth(true);
+  spdlog::info("serving {} on {} with {} device(s)", kServiceName, address_, workers_.size());
+  return Status::Ok();
+}
+
+Status MaskServer::Load() {
   StatusOr<std::vector<DeviceSpec>> devices = ParseDevices(config_.device, cuda_device_count_);
   if (!devices.ok()) return devices.status();
 
@@ -177,13 +194,6 @@ Status MaskServer::LoadAndServe() {
   po.limits = config_.limits();
   pipeline_ = std::make_unique<Pipeline>(po, identity, router_.get(), decode_pool_.get(),
                                          post_pool_.get());
-  {
-    std::lock_guard<std::mutex> lock(shutdown_mu_);
-    if (shutting_down_) return Unavailable("shut down while loading");
-    service_->SetBackend(Backend{pipeline_.get(), raw});
-    SetHealth(true);
-  }
-  spdlog::info("serving {} on {} with {} device(s)", kServiceName, address_, workers_.size());
   return Status::Ok();
 }
 
@@ -194,10 +204,12 @@ std::vector<DeviceWorker*> MaskServer::workers() const {
 }
 
 void MaskServer::Shutdown() {
+  bool loading;
   {
     std::lock_guard<std::mutex> lock(shutdown_mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
+    loading = loading_;
     SetHealth(false);
   }
   if (service_) {
@@ -213,9 +225,12 @@ void MaskServer::Shutdown() {
   }
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   // Queued work fails with UNAVAILABLE; then the pools run what is left (which only finishes calls).
-  for (auto& w : workers_) w->Stop();
-  if (decode_pool_) decode_pool_->Stop();
-  if (post_pool_) post_pool_->Stop();
+  // While loading, nothing served yet and LoadAndServe owns these members (see shutdown_mu_).
+  if (!loading) {
+    for (auto& w : workers_) w->Stop();
+    if (decode_pool_) decode_pool_->Stop();
+    if (post_pool_) post_pool_->Stop();
+  }
   if (grpc_server_) grpc_server_->Wait();
   {
     std::lock_guard<std::mutex> lock(shutdown_mu_);
@@ -228,6 +243,11 @@ void MaskServer::Shutdown() {
 void MaskServer::Wait() {
   std::unique_lock<std::mutex> lock(shutdown_mu_);
   down_cv_.wait(lock, [this] { return down_; });
+}
+
+bool MaskServer::WaitDown(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(shutdown_mu_);
+  return down_cv_.wait_until(lock, deadline, [this] { return down_; });
 }
 
 }  // namespace maskd::server

@@ -3,6 +3,7 @@
 // end-to-end tests run it in-process on an ephemeral loopback port.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -46,6 +47,8 @@ class MaskServer {
   void Shutdown();
   // Blocks until Shutdown has completed.
   void Wait();
+  // Wait, up to `deadline`; true when Shutdown has completed.
+  bool WaitDown(std::chrono::steady_clock::time_point deadline);
 
   int port() const { return port_; }
   const std::string& address() const { return address_; }
@@ -55,6 +58,8 @@ class MaskServer {
 
  private:
   void SetHealth(bool serving);
+  // LoadAndServe's work without the state changes: engines, workers, pools, pipeline.
+  Status Load();
 
   const ServerConfig config_;
   const EngineFactory factory_;
@@ -71,10 +76,12 @@ class MaskServer {
   std::unique_ptr<Router> router_;
   std::unique_ptr<Pipeline> pipeline_;
 
-  // Guards the shutdown sequence (shutting_down_, down_).
+  // Guards the shutdown sequence (shutting_down_, down_) and loading_: while LoadAndServe builds
+  // the workers, pools and pipeline, Shutdown leaves them alone (LoadAndServe then sees
+  // shutting_down_ and stops; the destructor stops what it built).
   std::mutex shutdown_mu_;
   std::condition_variable down_cv_;
-  bool shutting_down_ = false, down_ = false;
+  bool shutting_down_ = false, down_ = false, loading_ = false;
 };
 
 }  // namespace maskd::server

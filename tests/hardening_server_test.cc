@@ -6,10 +6,13 @@
 #include <cstdio>
 #include <thread>
 #include <future>
+#include <optional>
 #include <regex>
 #include <set>
 
+#include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <grpcpp/generic/generic_stub.h>
 #include <spdlog/sinks/base_sink.h>
@@ -17,6 +20,7 @@
 
 #include "client/client.h"
 #include "model/io/image_codec.h"
+#include "server/lifecycle.h"
 #include "server/logging.h"
 #include "server/result_store.h"
 #include "server/server.h"
@@ -554,6 +558,153 @@ TEST(HardeningFairness, CancelledBigRequestIsDroppedAndLoggedAsCancelled) {
   }
   EXPECT_TRUE(std::regex_search(text, std::regex("method=Segment [^\n]*status=CANCELLED[^\n]*prompts=256")))
       << text;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 8: a signal ends maskd in bounded time with exit 0, during a long batch and during loading.
+// These run maskd_fake (the product's process life around the fake engine) as a child process.
+
+class ChildProcess {
+ public:
+  explicit ChildProcess(const std::vector<std::string>& args) {
+    int fds[2];
+    EXPECT_EQ(pipe(fds), 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ), 0) << args[0];
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    reader_ = std::thread([this, fd = fds[0]] {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof buf)) > 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        out_.append(buf, static_cast<size_t>(n));
+      }
+      close(fd);
+    });
+  }
+  ~ChildProcess() {
+    if (!exited_) {
+      kill(pid_, SIGKILL);
+      int status;
+      waitpid(pid_, &status, 0);
+    }
+    reader_.join();
+  }
+  std::string output() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return out_;
+  }
+  // The first match of `pattern` in the output (group 1 if any), waiting up to `timeout`.
+  std::optional<std::string> WaitFor(const std::string& pattern, std::chrono::seconds timeout) {
+    const std::regex re(pattern);
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      std::smatch m;
+      const std::string text = output();
+      if (std::regex_search(text, m, re)) return m.size() > 1 ? m[1].str() : m[0].str();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return std::nullopt;
+  }
+  void Signal(int sig) { kill(pid_, sig); }
+  // The exit code, or nullopt when the process is still running after `timeout` (or was killed).
+  std::optional<int> WaitExit(std::chrono::seconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        if (WIFEXITED(status)) return WEXITSTATUS(status);
+        return std::nullopt;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return std::nullopt;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::thread reader_;
+  std::mutex mu_;
+  std::string out_;
+};
+
+std::vector<std::string> FakeMaskdArgs(std::vector<std::string> extra) {
+  std::vector<std::string> args{std::string(MASKD_BINARY_DIR) + "/tests/maskd_fake",
+                                "--listen", "127.0.0.1:0", "--device", "cpu",
+                                "--models-dir", "/nonexistent-maskd-test-models", "--log-level", "info"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST(HardeningShutdown, SignalDuringLoadingExitsZeroPromptly) {
+  ChildProcess p(FakeMaskdArgs({"--fake-load-ms", "60000"}));
+  ASSERT_TRUE(p.WaitFor("loading the engine", std::chrono::seconds(20))) << p.output();
+  const auto t0 = std::chrono::steady_clock::now();
+  p.Signal(SIGTERM);
+  const std::optional<int> code = p.WaitExit(std::chrono::seconds(20));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(code.has_value()) << "still running or killed: " << p.output();
+  EXPECT_EQ(*code, 0) << p.output();
+  EXPECT_LT(took, 10.0) << "waited for the 60 s load";
+}
+
+TEST(HardeningShutdown, LongBatchDoesNotHoldTheExitPastTheGracePeriod) {
+  ChildProcess p(FakeMaskdArgs({"--fake-decode-ms", "60000", "--shutdown-grace-s", "1",
+                                "--decoder-queue-delay-us", "0"}));
+  const std::optional<std::string> port =
+      p.WaitFor("listening on 127\\.0\\.0\\.1:([0-9]+)", std::chrono::seconds(20));
+  ASSERT_TRUE(port) << p.output();
+  ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
+  ClientOptions co;
+  co.target = "127.0.0.1:" + *port;
+  co.timeout = std::chrono::milliseconds(120000);
+  Client client(co);
+  auto call = std::async(std::launch::async, [&] {
+    v1::SegmentRequest r;
+    *r.mutable_image() = EncodedPicture(32, 32, 4);
+    *r.add_prompts() = Point(5, 5);
+    return client.Segment(r);
+  });
+  // Until the 60 s decoder batch runs.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  bool running = false;
+  while (!running && std::chrono::steady_clock::now() < until) {
+    auto info = client.GetInfo();
+    running = info.ok() && info->decoder_queue().batches() >= 1;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(running) << p.output();
+  const auto t0 = std::chrono::steady_clock::now();
+  p.Signal(SIGTERM);
+  const std::optional<int> code = p.WaitExit(std::chrono::seconds(40));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(code.has_value()) << "still running or killed: " << p.output();
+  EXPECT_EQ(*code, 0) << p.output();
+  // --shutdown-grace-s 1 + kShutdownMarginS (2 s), with room for a loaded machine; the batch: 60 s.
+  EXPECT_LT(took, 1 + kShutdownMarginS + 4) << p.output();
+  EXPECT_NE(p.output().find("exiting without waiting"), std::string::npos) << p.output();
+  auto res = call.get();
+  EXPECT_FALSE(res.ok());
+}
+
+TEST(HardeningShutdown, IdleServerDrainsAndExitsZero) {
+  ChildProcess p(FakeMaskdArgs({}));
+  ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
+  p.Signal(SIGINT);
+  const std::optional<int> code = p.WaitExit(std::chrono::seconds(20));
+  ASSERT_TRUE(code.has_value()) << p.output();
+  EXPECT_EQ(*code, 0) << p.output();
+  EXPECT_NE(p.output().find("shut down"), std::string::npos) << p.output();
 }
 
 }  // namespace
