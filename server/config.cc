@@ -235,6 +235,10 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
   for (const char* n : {"cache-device-bytes", "cache-host-bytes", "result-store-bytes"}) {
     app.get_option(std::string("--") + n)->group(g_mem);
   }
+  bytes("max-inflight-bytes", &c.max_inflight_bytes,
+        "Memory that accepted, unfinished requests may hold (images as sent, decoded and resized; "
+        "mask inputs), whole server; a request that does not fit gets RESOURCE_EXHAUSTED at once");
+  app.get_option("--max-inflight-bytes")->group("Memory (whole server)");
 
   auto* g_thr = "Threads";
   env(app.add_option("--decode-threads", c.decode_threads,
@@ -444,6 +448,8 @@ Status ValidateConfig(const ServerConfig& c) {
                    "no embedding could be kept, so no image could be segmented"},
            NonZero{"--result-store-bytes", c.result_store_bytes,
                    "every result_id would be unknown at once"},
+           NonZero{"--max-inflight-bytes", c.max_inflight_bytes,
+                   "only one image request at a time would be accepted"},
        }) {
     if (n.value == 0) {
       return InvalidArgument(std::string(n.flag) + " = 0 (expected at least 1 byte; with 0 " + n.why +

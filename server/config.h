@@ -51,6 +51,8 @@ struct ServerConfig {
   uint64_t cache_device_bytes = uint64_t{2} << 30;
   uint64_t cache_host_bytes = uint64_t{8} << 30;
   uint64_t result_store_bytes = uint64_t{512} << 20;
+  // Whole server: what accepted, unfinished requests may hold (server/byte_budget.h).
+  uint64_t max_inflight_bytes = uint64_t{2} << 30;
 
   // Threads (whole server). 0: half the cores, at least 2.
   int decode_threads = 0;

@@ -40,6 +40,8 @@ struct Pipeline::Job {
   std::mutex error_mu;
   Status first_error;  // guarded by error_mu
 
+  uint64_t reserved_bytes = 0;  // held in Pipeline::inflight_ until Finish
+
   const std::string& rid() const { return control->request_id(); }
   static void Max(std::atomic<uint64_t>& slot, uint64_t v) {
     uint64_t cur = slot.load();
@@ -67,7 +69,8 @@ Pipeline::Pipeline(PipelineOptions options, std::string model_identity, Router* 
       identity_(std::move(model_identity)),
       router_(router),
       decode_pool_(decode_pool),
-      post_pool_(post_pool) {}
+      post_pool_(post_pool),
+      inflight_(options_.max_inflight_bytes, "--max-inflight-bytes") {}
 
 void Pipeline::Embed(ImageInput image, CallControlPtr control, Clock::time_point arrival,
                      ImageOutcome* out, Done done) {
@@ -111,8 +114,35 @@ void Pipeline::Post(std::function<void()> fn) {
   if (!post_pool_->TrySubmit(fn)) fn();
 }
 
+uint64_t Pipeline::CostOf(const Job& job) const {
+  uint64_t bytes = 0;
+  const ImageInput& im = job.image;
+  if (im.kind == ImageInput::Kind::kEncoded) {
+    bytes += im.bytes.size() + options_.prepared_image_bytes;
+    // An unreadable header costs nothing more: decoding refuses it at once.
+    if (StatusOr<DeclaredSize> size = ReadDeclaredSize(im.bytes); size.ok()) {
+      // Capped by the pixel limit: a larger declared size is refused before allocation.
+      bytes += std::min<uint64_t>(size->width * size->height, options_.limits.max_image_pixels) * 3;
+    }
+  } else if (im.kind == ImageInput::Kind::kRaw) {
+    bytes += 2 * im.bytes.size() + options_.prepared_image_bytes;  // the request's and the copy
+  }
+  for (const PromptDraft& d : job.drafts) {
+    if (d.mask == PromptDraft::Mask::kLogits) {
+      bytes += 2 * uint64_t{kLowResSide} * kLowResSide * sizeof(float);  // the request's and the copy
+    }
+  }
+  return bytes;
+}
+
 void Pipeline::Start(const JobPtr& job) {
   job->enqueued = Clock::now();
+  // Checked before anything is decoded; requests by image_id with plain prompts hold next to
+  // nothing and always get in, so clicks on cached images pass a flood of new images.
+  if (const uint64_t cost = CostOf(*job); cost > 0) {
+    if (Status s = inflight_.TryReserve(cost); !s.ok()) return Finish(job, s);
+    job->reserved_bytes = cost;
+  }
   if (!decode_pool_->TrySubmit([this, job] { Guarded(job, [&] { Resolve(job); }); })) {
     Finish(job, ResourceExhausted("the image decode queue is full (" +
                                   std::to_string(decode_pool_->depth()) + " of " +
@@ -491,6 +521,7 @@ void Pipeline::Finish(const JobPtr& job, Status status) {
   t.postprocess_us = job->postprocess_us;
   t.total_us = total_us;
   if (job->segment && !status.ok()) job->segment->results.clear();
+  if (job->reserved_bytes > 0) inflight_.Release(job->reserved_bytes);
   if (DeviceWorker* w = job->worker.load()) {
     w->stages()[Stage::kDecodeQueue].Add(job->decode_queue_us);
     w->stages()[Stage::kTotal].Add(total_us);

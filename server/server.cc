@@ -192,6 +192,10 @@ Status MaskServer::Load() {
                                             ResolvedThreads(config_.postprocess_threads), 0);
   PipelineOptions po;
   po.limits = config_.limits();
+  po.max_inflight_bytes = config_.max_inflight_bytes;
+  // The engine's input, at fp32 (the widest precision): an upper bound for every device.
+  const uint64_t side = static_cast<uint64_t>(std::max(1, workers_[0]->engine().description().image_size));
+  po.prepared_image_bytes = side * side * 3 * sizeof(float);
   pipeline_ = std::make_unique<Pipeline>(po, identity, router_.get(), decode_pool_.get(),
                                          post_pool_.get());
   return Status::Ok();

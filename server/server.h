@@ -54,6 +54,8 @@ class MaskServer {
   const std::string& address() const { return address_; }
   MaskService& service() { return *service_; }
   std::vector<DeviceWorker*> workers() const;
+  // Null until loaded.
+  const Pipeline* pipeline() const { return pipeline_.get(); }
   const ServerConfig& config() const { return config_; }
 
  private:

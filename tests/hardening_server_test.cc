@@ -707,5 +707,65 @@ TEST(HardeningShutdown, IdleServerDrainsAndExitsZero) {
   EXPECT_NE(p.output().find("shut down"), std::string::npos) << p.output();
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Finding 9: accepted-but-unfinished work has a byte budget, checked before decoding.
+
+TEST(HardeningMemory, NewImagesOverTheBudgetAreRefusedAtOnceAndClicksStillPass) {
+  ServerConfig c = TestConfig();
+  // The fake engine's prepared image is 1024 x 1024 x 3 floats (12.6 MB): one new image fits.
+  c.max_inflight_bytes = 20 << 20;
+  TestServer t(c);
+  v1::EmbedRequest cached;
+  *cached.mutable_image() = EncodedPicture(64, 64, 1);
+  auto cached_res = t.client->Embed(cached);
+  ASSERT_TRUE(cached_res.ok()) << cached_res.status().ToString();
+
+  FakeEngine* engine = t.engine.load();
+  engine->HoldEncodes();
+  auto first = std::async(std::launch::async, [&] {
+    v1::EmbedRequest r;
+    *r.mutable_image() = EncodedPicture(200, 150, 2);
+    return t.client->Embed(r);
+  });
+  ASSERT_TRUE(engine->WaitForEncodeCalls(2, std::chrono::seconds(10)));
+
+  // A second new image, and one whose header claims 8000 x 8000 in a few bytes: refused at once.
+  v1::EmbedRequest second;
+  *second.mutable_image() = EncodedPicture(200, 150, 3);
+  std::string lying = EncodedPicture(16, 16, 4).encoded();
+  for (int at : {16, 20}) {
+    lying[at] = 0, lying[at + 1] = 0, lying[at + 2] = 0x1f, lying[at + 3] = 0x40;  // 8000
+  }
+  v1::EmbedRequest lie;
+  lie.mutable_image()->set_encoded(lying);
+  const int prepares = engine->prepare_calls.load();
+  for (const v1::EmbedRequest* r : {&second, &lie}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto res = t.client->Embed(*r);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_FALSE(res.ok());
+    EXPECT_EQ(res.status().code(), StatusCode::kResourceExhausted) << res.status().ToString();
+    EXPECT_NE(res.status().message().find("--max-inflight-bytes"), std::string::npos)
+        << res.status().message();
+    EXPECT_LT(took, 2.0);
+  }
+  EXPECT_EQ(engine->prepare_calls.load(), prepares) << "a refused image was decoded";
+
+  // A click on a cached image holds next to nothing and passes the flood.
+  v1::SegmentRequest click;
+  click.set_image_id(cached_res->image_id());
+  *click.add_prompts() = Point(10, 10);
+  auto clicked = t.client->Segment(click);
+  EXPECT_TRUE(clicked.ok()) << clicked.status().ToString();
+
+  engine->ReleaseEncodes();
+  auto first_res = first.get();
+  EXPECT_TRUE(first_res.ok()) << first_res.status().ToString();
+  // Finished work gives its bytes back.
+  EXPECT_EQ(t.server.pipeline()->inflight().used(), 0u);
+  auto again = t.client->Embed(second);
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+}
+
 }  // namespace
 }  // namespace maskd::server
