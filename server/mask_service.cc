@@ -122,6 +122,12 @@ void MaskService::RecordOutcome(const Status& status) {
   ++calls_by_status_[StatusCodeName(status.code())];
 }
 
+void MaskService::RecordUnparsable() {
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  ++calls_;
+  ++calls_by_status_[StatusCodeName(StatusCode::kInvalidArgument)];
+}
+
 void MaskService::AddStream(StreamReactor* s) {
   std::lock_guard<std::mutex> lock(streams_mu_);
   streams_.insert(s);

@@ -54,7 +54,8 @@ Status MaskServer::StartListening() {
   // silently take a share of the first one's connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(MakeParseErrorInterceptorFactory());
+  interceptors.push_back(
+      MakeParseErrorInterceptorFactory([service = service_.get()] { service->RecordUnparsable(); }));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(service_.get());
   // The largest request: a raw image at the pixel limit (or an encoded one at the byte limit) plus

@@ -372,10 +372,25 @@ TEST(HardeningStream, MalformedThirdOfFourMessagesEndsWithInvalidArgument) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   EXPECT_NE(status.error_message().find("message 2"), std::string::npos) << status.error_message();
   EXPECT_NE(status.error_message().find("SegmentRequest"), std::string::npos) << status.error_message();
+  // The malformed message is counted with the answers (GetInfo.calls_by_status).
+  auto info = t.client->GetInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->calls_by_status().count("INVALID_ARGUMENT"), 1u);
+  if (info->calls_by_status().count("INVALID_ARGUMENT")) {
+    EXPECT_EQ(info->calls_by_status().at("INVALID_ARGUMENT"), 1u);
+  }
 }
 
 TEST(HardeningUnary, UnparsableRequestIsInvalidArgument) {
   TestServer t;
+  auto invalid_calls = [&] {
+    auto info = t.client->GetInfo();
+    EXPECT_TRUE(info.ok());
+    auto it = info->calls_by_status().find("INVALID_ARGUMENT");
+    return it == info->calls_by_status().end() ? uint64_t{0} : it->second;
+  };
+  const uint64_t invalid_before = invalid_calls();
+  CapturedLog log;
   grpc::GenericStub stub(t.client->channel());
   for (const char* method : {"/maskd.v1.MaskService/Segment", "/maskd.v1.MaskService/Embed"}) {
     grpc::ClientContext ctx;
@@ -397,6 +412,13 @@ TEST(HardeningUnary, UnparsableRequestIsInvalidArgument) {
   EXPECT_EQ(done.get_future().get().error_code(), grpc::StatusCode::UNIMPLEMENTED);
   // And well-formed requests still work.
   EXPECT_TRUE(t.client->GetInfo().ok());
+  // Both are logged and counted in GetInfo like any call answered INVALID_ARGUMENT.
+  EXPECT_EQ(invalid_calls(), invalid_before + 2);
+  const std::string text = log.text();
+  for (const char* method : {"method=/maskd.v1.MaskService/Segment status=INVALID_ARGUMENT",
+                             "method=/maskd.v1.MaskService/Embed status=INVALID_ARGUMENT"}) {
+    EXPECT_NE(text.find(method), std::string::npos) << text;
+  }
 }
 
 TEST(HardeningStream, WellFormedStreamsStillEndOk) {
