@@ -403,6 +403,22 @@ TEST(HardeningUnary, UnparsableRequestIsInvalidArgument) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << s.error_message();
     EXPECT_NE(s.error_message().find(method), std::string::npos) << s.error_message();
   }
+  // Invalid UTF-8 in a string field (request_tag, field 5) does not parse either: INVALID_ARGUMENT,
+  // not UNIMPLEMENTED.
+  {
+    v1::SegmentRequest r;
+    r.set_image_id("abc");
+    *r.add_prompts() = Point(1, 1);
+    const std::string bad = Serialized(r) + std::string("\x2a\x03\xff\xfe\n", 5);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::ByteBuffer request = Wire(bad), response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, "/maskd.v1.MaskService/Segment", grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status s) { done.set_value(s); });
+    const grpc::Status s = done.get_future().get();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
   // Real UNIMPLEMENTED answers (no such method) are left alone.
   grpc::ClientContext ctx;
   grpc::ByteBuffer request = Wire(""), response;
@@ -412,8 +428,8 @@ TEST(HardeningUnary, UnparsableRequestIsInvalidArgument) {
   EXPECT_EQ(done.get_future().get().error_code(), grpc::StatusCode::UNIMPLEMENTED);
   // And well-formed requests still work.
   EXPECT_TRUE(t.client->GetInfo().ok());
-  // Both are logged and counted in GetInfo like any call answered INVALID_ARGUMENT.
-  EXPECT_EQ(invalid_calls(), invalid_before + 2);
+  // All are logged and counted in GetInfo like any call answered INVALID_ARGUMENT.
+  EXPECT_EQ(invalid_calls(), invalid_before + 3);
   const std::string text = log.text();
   for (const char* method : {"method=/maskd.v1.MaskService/Segment status=INVALID_ARGUMENT",
                              "method=/maskd.v1.MaskService/Embed status=INVALID_ARGUMENT"}) {
