@@ -598,6 +598,51 @@ TEST(HardeningFairness, CancelledBigRequestIsDroppedAndLoggedAsCancelled) {
       << text;
 }
 
+TEST(HardeningFairness, ExpiredImageIsDroppedFromTheEncoderQueue) {
+  TestServer t;
+  CapturedLog log;
+  FakeEngine* engine = t.engine.load();
+  engine->HoldEncodes();
+  auto first = std::async(std::launch::async, [&] {
+    v1::EmbedRequest r;
+    *r.mutable_image() = EncodedPicture(40, 40, 11);
+    return t.client->Embed(r);
+  });
+  ASSERT_TRUE(engine->WaitForEncodeCalls(1, std::chrono::seconds(10)));
+  // Queued behind the held batch until its deadline passes.
+  auto stub = v1::MaskService::NewStub(t.client->channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  v1::EmbedRequest late;
+  *late.mutable_image() = EncodedPicture(40, 40, 12);
+  v1::EmbedResponse response;
+  const grpc::Status s = stub->Embed(&ctx, late, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  // The server's deadline is the client's plus the request's transit time.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  engine->ReleaseEncodes();
+  auto res = first.get();
+  EXPECT_TRUE(res.ok()) << res.status().ToString();
+  // The expired image is dropped when the next batch forms, never encoded.
+  uint64_t dropped = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (dropped == 0 && std::chrono::steady_clock::now() < until) {
+    auto info = t.client->GetInfo();
+    dropped = info.ok() ? info->encoder_queue().dropped() : 0;
+    if (dropped == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(dropped, 1u);
+  EXPECT_EQ(engine->encoded_images.load(), 1);
+  // Its access line follows the drop (the counter is updated first).
+  const std::regex expired("method=Embed [^\n]*status=DEADLINE_EXCEEDED");
+  bool logged = false;
+  for (int i = 0; i < 500 && !logged; ++i) {
+    logged = std::regex_search(log.text(), expired);
+    if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(logged) << log.text();
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Finding 8: a signal ends maskd in bounded time with exit 0, during a long batch and during loading.
 // These run maskd_fake (the product's process life around the fake engine) as a child process.
