@@ -644,6 +644,55 @@ TEST(HardeningFairness, ExpiredImageIsDroppedFromTheEncoderQueue) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Truncated and lying JPEGs: INVALID_ARGUMENT through gRPC, naming the field, and nothing reaches the
+// engine.
+
+TEST(HardeningImages, TruncatedAndLyingJpegsAreInvalidArgumentOverGrpc) {
+  TestServer t;
+  ImageRGB8 busy{256, 192, std::vector<uint8_t>(256 * 192 * 3)};
+  uint32_t x = 7;
+  for (auto& p : busy.pixels) p = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 24);
+  const std::string jpeg = *EncodeJpeg(busy, 90);
+  const std::string eoi("\xff\xd9", 2);
+  std::string liar = *EncodeJpeg(ImageRGB8{16, 16, std::vector<uint8_t>(16 * 16 * 3, 90)}, 75);
+  for (size_t i = 2; i + 8 < liar.size(); ++i) {
+    if (static_cast<uint8_t>(liar[i]) == 0xff && static_cast<uint8_t>(liar[i + 1]) == 0xc0) {
+      liar[i + 5] = static_cast<char>(4000 >> 8), liar[i + 6] = static_cast<char>(4000 & 0xff);
+      liar[i + 7] = static_cast<char>(16000 >> 8), liar[i + 8] = static_cast<char>(16000 & 0xff);
+      break;
+    }
+  }
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"cut in half, then EOI", jpeg.substr(0, jpeg.size() / 2) + eoi},
+      {"cut at 10 %", jpeg.substr(0, jpeg.size() / 10)},
+      {"16000 x 4000 declared in a tiny file", liar},
+  };
+  for (const auto& [what, bytes] : cases) {
+    v1::EmbedRequest e;
+    e.mutable_image()->set_encoded(bytes);
+    auto embedded = t.client->Embed(e);
+    ASSERT_FALSE(embedded.ok()) << what;
+    EXPECT_EQ(embedded.status().code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(embedded.status().message().find("image.encoded: "), std::string::npos)
+        << what << ": " << embedded.status().message();
+    EXPECT_NE(embedded.status().message().find("JPEG"), std::string::npos)
+        << what << ": " << embedded.status().message();
+    v1::SegmentRequest r;
+    r.mutable_image()->set_encoded(bytes);
+    *r.add_prompts() = Point(4, 4);
+    auto segmented = t.client->Segment(r);
+    ASSERT_FALSE(segmented.ok()) << what;
+    EXPECT_EQ(segmented.status().code(), StatusCode::kInvalidArgument) << what;
+  }
+  EXPECT_EQ(t.engine.load()->prepare_calls.load(), 0);
+  // The intact file is served.
+  v1::EmbedRequest good;
+  good.mutable_image()->set_encoded(jpeg);
+  auto ok = t.client->Embed(good);
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Finding 8: a signal ends maskd in bounded time with exit 0, during a long batch and during loading.
 // These run maskd_fake (the product's process life around the fake engine) as a child process.
 
