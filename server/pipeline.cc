@@ -40,7 +40,10 @@ struct Pipeline::Job {
   std::mutex error_mu;
   Status first_error;  // guarded by error_mu
 
-  uint64_t reserved_bytes = 0;  // held in Pipeline::inflight_ until Finish
+  // Held in Pipeline::inflight_: the request's bytes until Finish; the decode's from before the
+  // decode until the embedding is cached (or Finish).
+  uint64_t request_bytes = 0;
+  std::atomic<uint64_t> decode_bytes{0};
 
   const std::string& rid() const { return control->request_id(); }
   static void Max(std::atomic<uint64_t>& slot, uint64_t v) {
@@ -114,19 +117,8 @@ void Pipeline::Post(std::function<void()> fn) {
   if (!post_pool_->TrySubmit(fn)) fn();
 }
 
-uint64_t Pipeline::CostOf(const Job& job) const {
-  uint64_t bytes = 0;
-  const ImageInput& im = job.image;
-  if (im.kind == ImageInput::Kind::kEncoded) {
-    bytes += im.bytes.size() + options_.prepared_image_bytes;
-    // An unreadable header costs nothing more: decoding refuses it at once.
-    if (StatusOr<DeclaredSize> size = ReadDeclaredSize(im.bytes); size.ok()) {
-      // Capped by the pixel limit: a larger declared size is refused before allocation.
-      bytes += std::min<uint64_t>(size->width * size->height, options_.limits.max_image_pixels) * 3;
-    }
-  } else if (im.kind == ImageInput::Kind::kRaw) {
-    bytes += 2 * im.bytes.size() + options_.prepared_image_bytes;  // the request's and the copy
-  }
+uint64_t Pipeline::RequestBytes(const Job& job) const {
+  uint64_t bytes = job.image.has_bytes() ? job.image.bytes.size() : 0;
   for (const PromptDraft& d : job.drafts) {
     if (d.mask == PromptDraft::Mask::kLogits) {
       bytes += 2 * uint64_t{kLowResSide} * kLowResSide * sizeof(float);  // the request's and the copy
@@ -135,13 +127,29 @@ uint64_t Pipeline::CostOf(const Job& job) const {
   return bytes;
 }
 
+uint64_t Pipeline::DecodeBytes(const Job& job) const {
+  const ImageInput& im = job.image;
+  uint64_t bytes = options_.prepared_image_bytes;
+  if (im.kind == ImageInput::Kind::kRaw) return bytes + im.bytes.size();  // the decoded copy
+  // An unreadable header costs nothing more: decoding refuses it at once. A declared size over the
+  // pixel limit is refused before allocation, so the limit caps what it costs.
+  if (StatusOr<DeclaredSize> size = ReadDeclaredSize(im.bytes); size.ok()) {
+    bytes += std::min<uint64_t>(size->width * size->height, options_.limits.max_image_pixels) * 3;
+  }
+  return bytes;
+}
+
+void Pipeline::ReleaseDecodeBytes(Job& job) {
+  if (const uint64_t b = job.decode_bytes.exchange(0); b > 0) inflight_.Release(b);
+}
+
 void Pipeline::Start(const JobPtr& job) {
   job->enqueued = Clock::now();
-  // Checked before anything is decoded; requests by image_id with plain prompts hold next to
-  // nothing and always get in, so clicks on cached images pass a flood of new images.
-  if (const uint64_t cost = CostOf(*job); cost > 0) {
-    if (Status s = inflight_.TryReserve(cost); !s.ok()) return Finish(job, s);
-    job->reserved_bytes = cost;
+  // Requests by image_id with plain prompts hold next to nothing and always get in, so clicks on
+  // cached images pass a flood of new images.
+  if (const uint64_t bytes = RequestBytes(*job); bytes > 0) {
+    if (Status s = inflight_.TryReserve(bytes); !s.ok()) return Finish(job, s);
+    job->request_bytes = bytes;
   }
   if (!decode_pool_->TrySubmit([this, job] { Guarded(job, [&] { Resolve(job); }); })) {
     Finish(job, ResourceExhausted("the image decode queue is full (" +
@@ -216,6 +224,12 @@ void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
                                   " images): retry with backoff"));
   }
 
+  // Checked before decoding: the pixels of an image that is not cached yet are the big part of a
+  // request (a few header bytes can declare 64 megapixels).
+  const uint64_t decode_bytes = DecodeBytes(*job);
+  if (Status s = inflight_.TryReserve(decode_bytes, job->request_bytes); !s.ok()) return fail(s);
+  job->decode_bytes = decode_bytes;
+
   const Clock::time_point t0 = Clock::now();
   const ImageInput& im = job->image;
   ImageLimits limits;
@@ -268,6 +282,7 @@ void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
 }
 
 void Pipeline::OnResolved(const JobPtr& job, StatusOr<CachedEmbeddingPtr> entry, bool cached) {
+  ReleaseDecodeBytes(*job);  // the decoded and prepared images are gone once the flight completes
   if (entry.ok()) {
     ReportImage(job, (*entry)->image_id);
   } else {
@@ -521,7 +536,8 @@ void Pipeline::Finish(const JobPtr& job, Status status) {
   t.postprocess_us = job->postprocess_us;
   t.total_us = total_us;
   if (job->segment && !status.ok()) job->segment->results.clear();
-  if (job->reserved_bytes > 0) inflight_.Release(job->reserved_bytes);
+  ReleaseDecodeBytes(*job);
+  if (job->request_bytes > 0) inflight_.Release(job->request_bytes);
   if (DeviceWorker* w = job->worker.load()) {
     w->stages()[Stage::kDecodeQueue].Add(job->decode_queue_us);
     w->stages()[Stage::kTotal].Add(total_us);

@@ -67,9 +67,12 @@ class Pipeline {
   using JobPtr = std::shared_ptr<Job>;
 
   void Start(const JobPtr& job);
-  // What the job holds at its largest: the image as sent, its decoded pixels (from the header's
-  // declared size, before decoding), the prepared image, and mask-input logits.
-  uint64_t CostOf(const Job& job) const;
+  // What a job holds from arrival to its end: the image as sent and mask-input logits.
+  uint64_t RequestBytes(const Job& job) const;
+  // What decoding the job's image makes (from the header's declared size) and the prepared copy,
+  // held by the job that decodes it until its embedding is cached.
+  uint64_t DecodeBytes(const Job& job) const;
+  void ReleaseDecodeBytes(Job& job);
   void Resolve(const JobPtr& job);
   void Lead(const JobPtr& job, DeviceWorker* worker,
             const std::shared_ptr<EmbeddingCache::Flight>& flight, const std::string& image_id);

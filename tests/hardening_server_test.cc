@@ -883,18 +883,33 @@ TEST(HardeningMemory, NewImagesOverTheBudgetAreRefusedAtOnceAndClicksStillPass) 
   }
   EXPECT_EQ(engine->prepare_calls.load(), prepares) << "a refused image was decoded";
 
-  // A click on a cached image holds next to nothing and passes the flood.
+  // Clicks on a cached image pass the flood: by image_id, and with the image's bytes again (found
+  // in the cache, so never decoded).
   v1::SegmentRequest click;
   click.set_image_id(cached_res->image_id());
   *click.add_prompts() = Point(10, 10);
   auto clicked = t.client->Segment(click);
   EXPECT_TRUE(clicked.ok()) << clicked.status().ToString();
+  v1::SegmentRequest click_bytes;
+  *click_bytes.mutable_image() = cached.image();
+  *click_bytes.add_prompts() = Point(10, 10);
+  auto clicked_bytes = t.client->Segment(click_bytes);
+  EXPECT_TRUE(clicked_bytes.ok()) << clicked_bytes.status().ToString();
+  EXPECT_EQ(engine->prepare_calls.load(), prepares);
 
   engine->ReleaseEncodes();
   auto first_res = first.get();
   EXPECT_TRUE(first_res.ok()) << first_res.status().ToString();
   // Finished work gives its bytes back.
   EXPECT_EQ(t.server.pipeline()->inflight().used(), 0u);
+  // A budget holding nothing else admits an image larger than all of it.
+  {
+    ServerConfig small = TestConfig();
+    small.max_inflight_bytes = 1 << 20;
+    TestServer u(small);
+    auto big = u.client->Embed(second);
+    EXPECT_TRUE(big.ok()) << big.status().ToString();
+  }
   auto again = t.client->Embed(second);
   EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
