@@ -829,6 +829,45 @@ TEST(HardeningShutdown, LongBatchDoesNotHoldTheExitPastTheGracePeriod) {
   EXPECT_FALSE(res.ok());
 }
 
+TEST(HardeningShutdown, SecondSignalExitsAtOnce) {
+  ChildProcess p(FakeMaskdArgs({"--fake-decode-ms", "60000", "--shutdown-grace-s", "60",
+                                "--decoder-queue-delay-us", "0"}));
+  const std::optional<std::string> port =
+      p.WaitFor("listening on 127\\.0\\.0\\.1:([0-9]+)", std::chrono::seconds(20));
+  ASSERT_TRUE(port) << p.output();
+  ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
+  ClientOptions co;
+  co.target = "127.0.0.1:" + *port;
+  co.timeout = std::chrono::milliseconds(120000);
+  Client client(co);
+  auto call = std::async(std::launch::async, [&] {
+    v1::SegmentRequest r;
+    *r.mutable_image() = EncodedPicture(32, 32, 6);
+    *r.add_prompts() = Point(5, 5);
+    return client.Segment(r);
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  bool running = false;
+  while (!running && std::chrono::steady_clock::now() < until) {
+    auto info = client.GetInfo();
+    running = info.ok() && info->decoder_queue().batches() >= 1;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(running) << p.output();
+  p.Signal(SIGTERM);
+  ASSERT_TRUE(p.WaitFor("received SIGTERM: shutting down", std::chrono::seconds(10))) << p.output();
+  // Draining (the call has 60 s of grace): the operator insists.
+  const auto t0 = std::chrono::steady_clock::now();
+  p.Signal(SIGINT);
+  const std::optional<int> code = p.WaitExit(std::chrono::seconds(30));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(code.has_value()) << p.output();
+  EXPECT_EQ(*code, 0) << p.output();
+  EXPECT_LT(took, 3.0) << p.output();
+  EXPECT_NE(p.output().find("received SIGINT again: exiting at once"), std::string::npos) << p.output();
+  EXPECT_FALSE(call.get().ok());
+}
+
 TEST(HardeningShutdown, IdleServerDrainsAndExitsZero) {
   ChildProcess p(FakeMaskdArgs({}));
   ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
