@@ -4,8 +4,15 @@
 // (RESOURCE_EXHAUSTED). Items whose call is dead (deadline passed, cancelled) are dropped when the
 // batch is formed, before any engine work.
 //
+// Fairness: items of one group (the parts of one request split by its caller) put at most
+// max_group_weight into one batch, and the batch is filled in arrival order past a group that has
+// had its share. A 256-prompt request queued before a click therefore runs part by part with the
+// click in the first batch after it arrives, instead of the click waiting for all of it; and the
+// big request's later parts are dropped as soon as its call is cancelled or expires.
+//
 // Item requirements:
 //   size_t weight() const;                  // images (encoder) or prompts (decoder), >= 1
+//   const void* group() const;              // items of one request share it; nullptr: no group
 //   Status Alive() const;                   // OK, or why the item is not worth running
 //   void Fail(const Status&);               // called once for a dropped/refused-after-queueing item
 //   Clock::time_point arrival;              // stamped by Submit
@@ -33,6 +40,9 @@ struct BatchQueueOptions {
   size_t max_batch_weight = 1;
   std::chrono::microseconds max_queue_delay{0};
   size_t capacity_weight = 64;
+  // The most weight one group puts into one batch (0: no limit). Callers split bigger requests
+  // into parts of at most this weight.
+  size_t max_group_weight = 0;
 };
 
 struct QueueCounters {
@@ -122,16 +132,7 @@ class BatchQueue {
         return stopping_ || queued_weight_ >= options_.max_batch_weight;
       });
       if (stopping_) break;
-      std::vector<Item> batch;
-      size_t weight = 0;
-      while (!queue_.empty()) {
-        const size_t w = std::max<size_t>(1, queue_.front().weight());
-        if (!batch.empty() && weight + w > options_.max_batch_weight) break;
-        weight += w;
-        queued_weight_ -= w;
-        batch.push_back(std::move(queue_.front()));
-        queue_.pop_front();
-      }
+      std::vector<Item> batch = TakeBatch();
       const Clock::time_point formed = Clock::now();
       lock.unlock();
       RunBatch(batch, formed);
@@ -145,6 +146,40 @@ class BatchQueue {
     for (auto& item : left) {
       item.Fail(Unavailable("the server is shutting down: " + name_ + " work was not started"));
     }
+  }
+
+  // Under mu_. In arrival order, up to max_batch_weight; an item that does not fit ends the batch
+  // (later, smaller items do not overtake it), an item whose group had its share waits for the
+  // next batch while the items behind it go on.
+  std::vector<Item> TakeBatch() {
+    std::vector<Item> batch;
+    std::vector<std::pair<const void*, size_t>> groups;  // weight taken per group in this batch
+    size_t weight = 0;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      const size_t w = std::max<size_t>(1, it->weight());
+      if (!batch.empty() && weight + w > options_.max_batch_weight) break;
+      const void* g = it->group();
+      size_t* taken = nullptr;
+      if (g != nullptr && options_.max_group_weight > 0) {
+        auto found = std::find_if(groups.begin(), groups.end(),
+                                  [g](const auto& e) { return e.first == g; });
+        if (found == groups.end()) {
+          groups.emplace_back(g, 0);
+          found = groups.end() - 1;
+        }
+        taken = &found->second;
+        if (*taken > 0 && *taken + w > options_.max_group_weight) {
+          ++it;
+          continue;
+        }
+      }
+      if (taken) *taken += w;
+      weight += w;
+      queued_weight_ -= w;
+      batch.push_back(std::move(*it));
+      it = queue_.erase(it);
+    }
+    return batch;
   }
 
   void RunBatch(std::vector<Item>& batch, Clock::time_point formed) {

@@ -214,6 +214,13 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_batch),
       "decoder-max-prompts");
+  env(app.add_option("--decoder-request-prompts", c.decoder_request_prompts,
+                     "Most prompts of one request in one mask-decoder batch; bigger requests run in "
+                     "parts that take turns with other requests' prompts (fairness, cancellation)")
+          ->check(CLI::Range(1, 65536))
+          ->capture_default_str()
+          ->group(g_batch),
+      "decoder-request-prompts");
   env(app.add_option("--decoder-queue-delay-us", c.decoder_queue_delay_us,
                      "Longest a prompt waits for its decoder batch to fill, microseconds")
           ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))
@@ -237,6 +244,10 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
   for (const char* n : {"cache-device-bytes", "cache-host-bytes", "result-store-bytes"}) {
     app.get_option(std::string("--") + n)->group(g_mem);
   }
+  bytes("max-inflight-bytes", &c.max_inflight_bytes,
+        "Memory that accepted, unfinished requests may hold (images as sent, decoded and resized; "
+        "mask inputs), whole server; a request that does not fit gets RESOURCE_EXHAUSTED at once");
+  app.get_option("--max-inflight-bytes")->group("Memory (whole server)");
 
   auto* g_thr = "Threads";
   env(app.add_option("--decode-threads", c.decode_threads,
@@ -446,6 +457,8 @@ Status ValidateConfig(const ServerConfig& c) {
                    "no embedding could be kept, so no image could be segmented"},
            NonZero{"--result-store-bytes", c.result_store_bytes,
                    "every result_id would be unknown at once"},
+           NonZero{"--max-inflight-bytes", c.max_inflight_bytes,
+                   "only one image request at a time would be accepted"},
        }) {
     if (n.value == 0) {
       return InvalidArgument(std::string(n.flag) + " = 0 (expected at least 1 byte; with 0 " + n.why +

@@ -42,6 +42,10 @@ struct ServerConfig {
   int encoder_queue_capacity = 64;
   // One request's prompts fit one decoder batch by default.
   int decoder_max_prompts = static_cast<int>(Limits{}.max_prompts_per_request);
+  // The most prompts of one request in one decoder batch: a bigger request runs in parts that take
+  // turns with other requests, so that a click never waits for a whole 256-prompt request, and a
+  // cancelled or expired request stops at its next part.
+  int decoder_request_prompts = 64;
   int64_t decoder_queue_delay_us = 500;
   int decoder_queue_capacity = 8192;
 
@@ -49,6 +53,8 @@ struct ServerConfig {
   uint64_t cache_device_bytes = uint64_t{2} << 30;
   uint64_t cache_host_bytes = uint64_t{8} << 30;
   uint64_t result_store_bytes = uint64_t{512} << 20;
+  // Whole server: what accepted, unfinished requests may hold (server/byte_budget.h).
+  uint64_t max_inflight_bytes = uint64_t{2} << 30;
 
   // Threads (whole server). 0: half the cores, at least 2.
   int decode_threads = 0;

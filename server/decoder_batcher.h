@@ -5,6 +5,7 @@
 // and leaves after max_queue_delay; the queue is bounded in prompts.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <vector>
 
@@ -23,7 +24,9 @@ struct DecodeTiming {
 class DecoderBatcher {
  public:
   struct Request {
-    std::vector<DecodeItem> prompts;  // at most max_prompts (callers split larger requests)
+    std::vector<DecodeItem> prompts;  // at most max_part_prompts (callers split larger requests)
+    // The parts of one request share it (BatchQueueOptions::max_group_weight); may be null.
+    const void* group = nullptr;
     std::function<Status()> alive;
     // Called exactly once from the batcher's thread (unless Submit refused); one DecodedPrompt per
     // prompt, in order. Keep it short: post-processing belongs on another thread.
@@ -35,6 +38,12 @@ class DecoderBatcher {
   Status Submit(Request request);
   bool HasRoom(size_t prompts) const { return queue_.HasRoom(prompts); }
   size_t max_prompts() const { return queue_.options().max_batch_weight; }
+  // The most prompts of one request in one batch: callers split requests into parts of this size.
+  size_t max_part_prompts() const {
+    const BatchQueueOptions& o = queue_.options();
+    return o.max_group_weight > 0 ? std::min(o.max_group_weight, o.max_batch_weight)
+                                  : o.max_batch_weight;
+  }
   void Stop() { queue_.Stop(); }
   QueueCounters counters() const { return queue_.counters(); }
 
@@ -43,6 +52,7 @@ class DecoderBatcher {
     Request request;
     Clock::time_point arrival;
     size_t weight() const { return request.prompts.size(); }
+    const void* group() const { return request.group; }
     Status Alive() const { return request.alive ? request.alive() : Status::Ok(); }
     void Fail(const Status& s) { request.done(s, DecodeTiming{MicrosSince(arrival), 0, 0}); }
   };

@@ -41,6 +41,7 @@ class EncoderBatcher {
     Request request;
     Clock::time_point arrival;
     size_t weight() const { return 1; }
+    const void* group() const { return nullptr; }
     Status Alive() const { return request.alive ? request.alive() : Status::Ok(); }
     void Fail(const Status& s) { request.done(s, EncodeTiming{MicrosSince(arrival), 0, 0}); }
   };

@@ -1,15 +1,13 @@
 // maskd: the server binary. Parses the configuration, starts the server, and shuts it down cleanly
 // on SIGINT/SIGTERM (health NOT_SERVING, drain, exit 0).
-#include <csignal>
 #include <cstdio>
-#include <thread>
 
-#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include "model/api/engine.h"
 #include "model/engine_create.h"
 #include "server/config.h"
+#include "server/lifecycle.h"
 #include "server/logging.h"
 #include "server/server.h"
 
@@ -26,27 +24,7 @@ int main(int argc, char** argv) {
   if (!parsed.config.config_file.empty()) spdlog::info("configuration from {}", parsed.config.config_file);
 
   // Signals go to one waiting thread only: block them before any other thread exists.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
+  const sigset_t signals = maskd::server::BlockShutdownSignals();
   maskd::server::MaskServer server(parsed.config, &maskd::Engine::Create, maskd::CudaDeviceCount());
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    spdlog::info("received {}", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    server.Shutdown();
-  });
-  if (maskd::Status s = server.Start(); !s.ok()) {
-    spdlog::error("maskd cannot start: {}", s.ToString());
-    server.Shutdown();
-    pthread_kill(signal_thread.native_handle(), SIGTERM);
-    signal_thread.join();
-    return 1;
-  }
-  server.Wait();
-  signal_thread.join();
-  return 0;
+  return maskd::server::ServeUntilSignalled(server, signals);
 }

@@ -22,8 +22,14 @@ struct MaskService::UnaryCall {
   std::atomic<bool> finished{false};
 
   // images/prompts/cached: what the access log reports for this call.
-  void Finish(const Status& status, int images, int prompts, bool cached, const std::string& tag = "") {
+  void Finish(const Status& given, int images, int prompts, bool cached, const std::string& tag = "") {
     if (finished.exchange(true)) return;
+    // Work that completed after the client left or its deadline passed did not reach anyone: the
+    // log, the counters and the (unread) reply say so instead of OK.
+    Status status = given;
+    if (status.ok()) {
+      if (Status alive = control->Check(); !alive.ok()) status = alive;
+    }
     control->MarkFinished();
     service->RecordOutcome(status);
     if (service->options_.access_log) {
@@ -114,6 +120,12 @@ void MaskService::CallEnded() {
 void MaskService::RecordOutcome(const Status& status) {
   std::lock_guard<std::mutex> lock(counters_mu_);
   ++calls_by_status_[StatusCodeName(status.code())];
+}
+
+void MaskService::RecordUnparsable() {
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  ++calls_;
+  ++calls_by_status_[StatusCodeName(StatusCode::kInvalidArgument)];
 }
 
 void MaskService::AddStream(StreamReactor* s) {

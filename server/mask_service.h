@@ -77,6 +77,9 @@ class MaskService final : public MaskServiceBase {
                                     v1::GetInfoResponse* response) override;
 
   void FillInfo(v1::GetInfoResponse* info) const;
+  // A unary call whose request did not parse (it never reaches a handler): counted as a call
+  // answered INVALID_ARGUMENT.
+  void RecordUnparsable();
 
  private:
   friend class StreamReactor;

@@ -11,7 +11,9 @@ namespace {
 
 class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
  public:
-  explicit ParseErrorInterceptor(grpc::experimental::ServerRpcInfo* info) : info_(info) {}
+  ParseErrorInterceptor(grpc::experimental::ServerRpcInfo* info,
+                        const std::function<void()>* on_unparsable)
+      : info_(info), on_unparsable_(on_unparsable) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     using grpc::experimental::InterceptionHookPoints;
@@ -27,6 +29,7 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
       const std::string method = info_->method() ? info_->method() : "?";
       spdlog::info("[{}] access method={} status=INVALID_ARGUMENT: the request did not parse",
                    NewRequestId(), LogSafe(method));
+      if (*on_unparsable_) (*on_unparsable_)();
       methods->ModifySendStatus(grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
           "the request to " + method +
@@ -38,23 +41,28 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
 
  private:
   grpc::experimental::ServerRpcInfo* const info_;
+  const std::function<void()>* const on_unparsable_;  // the factory's, which outlives the server
   bool unparsable_ = false;
 };
 
 class Factory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
+  explicit Factory(std::function<void()> on_unparsable) : on_unparsable_(std::move(on_unparsable)) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
     if (info->type() != grpc::experimental::ServerRpcInfo::Type::UNARY) return nullptr;
-    return new ParseErrorInterceptor(info);
+    return new ParseErrorInterceptor(info, &on_unparsable_);
   }
+
+ private:
+  const std::function<void()> on_unparsable_;
 };
 
 }  // namespace
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
-MakeParseErrorInterceptorFactory() {
-  return std::make_unique<Factory>();
+MakeParseErrorInterceptorFactory(std::function<void()> on_unparsable) {
+  return std::make_unique<Factory>(std::move(on_unparsable));
 }
 
 }  // namespace maskd::server

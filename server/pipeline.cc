@@ -40,6 +40,11 @@ struct Pipeline::Job {
   std::mutex error_mu;
   Status first_error;  // guarded by error_mu
 
+  // Held in Pipeline::inflight_: the request's bytes until Finish; the decode's from before the
+  // decode until the embedding is cached (or Finish).
+  uint64_t request_bytes = 0;
+  std::atomic<uint64_t> decode_bytes{0};
+
   const std::string& rid() const { return control->request_id(); }
   static void Max(std::atomic<uint64_t>& slot, uint64_t v) {
     uint64_t cur = slot.load();
@@ -68,7 +73,8 @@ Pipeline::Pipeline(PipelineOptions options, std::string model_identity, Router* 
       identity_(std::move(model_identity)),
       router_(router),
       decode_pool_(decode_pool),
-      post_pool_(post_pool) {}
+      post_pool_(post_pool),
+      inflight_(options_.max_inflight_bytes, "--max-inflight-bytes") {}
 
 void Pipeline::Embed(ImageInput image, CallControlPtr control, Clock::time_point arrival,
                      ImageOutcome* out, Done done) {
@@ -112,8 +118,40 @@ void Pipeline::Post(std::function<void()> fn) {
   if (!post_pool_->TrySubmit(fn)) fn();
 }
 
+uint64_t Pipeline::RequestBytes(const Job& job) const {
+  uint64_t bytes = job.image.has_bytes() ? job.image.bytes.size() : 0;
+  for (const PromptDraft& d : job.drafts) {
+    if (d.mask == PromptDraft::Mask::kLogits) {
+      bytes += 2 * uint64_t{kLowResSide} * kLowResSide * sizeof(float);  // the request's and the copy
+    }
+  }
+  return bytes;
+}
+
+uint64_t Pipeline::DecodeBytes(const Job& job) const {
+  const ImageInput& im = job.image;
+  uint64_t bytes = options_.prepared_image_bytes;
+  if (im.kind == ImageInput::Kind::kRaw) return bytes + im.bytes.size();  // the decoded copy
+  // An unreadable header costs nothing more: decoding refuses it at once. A declared size over the
+  // pixel limit is refused before allocation, so the limit caps what it costs.
+  if (StatusOr<DeclaredSize> size = ReadDeclaredSize(im.bytes); size.ok()) {
+    bytes += std::min<uint64_t>(size->width * size->height, options_.limits.max_image_pixels) * 3;
+  }
+  return bytes;
+}
+
+void Pipeline::ReleaseDecodeBytes(Job& job) {
+  if (const uint64_t b = job.decode_bytes.exchange(0); b > 0) inflight_.Release(b);
+}
+
 void Pipeline::Start(const JobPtr& job) {
   job->enqueued = Clock::now();
+  // Requests by image_id with plain prompts hold next to nothing and always get in, so clicks on
+  // cached images pass a flood of new images.
+  if (const uint64_t bytes = RequestBytes(*job); bytes > 0) {
+    if (Status s = inflight_.TryReserve(bytes); !s.ok()) return Finish(job, s);
+    job->request_bytes = bytes;
+  }
   if (!decode_pool_->TrySubmit([this, job] { Guarded(job, [&] { Resolve(job); }); })) {
     Finish(job, ResourceExhausted("the image decode queue is full (" +
                                   std::to_string(decode_pool_->depth()) + " of " +
@@ -187,6 +225,12 @@ void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
                                   " images): retry with backoff"));
   }
 
+  // Checked before decoding: the pixels of an image that is not cached yet are the big part of a
+  // request (a few header bytes can declare 64 megapixels).
+  const uint64_t decode_bytes = DecodeBytes(*job);
+  if (Status s = inflight_.TryReserve(decode_bytes, job->request_bytes); !s.ok()) return fail(s);
+  job->decode_bytes = decode_bytes;
+
   const Clock::time_point t0 = Clock::now();
   const ImageInput& im = job->image;
   ImageLimits limits;
@@ -239,6 +283,7 @@ void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
 }
 
 void Pipeline::OnResolved(const JobPtr& job, StatusOr<CachedEmbeddingPtr> entry, bool cached) {
+  ReleaseDecodeBytes(*job);  // the decoded and prepared images are gone once the flight completes
   if (entry.ok()) {
     ReportImage(job, (*entry)->image_id);
   } else {
@@ -313,7 +358,9 @@ void Pipeline::StartDecode(const JobPtr& job) {
   }
   job->segment->results.resize(items.size());
 
-  const size_t chunk = std::max<size_t>(1, decoder.max_prompts());
+  // Parts of at most max_part_prompts, grouped: they take turns with other requests' prompts in
+  // the decoder's batches, and a cancelled or expired call stops at its next part.
+  const size_t chunk = std::max<size_t>(1, decoder.max_part_prompts());
   const size_t n_chunks = (items.size() + chunk - 1) / chunk;
   job->chunks_left = static_cast<int>(n_chunks);
   for (size_t c = 0; c < n_chunks; ++c) {
@@ -321,6 +368,7 @@ void Pipeline::StartDecode(const JobPtr& job) {
     const size_t last = std::min(items.size(), first + chunk);
     DecoderBatcher::Request request;
     request.prompts.assign(items.begin() + first, items.begin() + last);
+    request.group = job.get();
     CallControlPtr control = job->control;
     request.alive = [control] { return control->Check(); };
     request.done = [this, job, first](StatusOr<std::vector<DecodedPrompt>> decoded,
@@ -493,6 +541,8 @@ void Pipeline::Finish(const JobPtr& job, Status status) {
   t.postprocess_us = job->postprocess_us;
   t.total_us = total_us;
   if (job->segment && !status.ok()) job->segment->results.clear();
+  ReleaseDecodeBytes(*job);
+  if (job->request_bytes > 0) inflight_.Release(job->request_bytes);
   if (DeviceWorker* w = job->worker.load()) {
     w->stages()[Stage::kDecodeQueue].Add(job->decode_queue_us);
     w->stages()[Stage::kTotal].Add(total_us);

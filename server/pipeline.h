@@ -21,6 +21,7 @@
 #include "model/io/image_codec.h"
 #include "model/api/limits.h"
 #include "model/api/status.h"
+#include "server/byte_budget.h"
 #include "server/call_control.h"
 #include "server/router.h"
 #include "server/thread_pool.h"
@@ -32,6 +33,10 @@ struct PipelineOptions {
   Limits limits;
   // Masks compress well at any level; level 1 keeps PNG output cheap.
   PngOptions png{1};
+  // Bytes that accepted, unfinished requests may hold (--max-inflight-bytes), and what one
+  // prepared (resized, normalised) image costs the engine.
+  uint64_t max_inflight_bytes = uint64_t{2} << 30;
+  uint64_t prepared_image_bytes = uint64_t{1024} * 1024 * 3 * 4;
 };
 
 class Pipeline {
@@ -54,6 +59,7 @@ class Pipeline {
                OnImage on_image, Done done);
 
   const PipelineOptions& options() const { return options_; }
+  const ByteBudget& inflight() const { return inflight_; }
   const std::string& model_identity() const { return identity_; }
 
  private:
@@ -61,6 +67,12 @@ class Pipeline {
   using JobPtr = std::shared_ptr<Job>;
 
   void Start(const JobPtr& job);
+  // What a job holds from arrival to its end: the image as sent and mask-input logits.
+  uint64_t RequestBytes(const Job& job) const;
+  // What decoding the job's image makes (from the header's declared size) and the prepared copy,
+  // held by the job that decodes it until its embedding is cached.
+  uint64_t DecodeBytes(const Job& job) const;
+  void ReleaseDecodeBytes(Job& job);
   void Resolve(const JobPtr& job);
   void Lead(const JobPtr& job, DeviceWorker* worker,
             const std::shared_ptr<EmbeddingCache::Flight>& flight, const std::string& image_id);
@@ -84,6 +96,7 @@ class Pipeline {
   Router* const router_;
   ThreadPool* const decode_pool_;
   ThreadPool* const post_pool_;
+  ByteBudget inflight_;
 };
 
 }  // namespace maskd::server

@@ -54,7 +54,8 @@ Status MaskServer::StartListening() {
   // silently take a share of the first one's connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(MakeParseErrorInterceptorFactory());
+  interceptors.push_back(
+      MakeParseErrorInterceptorFactory([service = service_.get()] { service->RecordUnparsable(); }));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(service_.get());
   // The largest request: a raw image at the pixel limit (or an encoded one at the byte limit) plus
@@ -94,6 +95,23 @@ Status MaskServer::StartListening() {
 }
 
 Status MaskServer::LoadAndServe() {
+  {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    if (shutting_down_) return Unavailable("shut down before loading");
+    loading_ = true;
+  }
+  Status s = Load();
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  loading_ = false;
+  if (!s.ok()) return s;
+  if (shutting_down_) return Unavailable("shut down while loading");
+  service_->SetBackend(Backend{pipeline_.get(), workers()});
+  SetHealth(true);
+  spdlog::info("serving {} on {} with {} device(s)", kServiceName, address_, workers_.size());
+  return Status::Ok();
+}
+
+Status MaskServer::Load() {
   StatusOr<std::vector<DeviceSpec>> devices = ParseDevices(config_.device, cuda_device_count_);
   if (!devices.ok()) return devices.status();
 
@@ -155,6 +173,7 @@ Status MaskServer::LoadAndServe() {
   wo.encoder.max_queue_delay = std::chrono::microseconds(config_.encoder_queue_delay_us);
   wo.encoder.capacity_weight = static_cast<size_t>(config_.encoder_queue_capacity);
   wo.decoder.max_batch_weight = static_cast<size_t>(config_.decoder_max_prompts);
+  wo.decoder.max_group_weight = static_cast<size_t>(config_.decoder_request_prompts);
   wo.decoder.max_queue_delay = std::chrono::microseconds(config_.decoder_queue_delay_us);
   wo.decoder.capacity_weight = static_cast<size_t>(config_.decoder_queue_capacity);
   wo.cache_device_bytes = config_.cache_device_bytes;
@@ -190,15 +209,12 @@ Status MaskServer::LoadAndServe() {
                                             ResolvedThreads(config_.postprocess_threads), 0);
   PipelineOptions po;
   po.limits = config_.limits();
+  po.max_inflight_bytes = config_.max_inflight_bytes;
+  // The engine's input, at fp32 (the widest precision): an upper bound for every device.
+  const uint64_t side = static_cast<uint64_t>(std::max(1, workers_[0]->engine().description().image_size));
+  po.prepared_image_bytes = side * side * 3 * sizeof(float);
   pipeline_ = std::make_unique<Pipeline>(po, identity, router_.get(), decode_pool_.get(),
                                          post_pool_.get());
-  {
-    std::lock_guard<std::mutex> lock(shutdown_mu_);
-    if (shutting_down_) return Unavailable("shut down while loading");
-    service_->SetBackend(Backend{pipeline_.get(), raw});
-    SetHealth(true);
-  }
-  spdlog::info("serving {} on {} with {} device(s)", kServiceName, address_, workers_.size());
   return Status::Ok();
 }
 
@@ -209,10 +225,12 @@ std::vector<DeviceWorker*> MaskServer::workers() const {
 }
 
 void MaskServer::Shutdown() {
+  bool loading;
   {
     std::lock_guard<std::mutex> lock(shutdown_mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
+    loading = loading_;
     SetHealth(false);
   }
   if (service_) {
@@ -231,9 +249,12 @@ void MaskServer::Shutdown() {
   // cancelled, so stopping the front (which waits for its handlers) does not wait for long.
   if (http_front_) http_front_->Stop();
   // Queued work fails with UNAVAILABLE; then the pools run what is left (which only finishes calls).
-  for (auto& w : workers_) w->Stop();
-  if (decode_pool_) decode_pool_->Stop();
-  if (post_pool_) post_pool_->Stop();
+  // While loading, nothing served yet and LoadAndServe owns these members (see shutdown_mu_).
+  if (!loading) {
+    for (auto& w : workers_) w->Stop();
+    if (decode_pool_) decode_pool_->Stop();
+    if (post_pool_) post_pool_->Stop();
+  }
   if (grpc_server_) grpc_server_->Wait();
   {
     std::lock_guard<std::mutex> lock(shutdown_mu_);
@@ -246,6 +267,11 @@ void MaskServer::Shutdown() {
 void MaskServer::Wait() {
   std::unique_lock<std::mutex> lock(shutdown_mu_);
   down_cv_.wait(lock, [this] { return down_; });
+}
+
+bool MaskServer::WaitDown(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(shutdown_mu_);
+  return down_cv_.wait_until(lock, deadline, [this] { return down_; });
 }
 
 }  // namespace maskd::server

@@ -3,6 +3,7 @@
 // end-to-end tests run it in-process on an ephemeral loopback port.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -49,6 +50,8 @@ class MaskServer {
   void Shutdown();
   // Blocks until Shutdown has completed.
   void Wait();
+  // Wait, up to `deadline`; true when Shutdown has completed.
+  bool WaitDown(std::chrono::steady_clock::time_point deadline);
 
   int port() const { return port_; }
   // The HTTP front's port; 0 without --http-listen.
@@ -56,10 +59,14 @@ class MaskServer {
   const std::string& address() const { return address_; }
   MaskService& service() { return *service_; }
   std::vector<DeviceWorker*> workers() const;
+  // Null until loaded.
+  const Pipeline* pipeline() const { return pipeline_.get(); }
   const ServerConfig& config() const { return config_; }
 
  private:
   void SetHealth(bool serving);
+  // LoadAndServe's work without the state changes: engines, workers, pools, pipeline.
+  Status Load();
 
   const ServerConfig config_;
   const EngineFactory factory_;
@@ -77,10 +84,12 @@ class MaskServer {
   std::unique_ptr<Router> router_;
   std::unique_ptr<Pipeline> pipeline_;
 
-  // Guards the shutdown sequence (shutting_down_, down_).
+  // Guards the shutdown sequence (shutting_down_, down_) and loading_: while LoadAndServe builds
+  // the workers, pools and pipeline, Shutdown leaves them alone (LoadAndServe then sees
+  // shutting_down_ and stops; the destructor stops what it built).
   std::mutex shutdown_mu_;
   std::condition_variable down_cv_;
-  bool shutting_down_ = false, down_ = false;
+  bool shutting_down_ = false, down_ = false, loading_ = false;
 };
 
 }  // namespace maskd::server

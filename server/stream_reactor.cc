@@ -49,6 +49,8 @@ void StreamReactor::OnReadDone(bool ok) {
     }
     ScheduleLocked(&a);
   }
+  // Counted like a message answered INVALID_ARGUMENT (GetInfo.calls_by_status).
+  if (ok && !parsed) service_->RecordOutcome(InvalidArgument("SegmentStream message did not parse"));
   // The accepted message keeps the stream open (it is pending), so the next read can start first.
   Run(a);
   if (m != nullptr) Process(m);

@@ -178,6 +178,9 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> FakeEngine::DecodeEach(const std:
     }
   }
   if (o_.decode_delay.count() > 0) std::this_thread::sleep_for(o_.decode_delay);
+  if (o_.decode_delay_per_prompt.count() > 0) {
+    std::this_thread::sleep_for(o_.decode_delay_per_prompt * static_cast<int64_t>(items.size()));
+  }
   std::vector<StatusOr<DecodedPrompt>> out;
   for (size_t i = 0; i < items.size(); ++i) {
     const DecodeItem& item = items[i];

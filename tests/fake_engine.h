@@ -29,6 +29,8 @@ struct FakeEngineOptions {
   size_t embedding_bytes = 1 << 20;
   std::chrono::microseconds encode_delay{0};
   std::chrono::microseconds decode_delay{0};
+  // Added per prompt of a DecodeEach call: a batch costs in proportion to its size, like the model.
+  std::chrono::microseconds decode_delay_per_prompt{0};
   std::chrono::microseconds postprocess_delay{0};
 };
 

@@ -29,6 +29,8 @@ TEST(HardeningConfig, ZeroByteLimitsAreRefused) {
   ExpectRefused({"--max-image-bytes", "0"}, {"--max-image-bytes", "= 0", "expected at least 1 byte"});
   ExpectRefused({"--cache-device-bytes", "0"}, {"--cache-device-bytes", "= 0", "expected at least"});
   ExpectRefused({"--result-store-bytes", "0B"}, {"--result-store-bytes", "= 0", "expected at least"});
+  ExpectRefused({"--max-inflight-bytes", "0"}, {"--max-inflight-bytes", "= 0", "expected at least"});
+  EXPECT_EQ(Parse({"--max-inflight-bytes", "3GiB"}).config.max_inflight_bytes, uint64_t{3} << 30);
   // The host tier may be off.
   EXPECT_FALSE(Parse({"--cache-host-bytes", "0"}).exit);
   EXPECT_FALSE(Parse({"--max-image-bytes", "1"}).exit);

@@ -2,19 +2,25 @@
 // to a whole in-process server on an ephemeral loopback port (fake engines).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
+#include <thread>
 #include <future>
+#include <optional>
 #include <regex>
 #include <set>
 
+#include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <grpcpp/generic/generic_stub.h>
-#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "client/client.h"
 #include "model/io/image_codec.h"
+#include "server/lifecycle.h"
 #include "server/logging.h"
 #include "server/result_store.h"
 #include "server/server.h"
@@ -60,17 +66,21 @@ ServerConfig TestConfig() {
   return c;
 }
 
-EngineFactory FakeFactory() {
-  return [](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
-    FakeEngineOptions fo;
+// `made`, when given, receives the (last) engine made, for tests that read its counters.
+EngineFactory FakeFactory(FakeEngineOptions options = {}, std::atomic<FakeEngine*>* made = nullptr) {
+  return [options, made](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
+    FakeEngineOptions fo = options;
     fo.device = eo.device;
-    return std::unique_ptr<Engine>(std::make_unique<FakeEngine>(fo));
+    auto engine = std::make_unique<FakeEngine>(fo);
+    if (made) made->store(engine.get());
+    return std::unique_ptr<Engine>(std::move(engine));
   };
 }
 
 // A loaded server with fake engines and a client connected to it.
 struct TestServer {
-  explicit TestServer(ServerConfig c = TestConfig()) : server(c, FakeFactory(), 0) {
+  explicit TestServer(ServerConfig c = TestConfig(), FakeEngineOptions fo = {})
+      : server(c, FakeFactory(fo, &engine), 0) {
     spdlog::set_level(spdlog::level::err);
     Status s = server.Start();
     EXPECT_TRUE(s.ok()) << s.ToString();
@@ -80,6 +90,7 @@ struct TestServer {
     client = std::make_unique<Client>(co);
   }
   ~TestServer() { server.Shutdown(); }
+  std::atomic<FakeEngine*> engine{nullptr};  // before `server`, whose factory writes it
   MaskServer server;
   std::unique_ptr<Client> client;
 };
@@ -219,24 +230,40 @@ TEST(HardeningLogSafe, EscapesControlsBackslashesAndInvalidUtf8) {
 }
 
 // Captures what the server logs (spdlog's default logger) for one test.
+// A sink whose text may be read while server threads still log (under the sink's own lock).
+class StringSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return text_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    text_.append(formatted.data(), formatted.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::string text_;
+};
+
 class CapturedLog {
  public:
-  CapturedLog() : old_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    sink->set_pattern("%L %v");
-    auto logger = std::make_shared<spdlog::logger>("hardening-capture", sink);
+  CapturedLog() : old_(spdlog::default_logger()), sink_(std::make_shared<StringSink>()) {
+    sink_->set_pattern("%L %v");
+    auto logger = std::make_shared<spdlog::logger>("hardening-capture", sink_);
     logger->set_level(spdlog::level::debug);
     spdlog::set_default_logger(logger);
   }
   ~CapturedLog() { spdlog::set_default_logger(old_); }
-  std::string text() {
-    spdlog::default_logger()->flush();
-    return out_.str();
-  }
+  std::string text() { return sink_->text(); }
 
  private:
   std::shared_ptr<spdlog::logger> old_;
-  std::ostringstream out_;
+  std::shared_ptr<StringSink> sink_;
 };
 
 TEST(HardeningLogSafe, NewlinesInRequestTagAndEchoedIdsStayOnTheirLine) {
@@ -345,10 +372,25 @@ TEST(HardeningStream, MalformedThirdOfFourMessagesEndsWithInvalidArgument) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   EXPECT_NE(status.error_message().find("message 2"), std::string::npos) << status.error_message();
   EXPECT_NE(status.error_message().find("SegmentRequest"), std::string::npos) << status.error_message();
+  // The malformed message is counted with the answers (GetInfo.calls_by_status).
+  auto info = t.client->GetInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->calls_by_status().count("INVALID_ARGUMENT"), 1u);
+  if (info->calls_by_status().count("INVALID_ARGUMENT")) {
+    EXPECT_EQ(info->calls_by_status().at("INVALID_ARGUMENT"), 1u);
+  }
 }
 
 TEST(HardeningUnary, UnparsableRequestIsInvalidArgument) {
   TestServer t;
+  auto invalid_calls = [&] {
+    auto info = t.client->GetInfo();
+    EXPECT_TRUE(info.ok());
+    auto it = info->calls_by_status().find("INVALID_ARGUMENT");
+    return it == info->calls_by_status().end() ? uint64_t{0} : it->second;
+  };
+  const uint64_t invalid_before = invalid_calls();
+  CapturedLog log;
   grpc::GenericStub stub(t.client->channel());
   for (const char* method : {"/maskd.v1.MaskService/Segment", "/maskd.v1.MaskService/Embed"}) {
     grpc::ClientContext ctx;
@@ -361,6 +403,22 @@ TEST(HardeningUnary, UnparsableRequestIsInvalidArgument) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << s.error_message();
     EXPECT_NE(s.error_message().find(method), std::string::npos) << s.error_message();
   }
+  // Invalid UTF-8 in a string field (request_tag, field 5) does not parse either: INVALID_ARGUMENT,
+  // not UNIMPLEMENTED.
+  {
+    v1::SegmentRequest r;
+    r.set_image_id("abc");
+    *r.add_prompts() = Point(1, 1);
+    const std::string bad = Serialized(r) + std::string("\x2a\x03\xff\xfe\n", 5);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::ByteBuffer request = Wire(bad), response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, "/maskd.v1.MaskService/Segment", grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status s) { done.set_value(s); });
+    const grpc::Status s = done.get_future().get();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
   // Real UNIMPLEMENTED answers (no such method) are left alone.
   grpc::ClientContext ctx;
   grpc::ByteBuffer request = Wire(""), response;
@@ -370,6 +428,13 @@ TEST(HardeningUnary, UnparsableRequestIsInvalidArgument) {
   EXPECT_EQ(done.get_future().get().error_code(), grpc::StatusCode::UNIMPLEMENTED);
   // And well-formed requests still work.
   EXPECT_TRUE(t.client->GetInfo().ok());
+  // All are logged and counted in GetInfo like any call answered INVALID_ARGUMENT.
+  EXPECT_EQ(invalid_calls(), invalid_before + 3);
+  const std::string text = log.text();
+  for (const char* method : {"method=/maskd.v1.MaskService/Segment status=INVALID_ARGUMENT",
+                             "method=/maskd.v1.MaskService/Embed status=INVALID_ARGUMENT"}) {
+    EXPECT_NE(text.find(method), std::string::npos) << text;
+  }
 }
 
 TEST(HardeningStream, WellFormedStreamsStillEndOk) {
@@ -385,6 +450,507 @@ TEST(HardeningStream, WellFormedStreamsStillEndOk) {
   auto r1 = session->Send(next);
   ASSERT_TRUE(r1.ok()) << r1.status().ToString();
   EXPECT_TRUE(session->Finish().ok());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 2: one big request does not make a click wait for all of it, and a cancelled or expired
+// request is dropped from the decoder queue before more model work (the log says so, not OK).
+
+constexpr int kBigPrompts = 256;
+constexpr auto kPerPrompt = std::chrono::milliseconds(8);  // the fake decoder's cost per prompt
+// What the big request costs when all of it is decoded.
+constexpr auto kBigCost = kPerPrompt * kBigPrompts;
+
+struct FairnessServer : TestServer {
+  FairnessServer() : TestServer(Config(), Options()) {
+    v1::EmbedRequest e;
+    *e.mutable_image() = EncodedPicture(64, 48, 9);
+    auto r = client->Embed(e);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) image_id = r->image_id();
+  }
+  static ServerConfig Config() {
+    ServerConfig c = TestConfig();
+    c.decoder_request_prompts = 16;
+    c.shutdown_grace_s = 5;
+    return c;
+  }
+  static FakeEngineOptions Options() {
+    FakeEngineOptions fo;
+    fo.decode_delay_per_prompt = kPerPrompt;
+    return fo;
+  }
+  v1::SegmentRequest Big() const {
+    v1::SegmentRequest r;
+    r.set_image_id(image_id);
+    for (int i = 0; i < kBigPrompts; ++i) *r.add_prompts() = Point(i % 60, (i / 60) % 40);
+    return r;
+  }
+  // Waits until the decoder works on the big request.
+  void WaitForDecoding() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (engine.load()->decode_calls.load() == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_GT(engine.load()->decode_calls.load(), 0);
+  }
+  // One click's latency; it must succeed.
+  std::chrono::duration<double> Click() {
+    v1::SegmentRequest r;
+    r.set_image_id(image_id);
+    *r.add_prompts() = Point(20, 20);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto res = client->Segment(r);
+    const auto dt = std::chrono::steady_clock::now() - t0;
+    EXPECT_TRUE(res.ok()) << res.status().ToString();
+    return dt;
+  }
+  uint64_t DroppedByDecoder() {
+    auto info = client->GetInfo();
+    EXPECT_TRUE(info.ok());
+    return info.ok() ? info->decoder_queue().dropped() : 0;
+  }
+  std::string image_id;
+};
+
+TEST(HardeningFairness, ClickAfterABigRequestDoesNotWaitForAllOfIt) {
+  FairnessServer t;
+  ASSERT_FALSE(t.image_id.empty());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto big = std::async(std::launch::async, [&] {
+    auto r = t.client->Segment(t.Big());
+    return std::make_pair(r, std::chrono::steady_clock::now() - t0);
+  });
+  t.WaitForDecoding();
+  const auto click = t.Click();
+  auto [res, big_took] = big.get();
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  EXPECT_EQ(res->results_size(), kBigPrompts);
+  const double big_s = std::chrono::duration<double>(big_took).count();
+  // All of the big request: >= 2 s of decoding. The click waits for one 16-prompt part (0.13 s).
+  EXPECT_GE(big_s, std::chrono::duration<double>(kBigCost).count() * 0.9);
+  EXPECT_LT(click.count(), big_s / 3) << "the click took " << click.count() << " s, the big request "
+                                      << big_s << " s";
+}
+
+TEST(HardeningFairness, ExpiredBigRequestIsDroppedAndLoggedAsDeadlineExceeded) {
+  FairnessServer t;
+  ASSERT_FALSE(t.image_id.empty());
+  CapturedLog log;
+  auto stub = v1::MaskService::NewStub(t.client->channel());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto big = std::async(std::launch::async, [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(400));
+    v1::SegmentResponse response;
+    return stub->Segment(&ctx, t.Big(), &response);
+  });
+  t.WaitForDecoding();
+  const auto click = t.Click();
+  const grpc::Status s = big.get();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_LT(click.count(), std::chrono::duration<double>(kBigCost).count() / 3);
+  // Let the time pass that the whole big request would have taken: its parts after the deadline
+  // never reach the engine.
+  std::this_thread::sleep_until(t0 + kBigCost + std::chrono::milliseconds(300));
+  const int decoded = t.engine.load()->decoded_prompts.load();
+  EXPECT_LT(decoded, kBigPrompts / 2) << "prompts decoded after the deadline";
+  EXPECT_GE(t.DroppedByDecoder(), 1u);
+  const std::string text = log.text();
+  EXPECT_TRUE(std::regex_search(text, std::regex("method=Segment [^\n]*status=DEADLINE_EXCEEDED"
+                                                 "[^\n]*prompts=256")))
+      << text;
+  EXPECT_FALSE(std::regex_search(text, std::regex("method=Segment [^\n]*status=OK[^\n]*prompts=256")))
+      << text;
+}
+
+TEST(HardeningFairness, CancelledBigRequestIsDroppedAndLoggedAsCancelled) {
+  FairnessServer t;
+  ASSERT_FALSE(t.image_id.empty());
+  CapturedLog log;
+  auto stub = v1::MaskService::NewStub(t.client->channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto big = std::async(std::launch::async, [&] {
+    v1::SegmentResponse response;
+    return stub->Segment(&ctx, t.Big(), &response);
+  });
+  t.WaitForDecoding();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ctx.TryCancel();
+  const grpc::Status s = big.get();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  const auto click = t.Click();
+  EXPECT_LT(click.count(), std::chrono::duration<double>(kBigCost).count() / 3);
+  std::this_thread::sleep_until(t0 + kBigCost + std::chrono::milliseconds(300));
+  EXPECT_LT(t.engine.load()->decoded_prompts.load(), kBigPrompts / 2);
+  EXPECT_GE(t.DroppedByDecoder(), 1u);
+  // The server's access line for the big call comes when its last part is reported.
+  std::string text;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < until) {
+    text = log.text();
+    if (text.find("prompts=256") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(std::regex_search(text, std::regex("method=Segment [^\n]*status=CANCELLED[^\n]*prompts=256")))
+      << text;
+}
+
+TEST(HardeningFairness, ExpiredImageIsDroppedFromTheEncoderQueue) {
+  TestServer t;
+  CapturedLog log;
+  FakeEngine* engine = t.engine.load();
+  engine->HoldEncodes();
+  auto first = std::async(std::launch::async, [&] {
+    v1::EmbedRequest r;
+    *r.mutable_image() = EncodedPicture(40, 40, 11);
+    return t.client->Embed(r);
+  });
+  ASSERT_TRUE(engine->WaitForEncodeCalls(1, std::chrono::seconds(10)));
+  // Queued behind the held batch until its deadline passes.
+  auto stub = v1::MaskService::NewStub(t.client->channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  v1::EmbedRequest late;
+  *late.mutable_image() = EncodedPicture(40, 40, 12);
+  v1::EmbedResponse response;
+  const grpc::Status s = stub->Embed(&ctx, late, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  // The server's deadline is the client's plus the request's transit time.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  engine->ReleaseEncodes();
+  auto res = first.get();
+  EXPECT_TRUE(res.ok()) << res.status().ToString();
+  // The expired image is dropped when the next batch forms, never encoded.
+  uint64_t dropped = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (dropped == 0 && std::chrono::steady_clock::now() < until) {
+    auto info = t.client->GetInfo();
+    dropped = info.ok() ? info->encoder_queue().dropped() : 0;
+    if (dropped == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(dropped, 1u);
+  EXPECT_EQ(engine->encoded_images.load(), 1);
+  // Its access line follows the drop (the counter is updated first).
+  const std::regex expired("method=Embed [^\n]*status=DEADLINE_EXCEEDED");
+  bool logged = false;
+  for (int i = 0; i < 500 && !logged; ++i) {
+    logged = std::regex_search(log.text(), expired);
+    if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(logged) << log.text();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Truncated and lying JPEGs: INVALID_ARGUMENT through gRPC, naming the field, and nothing reaches the
+// engine.
+
+TEST(HardeningImages, TruncatedAndLyingJpegsAreInvalidArgumentOverGrpc) {
+  TestServer t;
+  ImageRGB8 busy{256, 192, std::vector<uint8_t>(256 * 192 * 3)};
+  uint32_t x = 7;
+  for (auto& p : busy.pixels) p = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 24);
+  const std::string jpeg = *EncodeJpeg(busy, 90);
+  const std::string eoi("\xff\xd9", 2);
+  std::string liar = *EncodeJpeg(ImageRGB8{16, 16, std::vector<uint8_t>(16 * 16 * 3, 90)}, 75);
+  for (size_t i = 2; i + 8 < liar.size(); ++i) {
+    if (static_cast<uint8_t>(liar[i]) == 0xff && static_cast<uint8_t>(liar[i + 1]) == 0xc0) {
+      liar[i + 5] = static_cast<char>(4000 >> 8), liar[i + 6] = static_cast<char>(4000 & 0xff);
+      liar[i + 7] = static_cast<char>(16000 >> 8), liar[i + 8] = static_cast<char>(16000 & 0xff);
+      break;
+    }
+  }
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"cut in half, then EOI", jpeg.substr(0, jpeg.size() / 2) + eoi},
+      {"cut at 10 %", jpeg.substr(0, jpeg.size() / 10)},
+      {"16000 x 4000 declared in a tiny file", liar},
+  };
+  for (const auto& [what, bytes] : cases) {
+    v1::EmbedRequest e;
+    e.mutable_image()->set_encoded(bytes);
+    auto embedded = t.client->Embed(e);
+    ASSERT_FALSE(embedded.ok()) << what;
+    EXPECT_EQ(embedded.status().code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(embedded.status().message().find("image.encoded: "), std::string::npos)
+        << what << ": " << embedded.status().message();
+    EXPECT_NE(embedded.status().message().find("JPEG"), std::string::npos)
+        << what << ": " << embedded.status().message();
+    v1::SegmentRequest r;
+    r.mutable_image()->set_encoded(bytes);
+    *r.add_prompts() = Point(4, 4);
+    auto segmented = t.client->Segment(r);
+    ASSERT_FALSE(segmented.ok()) << what;
+    EXPECT_EQ(segmented.status().code(), StatusCode::kInvalidArgument) << what;
+  }
+  EXPECT_EQ(t.engine.load()->prepare_calls.load(), 0);
+  // The intact file is served.
+  v1::EmbedRequest good;
+  good.mutable_image()->set_encoded(jpeg);
+  auto ok = t.client->Embed(good);
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 8: a signal ends maskd in bounded time with exit 0, during a long batch and during loading.
+// These run maskd_fake (the product's process life around the fake engine) as a child process.
+
+class ChildProcess {
+ public:
+  explicit ChildProcess(const std::vector<std::string>& args) {
+    int fds[2];
+    EXPECT_EQ(pipe(fds), 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ), 0) << args[0];
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    reader_ = std::thread([this, fd = fds[0]] {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof buf)) > 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        out_.append(buf, static_cast<size_t>(n));
+      }
+      close(fd);
+    });
+  }
+  ~ChildProcess() {
+    if (!exited_) {
+      kill(pid_, SIGKILL);
+      int status;
+      waitpid(pid_, &status, 0);
+    }
+    reader_.join();
+  }
+  std::string output() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return out_;
+  }
+  // The first match of `pattern` in the output (group 1 if any), waiting up to `timeout`.
+  std::optional<std::string> WaitFor(const std::string& pattern, std::chrono::seconds timeout) {
+    const std::regex re(pattern);
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      std::smatch m;
+      const std::string text = output();
+      if (std::regex_search(text, m, re)) return m.size() > 1 ? m[1].str() : m[0].str();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return std::nullopt;
+  }
+  void Signal(int sig) { kill(pid_, sig); }
+  // The exit code, or nullopt when the process is still running after `timeout` (or was killed).
+  std::optional<int> WaitExit(std::chrono::seconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        if (WIFEXITED(status)) return WEXITSTATUS(status);
+        return std::nullopt;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return std::nullopt;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::thread reader_;
+  std::mutex mu_;
+  std::string out_;
+};
+
+std::vector<std::string> FakeMaskdArgs(std::vector<std::string> extra) {
+  std::vector<std::string> args{std::string(MASKD_BINARY_DIR) + "/tests/maskd_fake",
+                                "--listen", "127.0.0.1:0", "--device", "cpu",
+                                "--models-dir", "/nonexistent-maskd-test-models", "--log-level", "info"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST(HardeningShutdown, SignalDuringLoadingExitsZeroPromptly) {
+  ChildProcess p(FakeMaskdArgs({"--fake-load-ms", "60000"}));
+  ASSERT_TRUE(p.WaitFor("loading the engine", std::chrono::seconds(20))) << p.output();
+  const auto t0 = std::chrono::steady_clock::now();
+  p.Signal(SIGTERM);
+  const std::optional<int> code = p.WaitExit(std::chrono::seconds(20));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(code.has_value()) << "still running or killed: " << p.output();
+  EXPECT_EQ(*code, 0) << p.output();
+  EXPECT_LT(took, 10.0) << "waited for the 60 s load";
+}
+
+TEST(HardeningShutdown, LongBatchDoesNotHoldTheExitPastTheGracePeriod) {
+  ChildProcess p(FakeMaskdArgs({"--fake-decode-ms", "60000", "--shutdown-grace-s", "1",
+                                "--decoder-queue-delay-us", "0"}));
+  const std::optional<std::string> port =
+      p.WaitFor("listening on 127\\.0\\.0\\.1:([0-9]+)", std::chrono::seconds(20));
+  ASSERT_TRUE(port) << p.output();
+  ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
+  ClientOptions co;
+  co.target = "127.0.0.1:" + *port;
+  co.timeout = std::chrono::milliseconds(120000);
+  Client client(co);
+  auto call = std::async(std::launch::async, [&] {
+    v1::SegmentRequest r;
+    *r.mutable_image() = EncodedPicture(32, 32, 4);
+    *r.add_prompts() = Point(5, 5);
+    return client.Segment(r);
+  });
+  // Until the 60 s decoder batch runs.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  bool running = false;
+  while (!running && std::chrono::steady_clock::now() < until) {
+    auto info = client.GetInfo();
+    running = info.ok() && info->decoder_queue().batches() >= 1;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(running) << p.output();
+  const auto t0 = std::chrono::steady_clock::now();
+  p.Signal(SIGTERM);
+  const std::optional<int> code = p.WaitExit(std::chrono::seconds(40));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(code.has_value()) << "still running or killed: " << p.output();
+  EXPECT_EQ(*code, 0) << p.output();
+  // --shutdown-grace-s 1 + kShutdownMarginS (2 s), with room for a loaded machine; the batch: 60 s.
+  EXPECT_LT(took, 1 + kShutdownMarginS + 4) << p.output();
+  EXPECT_NE(p.output().find("exiting without waiting"), std::string::npos) << p.output();
+  auto res = call.get();
+  EXPECT_FALSE(res.ok());
+}
+
+TEST(HardeningShutdown, SecondSignalExitsAtOnce) {
+  ChildProcess p(FakeMaskdArgs({"--fake-decode-ms", "60000", "--shutdown-grace-s", "60",
+                                "--decoder-queue-delay-us", "0"}));
+  const std::optional<std::string> port =
+      p.WaitFor("listening on 127\\.0\\.0\\.1:([0-9]+)", std::chrono::seconds(20));
+  ASSERT_TRUE(port) << p.output();
+  ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
+  ClientOptions co;
+  co.target = "127.0.0.1:" + *port;
+  co.timeout = std::chrono::milliseconds(120000);
+  Client client(co);
+  auto call = std::async(std::launch::async, [&] {
+    v1::SegmentRequest r;
+    *r.mutable_image() = EncodedPicture(32, 32, 6);
+    *r.add_prompts() = Point(5, 5);
+    return client.Segment(r);
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  bool running = false;
+  while (!running && std::chrono::steady_clock::now() < until) {
+    auto info = client.GetInfo();
+    running = info.ok() && info->decoder_queue().batches() >= 1;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(running) << p.output();
+  p.Signal(SIGTERM);
+  ASSERT_TRUE(p.WaitFor("received SIGTERM: shutting down", std::chrono::seconds(10))) << p.output();
+  // Draining (the call has 60 s of grace): the operator insists.
+  const auto t0 = std::chrono::steady_clock::now();
+  p.Signal(SIGINT);
+  const std::optional<int> code = p.WaitExit(std::chrono::seconds(30));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(code.has_value()) << p.output();
+  EXPECT_EQ(*code, 0) << p.output();
+  EXPECT_LT(took, 3.0) << p.output();
+  EXPECT_NE(p.output().find("received SIGINT again: exiting at once"), std::string::npos) << p.output();
+  EXPECT_FALSE(call.get().ok());
+}
+
+TEST(HardeningShutdown, IdleServerDrainsAndExitsZero) {
+  ChildProcess p(FakeMaskdArgs({}));
+  ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
+  p.Signal(SIGINT);
+  const std::optional<int> code = p.WaitExit(std::chrono::seconds(20));
+  ASSERT_TRUE(code.has_value()) << p.output();
+  EXPECT_EQ(*code, 0) << p.output();
+  EXPECT_NE(p.output().find("shut down"), std::string::npos) << p.output();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Finding 9: accepted-but-unfinished work has a byte budget, checked before decoding.
+
+TEST(HardeningMemory, NewImagesOverTheBudgetAreRefusedAtOnceAndClicksStillPass) {
+  ServerConfig c = TestConfig();
+  // The fake engine's prepared image is 1024 x 1024 x 3 floats (12.6 MB): one new image fits.
+  c.max_inflight_bytes = 20 << 20;
+  TestServer t(c);
+  v1::EmbedRequest cached;
+  *cached.mutable_image() = EncodedPicture(64, 64, 1);
+  auto cached_res = t.client->Embed(cached);
+  ASSERT_TRUE(cached_res.ok()) << cached_res.status().ToString();
+
+  FakeEngine* engine = t.engine.load();
+  engine->HoldEncodes();
+  auto first = std::async(std::launch::async, [&] {
+    v1::EmbedRequest r;
+    *r.mutable_image() = EncodedPicture(200, 150, 2);
+    return t.client->Embed(r);
+  });
+  ASSERT_TRUE(engine->WaitForEncodeCalls(2, std::chrono::seconds(10)));
+
+  // A second new image, and one whose header claims 8000 x 8000 in a few bytes: refused at once.
+  v1::EmbedRequest second;
+  *second.mutable_image() = EncodedPicture(200, 150, 3);
+  std::string lying = EncodedPicture(16, 16, 4).encoded();
+  for (int at : {16, 20}) {
+    lying[at] = 0, lying[at + 1] = 0, lying[at + 2] = 0x1f, lying[at + 3] = 0x40;  // 8000
+  }
+  v1::EmbedRequest lie;
+  lie.mutable_image()->set_encoded(lying);
+  const int prepares = engine->prepare_calls.load();
+  for (const v1::EmbedRequest* r : {&second, &lie}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto res = t.client->Embed(*r);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_FALSE(res.ok());
+    EXPECT_EQ(res.status().code(), StatusCode::kResourceExhausted) << res.status().ToString();
+    EXPECT_NE(res.status().message().find("--max-inflight-bytes"), std::string::npos)
+        << res.status().message();
+    EXPECT_LT(took, 2.0);
+  }
+  EXPECT_EQ(engine->prepare_calls.load(), prepares) << "a refused image was decoded";
+
+  // Clicks on a cached image pass the flood: by image_id, and with the image's bytes again (found
+  // in the cache, so never decoded).
+  v1::SegmentRequest click;
+  click.set_image_id(cached_res->image_id());
+  *click.add_prompts() = Point(10, 10);
+  auto clicked = t.client->Segment(click);
+  EXPECT_TRUE(clicked.ok()) << clicked.status().ToString();
+  v1::SegmentRequest click_bytes;
+  *click_bytes.mutable_image() = cached.image();
+  *click_bytes.add_prompts() = Point(10, 10);
+  auto clicked_bytes = t.client->Segment(click_bytes);
+  EXPECT_TRUE(clicked_bytes.ok()) << clicked_bytes.status().ToString();
+  EXPECT_EQ(engine->prepare_calls.load(), prepares);
+
+  engine->ReleaseEncodes();
+  auto first_res = first.get();
+  EXPECT_TRUE(first_res.ok()) << first_res.status().ToString();
+  // Finished work gives its bytes back.
+  EXPECT_EQ(t.server.pipeline()->inflight().used(), 0u);
+  // A budget holding nothing else admits an image larger than all of it.
+  {
+    ServerConfig small = TestConfig();
+    small.max_inflight_bytes = 1 << 20;
+    TestServer u(small);
+    auto big = u.client->Embed(second);
+    EXPECT_TRUE(big.ok()) << big.status().ToString();
+  }
+  auto again = t.client->Embed(second);
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
 
 }  // namespace

@@ -408,5 +408,43 @@ TEST(ServerImageCodec, EncoderArgumentErrors) {
   EXPECT_FALSE(EncodePngMask(m.data(), 2, 2, PngOptions{12}).ok());
 }
 
+TEST(ServerImageCodec, DeclaredSizeComesFromTheHeaderOnly) {
+  const ImageRGB8 im = Gradient(37, 21);
+  const std::string png = *EncodePngRgb(im);
+  const std::string jpeg = *EncodeJpeg(im);
+  for (const std::string* file : {&png, &jpeg}) {
+    auto size = ReadDeclaredSize(*file);
+    ASSERT_TRUE(size.ok()) << size.status().ToString();
+    EXPECT_EQ(size->width, 37u);
+    EXPECT_EQ(size->height, 21u);
+    // The header alone is enough: the pixel data may be missing.
+    auto head = ReadDeclaredSize(file->substr(0, file == &png ? 33 : file->size() - 10));
+    ASSERT_TRUE(head.ok()) << head.status().ToString();
+    EXPECT_EQ(head->width * head->height, 37u * 21u);
+  }
+#ifdef MASKD_TEST_HAS_WEBP_ENCODER
+  if (WebpSupported()) {
+    uint8_t* out = nullptr;
+    const size_t n = WebPEncodeLosslessRGB(im.pixels.data(), 37, 21, 37 * 3, &out);
+    ASSERT_GT(n, 0u);
+    auto size = ReadDeclaredSize(std::string(reinterpret_cast<const char*>(out), n));
+    WebPFree(out);
+    ASSERT_TRUE(size.ok()) << size.status().ToString();
+    EXPECT_EQ(size->width, 37u);
+    EXPECT_EQ(size->height, 21u);
+  }
+#endif
+  // A PNG header may declare any size: it is reported, for the caller to budget or refuse.
+  std::string huge = png;
+  for (int i = 0; i < 4; ++i) huge[16 + i] = static_cast<char>(i == 1 ? 0x01 : 0);  // 65536 wide
+  EXPECT_EQ(ReadDeclaredSize(huge)->width, 65536u);
+  auto garbage = ReadDeclaredSize("not an image at all");
+  ASSERT_FALSE(garbage.ok());
+  EXPECT_EQ(garbage.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(garbage.status().message().find("image.encoded"), std::string::npos);
+  EXPECT_FALSE(ReadDeclaredSize(jpeg.substr(0, 4)).ok());
+  EXPECT_FALSE(ReadDeclaredSize(png.substr(0, 20)).ok());
+}
+
 }  // namespace
 }  // namespace maskd

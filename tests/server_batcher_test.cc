@@ -290,6 +290,33 @@ TEST(ServerBatcher, OneBadRequestDoesNotFailItsBatchMates) {
   batcher.Stop();
 }
 
+TEST(ServerBatcher, PartsOfOneRequestTakeTurnsWithOtherRequests) {
+  FakeEngine engine;
+  auto e = *engine.Encode({*engine.Prepare(Image(64, 48, 1))});
+  BatchQueueOptions o{8, milliseconds(200), 100};
+  o.max_group_weight = 2;
+  DecoderBatcher batcher("decoder", &engine, o, nullptr);
+  EXPECT_EQ(batcher.max_part_prompts(), 2u);
+  // Request A in three parts of 2 prompts, then request B (2 prompts): 8 queued, a full batch.
+  int group_a = 0, group_b = 0;
+  std::vector<std::shared_ptr<DecodeResult>> a;
+  for (int part = 0; part < 3; ++part) {
+    a.push_back(std::make_shared<DecodeResult>());
+    DecoderBatcher::Request r = MakeDecode(Prompts(e[0], {1.0f + part, 2.0f + part}, false), a.back());
+    r.group = &group_a;
+    ASSERT_TRUE(batcher.Submit(std::move(r)).ok());
+  }
+  auto b = std::make_shared<DecodeResult>();
+  DecoderBatcher::Request rb = MakeDecode(Prompts(e[0], {5, 6}, false), b);
+  rb.group = &group_b;
+  ASSERT_TRUE(batcher.Submit(std::move(rb)).ok());
+  EXPECT_TRUE(b->promise.get_future().get().ok());
+  for (auto& r : a) EXPECT_TRUE(r->promise.get_future().get().ok());
+  // B shares A's first batch instead of waiting for all of A; A's other parts go one per batch.
+  EXPECT_EQ(engine.decode_batches(), (std::vector<int>{4, 2, 2}));
+  batcher.Stop();
+}
+
 TEST(ServerBatcher, DecoderDropsCancelledBeforeEngineWork) {
   FakeEngine engine;
   auto e = *engine.Encode({*engine.Prepare(Image(64, 48, 1))});

@@ -25,9 +25,12 @@ maskd_add_test(server_e2e_test SOURCES server_e2e_test.cc
 add_dependencies(server_e2e_test maskd)
 
 # Issue #14 hardening: server-facing findings through real gRPC (fake engines).
+# maskd around the fake engine, for tests that signal a real process mid-load or mid-batch.
+add_executable(maskd_fake fake_maskd_main.cc)
+target_link_libraries(maskd_fake PRIVATE maskd_server maskd_fake_engine)
 maskd_add_test(hardening_server_test SOURCES hardening_server_test.cc
                LIBS maskd_server maskd_client maskd_fake_engine)
-add_dependencies(hardening_server_test maskd)
+add_dependencies(hardening_server_test maskd maskd_fake)
 maskd_add_test(hardening_config_test SOURCES hardening_config_test.cc
                LIBS maskd_server maskd_fake_engine)
 # Issue #14 hardening with the real engine (the built-in demo model; needs no golden data).

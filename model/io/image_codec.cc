@@ -184,6 +184,30 @@ bool RunJpegDecode(jpeg_decompress_struct* cinfo, JpegError* jerr, std::string_v
   return true;
 }
 
+// jpeg_read_header alone, in its own setjmp frame (see RunJpegDecode).
+bool RunJpegHeader(jpeg_decompress_struct* cinfo, JpegError* jerr, std::string_view bytes) {
+  if (setjmp(jerr->jump)) return false;
+  jpeg_mem_src(cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
+               static_cast<unsigned long>(bytes.size()));  // NOLINT: libjpeg's type
+  jpeg_read_header(cinfo, TRUE);
+  return true;
+}
+
+StatusOr<DeclaredSize> ReadJpegSize(std::string_view bytes, std::string_view field) {
+  jpeg_decompress_struct cinfo;
+  JpegError jerr;
+  cinfo.err = jpeg_std_error(&jerr.mgr);
+  jerr.mgr.error_exit = JpegErrorExit;
+  jerr.mgr.emit_message = JpegEmitMessage;
+  jerr.message[0] = '\0';
+  jpeg_create_decompress(&cinfo);
+  const bool read = RunJpegHeader(&cinfo, &jerr, bytes);
+  DeclaredSize size{cinfo.image_width, cinfo.image_height};
+  jpeg_destroy_decompress(&cinfo);
+  if (!read) return InvalidArgument(Prefix(field) + "corrupt or truncated JPEG header (" + jerr.message + ")");
+  return size;
+}
+
 StatusOr<ImageRGB8> DecodeJpeg(std::string_view bytes, const ImageLimits& limits,
                                std::string_view field) {
   static_assert(sizeof(JSAMPLE) == 1, "8-bit libjpeg expected");
@@ -453,6 +477,39 @@ StatusOr<ImageRGB8> DecodeImage(std::string_view bytes, const ImageLimits& limit
   if (!head.empty()) head.pop_back();
   return InvalidArgument(Prefix(field) + "unknown image format (first bytes " + head +
                          "; expected JPEG, PNG" + (WebpSupported() ? " or WebP" : "") + ")");
+}
+
+StatusOr<DeclaredSize> ReadDeclaredSize(std::string_view bytes, std::string_view field) {
+  switch (DetectImageFormat(bytes)) {
+    case ImageFormat::kJpeg: return ReadJpegSize(bytes, field);
+    case ImageFormat::kPng: {
+      // The signature, then IHDR first (the PNG specification requires it): length, "IHDR", width
+      // and height as 4-byte big-endian numbers.
+      if (bytes.size() < 24 || bytes.substr(12, 4) != "IHDR") {
+        return InvalidArgument(Prefix(field) + "corrupt or truncated PNG (no IHDR chunk first)");
+      }
+      auto be32 = [&](size_t at) {
+        uint64_t v = 0;
+        for (size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<uint8_t>(bytes[at + i]);
+        return v;
+      };
+      return DeclaredSize{be32(16), be32(20)};
+    }
+    case ImageFormat::kWebp: {
+#if MASKD_WITH_WEBP
+      int w = 0, h = 0;
+      if (!WebPGetInfo(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &w, &h)) {
+        return InvalidArgument(Prefix(field) + "corrupt or truncated WebP (no valid header)");
+      }
+      return DeclaredSize{static_cast<uint64_t>(w), static_cast<uint64_t>(h)};
+#else
+      break;
+#endif
+    }
+    case ImageFormat::kUnknown: break;
+  }
+  return InvalidArgument(Prefix(field) + "not a JPEG, PNG" + (WebpSupported() ? " or WebP" : "") +
+                         " file (no size to read)");
 }
 
 StatusOr<ImageRGB8> ImageFromRaw(int64_t width, int64_t height, std::string_view rgb,

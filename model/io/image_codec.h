@@ -48,6 +48,15 @@ struct ImageLimits {
 StatusOr<ImageRGB8> DecodeImage(std::string_view bytes, const ImageLimits& limits = {},
                                 std::string_view field = "image.encoded");
 
+// The width and height an encoded file declares, read from its header only (JPEG markers up to the
+// first scan, PNG IHDR, WebP's header): what decoding it would cost (width * height * 3 bytes)
+// before any pixel is decoded. Limits are DecodeImage's job; INVALID_ARGUMENT when the header is
+// unreadable or the format unknown.
+struct DeclaredSize {
+  uint64_t width = 0, height = 0;
+};
+StatusOr<DeclaredSize> ReadDeclaredSize(std::string_view bytes, std::string_view field = "image.encoded");
+
 // Validates and copies raw RGB8 pixels (width * height * 3 bytes, rows top to bottom).
 StatusOr<ImageRGB8> ImageFromRaw(int64_t width, int64_t height, std::string_view rgb,
                                  const ImageLimits& limits = {}, std::string_view field = "image.raw");
