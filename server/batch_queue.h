@@ -43,6 +43,10 @@ struct BatchQueueOptions {
   // The most weight one group puts into one batch (0: no limit). Callers split bigger requests
   // into parts of at most this weight.
   size_t max_group_weight = 0;
+  // An item that finds the batcher idle (it arrived after the previous batch had finished) leaves
+  // at once instead of waiting max_queue_delay for company: the delay then applies only under
+  // load, where the items that queue up while a batch runs are batched together anyway.
+  bool launch_when_idle = false;
 };
 
 struct QueueCounters {
@@ -126,17 +130,22 @@ class BatchQueue {
     for (;;) {
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (stopping_) break;
-      // Wait for a full batch or for the oldest item's max_queue_delay, whichever comes first.
+      // Wait for a full batch or for the oldest item's max_queue_delay, whichever comes first;
+      // with launch_when_idle, not at all when the oldest item arrived to an idle batcher.
+      const bool idle = options_.launch_when_idle && queue_.front().arrival >= idle_since_;
       const Clock::time_point leave = queue_.front().arrival + options_.max_queue_delay;
-      cv_.wait_until(lock, leave, [this] {
-        return stopping_ || queued_weight_ >= options_.max_batch_weight;
-      });
+      if (!idle) {
+        cv_.wait_until(lock, leave, [this] {
+          return stopping_ || queued_weight_ >= options_.max_batch_weight;
+        });
+      }
       if (stopping_) break;
       std::vector<Item> batch = TakeBatch();
       const Clock::time_point formed = Clock::now();
       lock.unlock();
       RunBatch(batch, formed);
       lock.lock();
+      idle_since_ = Clock::now();
     }
     // Stopping: everything still queued is refused; the clients may retry elsewhere.
     std::deque<Item> left = std::move(queue_);
@@ -226,6 +235,9 @@ class BatchQueue {
   std::deque<Item> queue_;
   size_t queued_weight_ = 0;
   bool stopping_ = false;
+  // When the last batch finished (the thread's start before the first): items arriving after it
+  // found the batcher idle.
+  Clock::time_point idle_since_ = Clock::now();
   uint64_t batches_ = 0, items_ = 0, rejected_ = 0, dropped_ = 0;
   std::thread thread_;
 };

@@ -126,9 +126,9 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->group(g_dev),
       "precision");
   env(app.add_option("--fast", c.fast,
-                     "Encoder/decoder fast path preset: auto (all CUDA optimisations except int8 "
-                     "and 2:4 sparsity on CUDA, none on CPU), on, off. The switches below override "
-                     "single parts")
+                     "Encoder/decoder fast path preset: auto (all CUDA optimisations except int8, "
+                     "fp8 and 2:4 sparsity on CUDA, none on CPU), on, off. The switches below "
+                     "override single parts")
           ->check(CLI::IsMember({"auto", "on", "off"}))
           ->capture_default_str()
           ->group(g_dev),
@@ -142,9 +142,12 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
   tristate("cuda-graphs", &c.cuda_graphs, "Replay the encoder from CUDA graphs (captured at each batch size)");
   tristate("int8", &c.int8, "int8 dynamic quantisation of the encoder's linear layers");
   tristate("sparse24", &c.sparse24, "2:4 sparsity of the encoder's MLP weights");
+  tristate("fp8", &c.fp8,
+           "fp8 (e4m3, row-wise scales) encoder linears on Hopper; bf16 precision only; exclusive "
+           "with --int8 and --sparse24");
   tristate("gpu-preprocess", &c.gpu_preprocess, "Resize/normalise/pad on the GPU");
   tristate("gpu-postprocess", &c.gpu_postprocess, "Upscale/threshold/RLE masks on the GPU");
-  for (const char* n : {"cuda-graphs", "int8", "sparse24", "gpu-preprocess", "gpu-postprocess"}) {
+  for (const char* n : {"cuda-graphs", "int8", "sparse24", "fp8", "gpu-preprocess", "gpu-postprocess"}) {
     app.get_option(std::string("--") + n)->group(g_dev);
   }
   // CLI11 alone reads any number as a bool ("--warmup 2" = true): a typo must not pass silently.
@@ -227,6 +230,13 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_batch),
       "decoder-queue-delay-us");
+  env(app.add_option("--decoder-launch-when-idle", c.decoder_launch_when_idle,
+                     "A prompt that finds the decoder idle runs at once; --decoder-queue-delay-us "
+                     "then applies only while a decoder batch is running (under load)")
+          ->check(boolean_word)
+          ->capture_default_str()
+          ->group(g_batch),
+      "decoder-launch-when-idle");
   env(app.add_option("--decoder-queue-capacity", c.decoder_queue_capacity,
                      "Prompts queued for the decoder before RESOURCE_EXHAUSTED")
           ->check(CLI::Range(1, 100'000'000))
@@ -700,6 +710,7 @@ StatusOr<EngineOptions> MakeEngineOptions(const ServerConfig& config, const Devi
   if (config.cuda_graphs) o.fast.cuda_graphs = *config.cuda_graphs;
   if (config.int8) o.fast.int8 = *config.int8;
   if (config.sparse24) o.fast.sparse24 = *config.sparse24;
+  if (config.fp8) o.fast.fp8 = *config.fp8;
   if (config.gpu_preprocess) o.fast.gpu_preprocess = *config.gpu_preprocess;
   if (config.gpu_postprocess) o.fast.gpu_postprocess = *config.gpu_postprocess;
   // Powers of two up to the maximum, and the maximum itself: what the encoder pads batches to.

@@ -28,7 +28,7 @@ struct ServerConfig {
   std::string precision = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
   std::string fast = "auto";       // auto (FastPathOptions::Fast() on CUDA) | on | off
   std::string attention;           // empty: as `fast` says; else auto|math|sdpa|sdpa-folded|fused
-  std::optional<bool> cuda_graphs, int8, sparse24, gpu_preprocess, gpu_postprocess;
+  std::optional<bool> cuda_graphs, int8, sparse24, fp8, gpu_preprocess, gpu_postprocess;
   bool warmup = true;
 
   // Network.
@@ -47,6 +47,8 @@ struct ServerConfig {
   // cancelled or expired request stops at its next part.
   int decoder_request_prompts = 64;
   int64_t decoder_queue_delay_us = 500;
+  // A prompt that finds the decoder idle runs at once; the queue delay applies only under load.
+  bool decoder_launch_when_idle = true;
   int decoder_queue_capacity = 8192;
 
   // Memory (per device).

@@ -175,6 +175,7 @@ Status MaskServer::Load() {
   wo.decoder.max_batch_weight = static_cast<size_t>(config_.decoder_max_prompts);
   wo.decoder.max_group_weight = static_cast<size_t>(config_.decoder_request_prompts);
   wo.decoder.max_queue_delay = std::chrono::microseconds(config_.decoder_queue_delay_us);
+  wo.decoder.launch_when_idle = config_.decoder_launch_when_idle;
   wo.decoder.capacity_weight = static_cast<size_t>(config_.decoder_queue_capacity);
   wo.cache_device_bytes = config_.cache_device_bytes;
   wo.cache_host_bytes = config_.cache_host_bytes;

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "server/batch_queue.h"
 #include "server/decoder_batcher.h"
 #include "server/encoder_batcher.h"
 #include "tests/fake_engine.h"
@@ -38,6 +39,63 @@ EncoderBatcher::Request MakeEncode(FakeEngine& engine, uint8_t v, std::shared_pt
     out->promise.set_value(std::move(e));
   };
   return r;
+}
+
+// The queue alone, with an item that records nothing but its arrival.
+struct PlainItem {
+  Clock::time_point arrival;
+  size_t weight() const { return 1; }
+  Status Alive() const { return Status::Ok(); }
+  void Fail(const Status&) {}
+  const void* group() const { return nullptr; }
+};
+
+// launch_when_idle: an item that finds the batcher idle runs at once (the 1 s delay is not waited
+// for); items that arrive while a batch runs still wait for company and leave together. Without
+// it the lone item waits for the delay.
+TEST(ServerBatcher, IdleBatcherLaunchesAtOnceAndBatchesUnderLoad) {
+  for (const bool idle_launch : {true, false}) {
+    SCOPED_TRACE(idle_launch ? "launch_when_idle" : "always wait");
+    BatchQueueOptions o;
+    o.max_batch_weight = 8;
+    o.max_queue_delay = std::chrono::seconds(1);
+    o.capacity_weight = 64;
+    o.launch_when_idle = idle_launch;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<size_t> sizes;
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    BatchQueue<PlainItem> q("test", o, [&](std::vector<PlainItem>& batch, Clock::time_point) {
+      size_t n;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        sizes.push_back(batch.size());
+        n = sizes.size();
+      }
+      cv.notify_all();
+      if (n == 1) released.wait();  // the first batch keeps the "device" busy
+    });
+    auto wait_batches = [&](size_t n) {
+      std::unique_lock<std::mutex> lock(mu);
+      return cv.wait_for(lock, std::chrono::seconds(10), [&] { return sizes.size() >= n; });
+    };
+    const auto t0 = Clock::now();
+    ASSERT_TRUE(q.Submit(PlainItem{}).ok());
+    ASSERT_TRUE(wait_batches(1));
+    const double first_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (idle_launch) {
+      EXPECT_LT(first_s, 0.5) << "the lone item waited for the queue delay";
+    } else {
+      EXPECT_GE(first_s, 0.9) << "the lone item left before the queue delay";
+    }
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(q.Submit(PlainItem{}).ok());
+    release.set_value();
+    ASSERT_TRUE(wait_batches(2));
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(sizes[1], 3u) << "items queued while a batch ran left separately";
+    q.Stop();
+  }
 }
 
 TEST(ServerBatcher, EncoderBatchLeavesWhenFull) {

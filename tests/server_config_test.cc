@@ -70,7 +70,7 @@ TEST(ServerConfig, HelpDocumentsEveryFlagWithItsEnvironmentVariable) {
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag :
        {"--checkpoint", "--models-dir", "--demo-seed", "--device", "--precision", "--fast", "--attention",
-        "--cuda-graphs", "--int8", "--sparse24", "--gpu-preprocess", "--gpu-postprocess", "--warmup",
+        "--cuda-graphs", "--int8", "--fp8", "--sparse24", "--gpu-preprocess", "--gpu-postprocess", "--warmup",
         "--require-checkpoint", "--listen", "--encoder-max-batch", "--encoder-queue-delay-us", "--encoder-queue-capacity",
         "--decoder-max-prompts", "--decoder-queue-delay-us", "--decoder-queue-capacity",
         "--cache-device-bytes", "--cache-host-bytes", "--result-store-bytes", "--decode-threads",
@@ -295,6 +295,19 @@ TEST(ServerConfig, EngineOptionsPerDeviceKind) {
   EXPECT_EQ(gpu->precision, Precision::kBFloat16);
   EXPECT_TRUE(gpu->fast.cuda_graphs);  // FastPathOptions::Fast() on CUDA
   EXPECT_TRUE(gpu->fast.gpu_postprocess);
+  EXPECT_TRUE(gpu->fast.rel_pos_in_kernel);
+  EXPECT_TRUE(gpu->fast.windows_in_kernel);
+  EXPECT_FALSE(gpu->fast.fp8);  // opt-in
+  {
+    ServerConfig f = c;
+    f.fp8 = true;
+    auto fp8 = MakeEngineOptions(f, DeviceSpec{"cuda:0", "cuda:0", true}, ck);
+    ASSERT_TRUE(fp8.ok());
+    EXPECT_TRUE(fp8->fast.fp8);
+    auto parsed = Parse({"--fp8", "on"});
+    ASSERT_FALSE(parsed.exit) << parsed.output;
+    EXPECT_EQ(parsed.config.fp8, std::optional<bool>(true));
+  }
 
   c.precision = "fp16";
   c.cuda_graphs = false;
