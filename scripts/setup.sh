@@ -60,6 +60,7 @@ APT_PACKAGES=(
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
   libpng-dev libjpeg-dev libwebp-dev libexif-dev libssl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus-cpp-dev libcpp-httplib-dev
 )
 if [ "${MASKD_SKIP_APT:-0}" != 1 ]; then
   missing=()
@@ -112,7 +113,7 @@ if ! "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   "$py" -m pip install -q --upgrade pip
   "$py" -m pip install -q "torch==$TORCH_VERSION"
 fi
-if ! "$py" -c "import grpc_tools, pycocotools, segment_anything, torchvision, pytest, matplotlib" 2>/dev/null; then
+if ! "$py" -c "import grpc_tools, pycocotools, segment_anything, torchvision, pytest, matplotlib, prometheus_client" 2>/dev/null; then
   log "installing the Python client's and tests' packages"
   # torchvision only for the test oracle (the original segment_anything); Pillow 9.4 is what the golden
   # data was made with.

@@ -180,6 +180,13 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_net),
       "listen");
+  env(app.add_option("--metrics-listen", c.metrics_listen,
+                     "HOST:PORT serving Prometheus metrics at GET /metrics (text exposition format); "
+                     "port 0 picks a free port (logged as 'metrics on HOST:PORT'); empty: off")
+          ->type_name("HOST:PORT")
+          ->capture_default_str()
+          ->group(g_net),
+      "metrics-listen");
 
   auto* g_batch = "Batching (per device)";
   env(app.add_option("--encoder-max-batch", c.encoder_max_batch, "Images per encoder batch")
@@ -276,6 +283,13 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_log),
       "log-level");
+  env(app.add_option("--log-format", c.log_format,
+                     "text (one readable line per event) or json (one JSON object per line: ts, "
+                     "level, thread, request_id or request_ids, msg; for log shippers)")
+          ->check(CLI::IsMember({"text", "json"}))
+          ->capture_default_str()
+          ->group(g_log),
+      "log-format");
   env(app.add_option("--access-log", c.access_log, "One log line per call")
           ->check(boolean_word)
           ->type_name("BOOL")
@@ -449,6 +463,15 @@ Status ValidateConfig(const ServerConfig& c) {
     v << c.shutdown_grace_s;
     return InvalidArgument("--shutdown-grace-s = " + v.str() +
                            " (expected a number of seconds, 0 .. 3600)");
+  }
+  if (!c.metrics_listen.empty()) {
+    // ParseListen's messages name --listen; the same rules apply, under this flag's name.
+    if (StatusOr<std::pair<std::string, int>> m = ParseListen(c.metrics_listen); !m.ok()) {
+      return InvalidArgument("--metrics-listen" + m.status().message().substr(std::string("--listen").size()));
+    }
+  }
+  if (c.log_format != "text" && c.log_format != "json") {
+    return InvalidArgument("--log-format = \"" + c.log_format + "\" (expected text or json)");
   }
   return Status::Ok();
 }

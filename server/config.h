@@ -33,6 +33,8 @@ struct ServerConfig {
 
   // Network.
   std::string listen = "0.0.0.0:50051";
+  // Prometheus text exposition at GET /metrics on this HOST:PORT; empty: no metrics listener.
+  std::string metrics_listen;
 
   // Batching (per device).
   int encoder_max_batch = 8;
@@ -70,6 +72,7 @@ struct ServerConfig {
 
   // Logging and lifecycle.
   std::string log_level = "info";  // trace | debug | info | warn | error | critical | off
+  std::string log_format = "text";  // text | json (one object per line, for log shippers)
   bool access_log = true;
   double shutdown_grace_s = 10;
 

@@ -3,9 +3,10 @@
 namespace maskd::server {
 
 DecoderBatcher::DecoderBatcher(std::string name, Engine* engine, BatchQueueOptions options,
-                               StageSet* stages)
+                               StageSet* stages, BatchObserver on_batch)
     : engine_(engine),
       stages_(stages),
+      on_batch_(std::move(on_batch)),
       queue_(std::move(name), options,
              [this](std::vector<Item>& batch, Clock::time_point formed) { Run(batch, formed); }) {}
 
@@ -38,6 +39,7 @@ void DecoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   const Clock::time_point t0 = Clock::now();
   StatusOr<std::vector<StatusOr<DecodedPrompt>>> result = Decode(all);
   const uint64_t compute_us = MicrosSince(t0);
+  if (on_batch_) on_batch_(all.size());
   // The engine answers per prompt, so one bad prompt fails its own request only, without a second
   // pass; an error of the whole pass fails every request of the batch.
   size_t offset = 0;

@@ -30,7 +30,11 @@ class DecoderBatcher {
     std::function<void(StatusOr<std::vector<DecodedPrompt>>, const DecodeTiming&)> done;
   };
 
-  DecoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages);
+  // Told the size (prompts) of every batch run, on the batcher's thread (may be empty).
+  using BatchObserver = std::function<void(size_t prompts)>;
+
+  DecoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages,
+                 BatchObserver on_batch = {});
 
   Status Submit(Request request);
   bool HasRoom(size_t prompts) const { return queue_.HasRoom(prompts); }
@@ -51,6 +55,7 @@ class DecoderBatcher {
 
   Engine* const engine_;
   StageSet* const stages_;
+  const BatchObserver on_batch_;
   BatchQueue<Item> queue_;  // last: its thread uses the members above
 };
 

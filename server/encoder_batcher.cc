@@ -3,9 +3,10 @@
 namespace maskd::server {
 
 EncoderBatcher::EncoderBatcher(std::string name, Engine* engine, BatchQueueOptions options,
-                               StageSet* stages)
+                               StageSet* stages, BatchObserver on_batch)
     : engine_(engine),
       stages_(stages),
+      on_batch_(std::move(on_batch)),
       queue_(std::move(name), options,
              [this](std::vector<Item>& batch, Clock::time_point formed) { Run(batch, formed); }) {}
 
@@ -28,6 +29,7 @@ void EncoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
     result = Internal("Engine::Encode threw a non-standard exception");
   }
   const uint64_t compute_us = MicrosSince(t0);
+  if (on_batch_) on_batch_(images.size());
   if (result.ok() && result->size() != batch.size()) {
     result = Internal("Engine::Encode returned " + std::to_string(result->size()) +
                       " embeddings for " + std::to_string(batch.size()) + " images");

@@ -29,7 +29,11 @@ class EncoderBatcher {
   };
 
   // `stages` may be null; `engine` must outlive the batcher.
-  EncoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages);
+  // Told the size (images) of every batch run, on the batcher's thread (may be empty).
+  using BatchObserver = std::function<void(size_t images)>;
+
+  EncoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages,
+                 BatchObserver on_batch = {});
 
   Status Submit(Request request);
   bool HasRoom() const { return queue_.HasRoom(1); }
@@ -48,6 +52,7 @@ class EncoderBatcher {
 
   Engine* const engine_;
   StageSet* const stages_;
+  const BatchObserver on_batch_;
   BatchQueue<Item> queue_;  // last: its thread uses the members above
 };
 

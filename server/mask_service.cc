@@ -25,7 +25,7 @@ struct MaskService::UnaryCall {
   void Finish(const Status& status, int images, int prompts, bool cached, const std::string& tag = "") {
     if (finished.exchange(true)) return;
     control->MarkFinished();
-    service->RecordOutcome(status);
+    service->RecordCall(method, status, arrival);
     if (service->options_.access_log) {
       spdlog::info("[{}] access method={} peer={} status={} latency_ms={:.3f} images={} prompts={} "
                    "cached={}{}{}",
@@ -114,6 +114,14 @@ void MaskService::CallEnded() {
 void MaskService::RecordOutcome(const Status& status) {
   std::lock_guard<std::mutex> lock(counters_mu_);
   ++calls_by_status_[StatusCodeName(status.code())];
+}
+
+void MaskService::RecordCall(const char* method, const Status& status, Clock::time_point arrival) {
+  RecordOutcome(status);
+  if (options_.metrics != nullptr) {
+    options_.metrics->ObserveCall(method, status.code(),
+                                  static_cast<double>(MicrosSince(arrival)) * 1e-6);
+  }
 }
 
 void MaskService::AddStream(StreamReactor* s) {
@@ -256,7 +264,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MaskService::Segmen
       MaskService* service_;
     };
     CallStarted();
-    RecordOutcome(admit);
+    RecordCall("SegmentStream", admit, Clock::now());
     return new Refuse(this, admit);
   }
   CallStarted();

@@ -44,7 +44,10 @@ Status MaskServer::StartListening() {
   so.access_log = config_.access_log;
   so.version = std::string(MASKD_VERSION) + " (" + MASKD_GIT_REVISION + ")";
   so.checkpoint_label = checkpoint_.demo() ? "builtin-demo" : checkpoint_.path;
+  so.metrics = metrics_.get();
   service_ = std::make_unique<MaskService>(so);
+  MaskService* service = service_.get();
+  metrics_->SetInfoSource([service](v1::GetInfoResponse* info) { service->FillInfo(info); });
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -74,6 +77,15 @@ Status MaskServer::StartListening() {
   SetHealth(false);
   address_ = listen->first + ":" + std::to_string(port_);
   spdlog::info("listening on {}", address_);
+  // Up while the model loads, so that a scrape can already see the server (uptime, no model yet).
+  if (!config_.metrics_listen.empty()) {
+    StatusOr<std::unique_ptr<MetricsListener>> m = MetricsListener::Start(config_.metrics_listen, *metrics_);
+    if (!m.ok()) return m.status();
+    metrics_listener_ = std::move(*m);
+    StatusOr<std::pair<std::string, int>> host = ParseListen(config_.metrics_listen);
+    spdlog::info("metrics on {}:{} (GET /metrics)", host.ok() ? host->first : config_.metrics_listen,
+                 metrics_listener_->port());
+  }
   return Status::Ok();
 }
 
@@ -144,6 +156,7 @@ Status MaskServer::LoadAndServe() {
   wo.cache_device_bytes = config_.cache_device_bytes;
   wo.cache_host_bytes = config_.cache_host_bytes;
   wo.result_store_bytes = config_.result_store_bytes;
+  wo.metrics = metrics_.get();
   std::vector<DeviceWorker*> raw;
   for (size_t i = 0; i < engines.size(); ++i) {
     const Engine& e = **engines[i];
@@ -216,6 +229,8 @@ void MaskServer::Shutdown() {
   if (decode_pool_) decode_pool_->Stop();
   if (post_pool_) post_pool_->Stop();
   if (grpc_server_) grpc_server_->Wait();
+  // Its scrapes read the workers (FillInfo), which the destructor frees after this.
+  metrics_listener_.reset();
   {
     std::lock_guard<std::mutex> lock(shutdown_mu_);
     down_ = true;

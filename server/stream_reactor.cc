@@ -79,14 +79,19 @@ void StreamReactor::OnCancel() {
 }
 
 void StreamReactor::OnDone() {
+  std::optional<StatusCode> code;
+  uint64_t messages;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    code = final_code_;
+    messages = messages_;
+  }
+  if (code && service_->options_.metrics != nullptr) {
+    service_->options_.metrics->ObserveCall("SegmentStream", *code,
+                                            static_cast<double>(MicrosSince(arrival_)) * 1e-6);
+  }
   if (service_->options_.access_log) {
-    std::string status;
-    uint64_t messages;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      status = final_status_name_;
-      messages = messages_;
-    }
+    const char* status = code ? StatusCodeName(*code) : "UNKNOWN";
     spdlog::info("[{}] access method=SegmentStream peer={} status={} latency_ms={:.3f} messages={}",
                  rid_, LogSafe(peer_), status, Millis(arrival_), messages);
   }
@@ -173,21 +178,21 @@ void StreamReactor::ScheduleLocked(Actions* a) {
     a->finish = true;
     if (cancelled_) {
       a->finish_status = grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the stream");
-      final_status_name_ = "CANCELLED";
+      final_code_ = StatusCode::kCancelled;
     } else if (malformed_message_ >= 0) {
       a->finish_status = ToGrpcStatus(InvalidArgument(
           "SegmentStream message " + std::to_string(malformed_message_) +
           " (counting from 0) is not a valid maskd.v1.SegmentRequest (expected a serialized "
           "SegmentRequest): the earlier messages were answered, it and any later ones were not "
           "read"));
-      final_status_name_ = "INVALID_ARGUMENT";
+      final_code_ = StatusCode::kInvalidArgument;
     } else if (draining_ && !reads_done_) {
       a->finish_status = ToGrpcStatus(
           Unavailable("the server is shutting down: reconnect to another server or retry later"));
-      final_status_name_ = "UNAVAILABLE";
+      final_code_ = StatusCode::kUnavailable;
     } else {
       a->finish_status = grpc::Status::OK;
-      final_status_name_ = "OK";
+      final_code_ = StatusCode::kOk;
     }
   }
 }
@@ -269,7 +274,7 @@ void StreamReactor::Complete(Message* m, const Status& status) {
     e->set_code(static_cast<int32_t>(g.error_code()));
     e->set_message(g.error_message());
   }
-  service_->RecordOutcome(status);
+  service_->RecordCall("SegmentStreamMessage", status, m->arrival);
   if (service_->options_.access_log) {
     spdlog::info("[{}] access method=SegmentStream.message peer={} status={} latency_ms={:.3f} "
                  "images={} prompts={} cached={}",

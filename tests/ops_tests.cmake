@@ -1,0 +1,9 @@
+# Operability tests (issue #16), included by tests/CMakeLists.txt: a real CPU maskd on the built-in
+# demo model (no golden data needed), driven by the Python client in MASKD_PYTHON.
+if(TARGET maskd)
+  # GET /metrics after real gRPC traffic, parsed by prometheus_client's parser.
+  add_test(NAME ops_metrics_scrape_test
+           COMMAND ${MASKD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ops/metrics_scrape_test.py
+                   $<TARGET_FILE:maskd>)
+  set_tests_properties(ops_metrics_scrape_test PROPERTIES LABELS cpu TIMEOUT 300)
+endif()
