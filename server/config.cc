@@ -467,7 +467,8 @@ Status ValidateConfig(const ServerConfig& c) {
   if (!c.metrics_listen.empty()) {
     // ParseListen's messages name --listen; the same rules apply, under this flag's name.
     if (StatusOr<std::pair<std::string, int>> m = ParseListen(c.metrics_listen); !m.ok()) {
-      return InvalidArgument("--metrics-listen" + m.status().message().substr(std::string("--listen").size()));
+      return InvalidArgument("--metrics-listen" +
+                             m.status().message().substr(std::string("--listen").size()));
     }
   }
   if (c.log_format != "text" && c.log_format != "json") {

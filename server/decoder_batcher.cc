@@ -1,5 +1,7 @@
 #include "server/decoder_batcher.h"
 
+#include "server/logging.h"
+
 namespace maskd::server {
 
 DecoderBatcher::DecoderBatcher(std::string name, Engine* engine, BatchQueueOptions options,
@@ -33,13 +35,19 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> DecoderBatcher::Decode(const std:
 
 void DecoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   std::vector<DecodeItem> all;
+  std::vector<std::string> ids;
   for (const auto& item : batch) {
     all.insert(all.end(), item.request.prompts.begin(), item.request.prompts.end());
+    ids.push_back(item.request.request_id);
   }
+  // Whatever the engine logs during this pass belongs to these requests.
+  ScopedRequestIds scope(std::move(ids));
   const Clock::time_point t0 = Clock::now();
   StatusOr<std::vector<StatusOr<DecodedPrompt>>> result = Decode(all);
   const uint64_t compute_us = MicrosSince(t0);
   if (on_batch_) on_batch_(all.size());
+  spdlog::debug("decoder batch of {} prompt(s) from {} request(s): {} us, {}", all.size(),
+                batch.size(), compute_us, result.ok() ? std::string("ok") : result.status().ToString());
   // The engine answers per prompt, so one bad prompt fails its own request only, without a second
   // pass; an error of the whole pass fails every request of the batch.
   size_t offset = 0;

@@ -28,6 +28,8 @@ class DecoderBatcher {
     // Called exactly once from the batcher's thread (unless Submit refused); one DecodedPrompt per
     // prompt, in order. Keep it short: post-processing belongs on another thread.
     std::function<void(StatusOr<std::vector<DecodedPrompt>>, const DecodeTiming&)> done;
+    // The batch's log lines, the engine's included, carry it.
+    std::string request_id;
   };
 
   // Told the size (prompts) of every batch run, on the batcher's thread (may be empty).

@@ -26,6 +26,9 @@ class EncoderBatcher {
     std::function<Status()> alive;
     // Called exactly once (from the batcher's thread), unless Submit refused the request.
     std::function<void(StatusOr<std::shared_ptr<const Embedding>>, const EncodeTiming&)> done;
+    // The request the image is encoded for (the single-flight leader's): the batch's log lines,
+    // the engine's included, carry it.
+    std::string request_id;
   };
 
   // `stages` may be null; `engine` must outlive the batcher.

@@ -27,17 +27,18 @@ struct MaskService::UnaryCall {
     control->MarkFinished();
     service->RecordCall(method, status, arrival);
     if (service->options_.access_log) {
-      spdlog::info("[{}] access method={} peer={} status={} latency_ms={:.3f} images={} prompts={} "
-                   "cached={}{}{}",
-                   control->request_id(), method, LogSafe(peer), StatusCodeName(status.code()),
-                   Millis(arrival), images, prompts, cached ? "true" : "false",
-                   tag.empty() ? "" : " tag=", LogSafe(tag));
+      LogRequest(spdlog::level::info, control->request_id(),
+                 "access method={} peer={} status={} latency_ms={:.3f} images={} prompts={} "
+                 "cached={}{}{}",
+                 method, LogSafe(peer), StatusCodeName(status.code()), Millis(arrival), images,
+                 prompts, cached ? "true" : "false", tag.empty() ? "" : " tag=", LogSafe(tag));
     }
     if (!status.ok() && status.code() == StatusCode::kInternal) {
-      spdlog::error("[{}] {} failed: {}", control->request_id(), method, LogSafe(status.message()));
+      LogRequest(spdlog::level::err, control->request_id(), "{} failed: {}", method,
+                 LogSafe(status.message()));
     } else if (!status.ok()) {
-      spdlog::debug("[{}] {} failed: {}", control->request_id(), method,
-                    LogSafe(status.ToString()));
+      LogRequest(spdlog::level::debug, control->request_id(), "{} failed: {}", method,
+                 LogSafe(status.ToString()));
     }
     MaskService* s = service;
     reactor->Finish(ToGrpcStatus(status));

@@ -18,7 +18,7 @@ StreamReactor::StreamReactor(MaskService* service, grpc::CallbackServerContext* 
       cancelled_flag_(std::make_shared<std::atomic<bool>>(false)) {
   context_->AddInitialMetadata("x-request-id", rid_);  // before the first response is sent
   if (service_->options_.access_log) {
-    spdlog::debug("[{}] SegmentStream opened by {}", rid_, LogSafe(peer_));
+    LogRequest(spdlog::level::debug, rid_, "SegmentStream opened by {}", LogSafe(peer_));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -92,8 +92,9 @@ void StreamReactor::OnDone() {
   }
   if (service_->options_.access_log) {
     const char* status = code ? StatusCodeName(*code) : "UNKNOWN";
-    spdlog::info("[{}] access method=SegmentStream peer={} status={} latency_ms={:.3f} messages={}",
-                 rid_, LogSafe(peer_), status, Millis(arrival_), messages);
+    LogRequest(spdlog::level::info, rid_,
+               "access method=SegmentStream peer={} status={} latency_ms={:.3f} messages={}",
+               LogSafe(peer_), status, Millis(arrival_), messages);
   }
   MaskService* s = service_;
   s->RemoveStream(this);
@@ -276,14 +277,16 @@ void StreamReactor::Complete(Message* m, const Status& status) {
   }
   service_->RecordCall("SegmentStreamMessage", status, m->arrival);
   if (service_->options_.access_log) {
-    spdlog::info("[{}] access method=SegmentStream.message peer={} status={} latency_ms={:.3f} "
-                 "images={} prompts={} cached={}",
-                 m->rid, LogSafe(peer_), StatusCodeName(status.code()), Millis(m->arrival),
-                 m->names_image ? 1 : 0, m->request.prompts_size(),
-                 m->response.cached() ? "true" : "false");
+    LogRequest(spdlog::level::info, m->rid,
+               "access method=SegmentStream.message peer={} status={} latency_ms={:.3f} "
+               "images={} prompts={} cached={}",
+               LogSafe(peer_), StatusCodeName(status.code()), Millis(m->arrival),
+               m->names_image ? 1 : 0, m->request.prompts_size(),
+               m->response.cached() ? "true" : "false");
   }
   if (!status.ok() && status.code() == StatusCode::kInternal) {
-    spdlog::error("[{}] SegmentStream message failed: {}", m->rid, LogSafe(status.message()));
+    LogRequest(spdlog::level::err, m->rid, "SegmentStream message failed: {}",
+               LogSafe(status.message()));
   }
   m->control->MarkFinished();
   using ResponseTraits = grpc::SerializationTraits<v1::SegmentResponse>;

@@ -7,3 +7,9 @@ if(TARGET maskd)
                    $<TARGET_FILE:maskd>)
   set_tests_properties(ops_metrics_scrape_test PROPERTIES LABELS cpu TIMEOUT 300)
 endif()
+if(TARGET maskd)
+  # Request-scoped log lines in --log-format text and json.
+  add_test(NAME ops_logs_test
+           COMMAND ${MASKD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ops/logs_test.py $<TARGET_FILE:maskd>)
+  set_tests_properties(ops_logs_test PROPERTIES LABELS cpu TIMEOUT 300)
+endif()

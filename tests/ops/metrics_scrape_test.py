@@ -4,6 +4,7 @@ client's own parser, and the counters moved exactly with the calls made.
 
 usage: metrics_scrape_test.py MASKD_BINARY"""
 import sys
+import time
 import urllib.request
 
 import grpc
@@ -60,7 +61,15 @@ def main():
             s.send(png_a, points=[(40, 30, 1)])
             s.send(None, points=[(50, 20, 1)])  # the stream's current image
 
-        families, after = scrape(m.metrics_port)
+        # A stream is counted in its reactor's OnDone, which gRPC may run just after the client
+        # has seen the stream's status: wait for it, briefly.
+        deadline = time.time() + 10
+        while True:
+            families, after = scrape(m.metrics_port)
+            key = ("maskd_requests_total", (("code", "OK"), ("method", "SegmentStream")))
+            if after.get(key, 0) > before.get(key, 0) or time.time() > deadline:
+                break
+            time.sleep(0.1)
 
         def moved(name, **labels):
             return value(after, name, **labels) - value(before, name, **labels)
