@@ -8,6 +8,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#include MASKD_HEALTH_PB_H  // grpc.health.v1's messages and service descriptor (proto/CMakeLists.txt)
 #include "server/logging.h"
 #include "server/parse_error_interceptor.h"
 
@@ -50,6 +51,10 @@ Status MaskServer::StartListening() {
   metrics_->SetInfoSource([service](v1::GetInfoResponse* info) { service->FillInfo(info); });
 
   grpc::EnableDefaultHealthCheckService(true);
+  // Reflection describes what the generated descriptor pool holds; gRPC's health service does not
+  // add its proto there. Naming a health message pulls our compiled copy out of the static
+  // maskd_proto (nothing else references it), and with it the proto's registration.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);

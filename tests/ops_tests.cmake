@@ -13,3 +13,11 @@ if(TARGET maskd)
            COMMAND ${MASKD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ops/logs_test.py $<TARGET_FILE:maskd>)
   set_tests_properties(ops_logs_test PROPERTIES LABELS cpu TIMEOUT 300)
 endif()
+if(TARGET maskd)
+  # Server reflection as grpcurl uses it: list, describe, and calls built from reflection alone
+  # (grpc.health.v1.Health/Check included).
+  add_test(NAME ops_reflection_test
+           COMMAND ${MASKD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ops/reflection_test.py
+                   $<TARGET_FILE:maskd>)
+  set_tests_properties(ops_reflection_test PROPERTIES LABELS cpu TIMEOUT 300)
+endif()
