@@ -21,3 +21,10 @@ if(TARGET maskd)
                    $<TARGET_FILE:maskd>)
   set_tests_properties(ops_reflection_test PROPERTIES LABELS cpu TIMEOUT 300)
 endif()
+if(TARGET maskd)
+  # `pip install client/python` and its wheel, each in a fresh venv, against a real maskd.
+  add_test(NAME ops_python_package_test
+           COMMAND ${MASKD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ops/python_package_test.py
+                   $<TARGET_FILE:maskd>)
+  set_tests_properties(ops_python_package_test PROPERTIES LABELS cpu TIMEOUT 600)
+endif()
