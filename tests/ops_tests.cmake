@@ -28,3 +28,10 @@ if(TARGET maskd)
                    $<TARGET_FILE:maskd>)
   set_tests_properties(ops_python_package_test PROPERTIES LABELS cpu TIMEOUT 600)
 endif()
+if(TARGET maskd)
+  # find_package(maskd_client) from an install prefix: a consumer project builds and calls maskd.
+  add_test(NAME ops_cmake_package_test
+           COMMAND ${MASKD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ops/cmake_package_test.py
+                   ${PROJECT_BINARY_DIR} $<TARGET_FILE:maskd>)
+  set_tests_properties(ops_cmake_package_test PROPERTIES LABELS cpu TIMEOUT 600)
+endif()
