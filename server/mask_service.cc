@@ -46,6 +46,26 @@ struct MaskService::UnaryCall {
   }
 };
 
+namespace {
+
+// 4 MiB: the default maximum receive message size of gRPC's clients (C++, Python, Go, Java) and of
+// grpcurl. maskd's own clients raise it; a third-party client that did not fails with
+// RESOURCE_EXHAUSTED on its side, where the server's operator cannot see why.
+constexpr size_t kDefaultClientReceiveLimit = size_t{4} << 20;
+
+void WarnIfOverDefaultReceiveLimit(const CallControl& control, const v1::SegmentResponse& response) {
+  if (!spdlog::should_log(spdlog::level::info)) return;
+  const size_t bytes = response.ByteSizeLong();
+  if (bytes <= kDefaultClientReceiveLimit) return;
+  LogRequest(spdlog::level::info, control.request_id(),
+             "response of {} bytes is over 4 MiB, gRPC clients' default receive limit: a client "
+             "that did not raise it (grpc.max_receive_message_length, grpcurl -max-msg-sz) fails "
+             "with RESOURCE_EXHAUSTED",
+             bytes);
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------------
 // MaskService
 
@@ -235,6 +255,7 @@ grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* cont
                               call->arrival, out.get(), nullptr,
                               [call, out, response, prompts, tag](Status s) {
                                 ToProto(*out, s, response);
+                                WarnIfOverDefaultReceiveLimit(*call->control, *response);
                                 call->Finish(s, 1, prompts, out->image.cached, tag);
                               });
   } catch (const std::exception& e) {

@@ -35,3 +35,10 @@ if(TARGET maskd)
                    ${PROJECT_BINARY_DIR} $<TARGET_FILE:maskd>)
   set_tests_properties(ops_cmake_package_test PROPERTIES LABELS cpu TIMEOUT 600)
 endif()
+if(TARGET maskd)
+  # A response over gRPC clients' default 4 MiB receive limit: the hint on both sides.
+  add_test(NAME ops_response_size_test
+           COMMAND ${MASKD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ops/response_size_test.py
+                   $<TARGET_FILE:maskd>)
+  set_tests_properties(ops_response_size_test PROPERTIES LABELS cpu TIMEOUT 300)
+endif()

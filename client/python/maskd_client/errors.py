@@ -101,4 +101,12 @@ def from_rpc_error(e: grpc.RpcError) -> MaskdError:
             request_id = dict(e.initial_metadata() or ()).get("x-request-id")
         except Exception:  # noqa: BLE001 - no metadata (e.g. never connected)
             request_id = None
-    return error_for(code, details or "", request_id)
+    details = details or ""
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+        # gRPC's wording when a response is over the channel's receive limit: the server answered,
+        # this client refused it.
+        details += (" (the response is over this client's receive limit: raise it, "
+                    "MaskdClient(max_message_bytes=...) or the channel option "
+                    "grpc.max_receive_message_length, or ask for fewer prompts, multimask off or "
+                    "RLE instead of PNG/logits)")
+    return error_for(code, details, request_id)
