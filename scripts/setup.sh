@@ -60,7 +60,7 @@ APT_PACKAGES=(
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
   libpng-dev libjpeg-dev libwebp-dev libexif-dev libssl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus-cpp-dev libcpp-httplib-dev
+  prometheus-cpp-dev libcpp-httplib-dev haproxy
 )
 if [ "${MASKD_SKIP_APT:-0}" != 1 ]; then
   missing=()

@@ -42,3 +42,12 @@ if(TARGET maskd)
                    $<TARGET_FILE:maskd>)
   set_tests_properties(ops_response_size_test PROPERTIES LABELS cpu TIMEOUT 300)
 endif()
+if(TARGET maskd AND TARGET maskctl)
+  # 3 replicas behind HAProxy 2.6 (deploy/haproxy): image affinity and a replica killed mid-run.
+  # Exit 77 = skipped (no haproxy outside CI).
+  add_test(NAME ops_haproxy_scaleout_test
+           COMMAND ${MASKD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ops/haproxy_scaleout_test.py
+                   $<TARGET_FILE:maskd> $<TARGET_FILE:maskctl>)
+  set_tests_properties(ops_haproxy_scaleout_test PROPERTIES LABELS cpu TIMEOUT 900
+                       SKIP_RETURN_CODE 77)
+endif()
