@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <chrono>
 #include <exception>
 #include <mutex>
 #include <sstream>
@@ -252,6 +253,13 @@ StatusOr<std::unique_ptr<MetricsListener>> MetricsListener::Start(const std::str
   httplib::Server& server = l->http_->server;
   // Scrapes come every few seconds from one or two Prometheus servers: two threads, not one per core.
   server.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // cpp-httplib's default also sets SO_REUSEPORT, with which a second maskd on the same metrics
+  // port would bind "fine" and take half the scrapes (the same reason --listen turns it off).
+  // SO_REUSEADDR alone still allows a restart while old connections linger in TIME_WAIT.
+  server.set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   server.Get("/metrics", [&metrics](const httplib::Request&, httplib::Response& response) {
     response.set_content(metrics.Serialize(), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -264,6 +272,18 @@ StatusOr<std::unique_ptr<MetricsListener>> MetricsListener::Start(const std::str
   }
   l->port_ = port;
   l->http_->thread = std::thread([&server] { server.listen_after_bind(); });
+  // stop() does nothing to a server whose loop has not begun, which would then never end: the
+  // destructor may only run once it runs. It begins at once; the bound is for a stuck machine.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!server.is_running() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!server.is_running()) {
+    // It cannot be stopped or joined: leave thread and server be (the process fails to start).
+    l->http_->thread.detach();
+    (void)l->http_.release();
+    return Unavailable("--metrics-listen = \"" + listen + "\": the metrics listener did not start");
+  }
   return l;
 }
 

@@ -1,5 +1,6 @@
 # Operability tests (issue #16), included by tests/CMakeLists.txt: a real CPU maskd on the built-in
-# demo model (no golden data needed), driven by the Python client in MASKD_PYTHON.
+# demo model (no golden data needed), driven by the Python client in MASKD_PYTHON; and the units.
+maskd_add_test(ops_unit_test SOURCES ops_unit_test.cc LIBS maskd_server nlohmann_json::nlohmann_json)
 if(TARGET maskd)
   # GET /metrics after real gRPC traffic, parsed by prometheus_client's parser.
   add_test(NAME ops_metrics_scrape_test
