@@ -113,7 +113,7 @@ if ! "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   "$py" -m pip install -q --upgrade pip
   "$py" -m pip install -q "torch==$TORCH_VERSION"
 fi
-if ! "$py" -c "import grpc_tools, pycocotools, segment_anything, torchvision, pytest, matplotlib, prometheus_client, grpc_reflection, grpc_health" 2>/dev/null; then
+if ! "$py" -c "import grpc_tools, pycocotools, segment_anything, torchvision, pytest, matplotlib, prometheus_client, grpc_reflection, grpc_health, setuptools.command.bdist_wheel" 2>/dev/null; then
   log "installing the Python client's and tests' packages"
   # torchvision only for the test oracle (the original segment_anything); Pillow 9.4 is what the golden
   # data was made with.
