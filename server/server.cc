@@ -8,7 +8,9 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#ifdef MASKD_HEALTH_PB_H
 #include MASKD_HEALTH_PB_H  // grpc.health.v1's messages and service descriptor (proto/CMakeLists.txt)
+#endif
 #include "server/logging.h"
 #include "server/parse_error_interceptor.h"
 
@@ -54,7 +56,9 @@ Status MaskServer::StartListening() {
   // Reflection describes what the generated descriptor pool holds; gRPC's health service does not
   // add its proto there. Naming a health message pulls our compiled copy out of the static
   // maskd_proto (nothing else references it), and with it the proto's registration.
+#ifdef MASKD_HEALTH_PB_H
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
+#endif
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);
