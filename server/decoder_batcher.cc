@@ -38,7 +38,9 @@ void DecoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   std::vector<std::string> ids;
   for (const auto& item : batch) {
     all.insert(all.end(), item.request.prompts.begin(), item.request.prompts.end());
-    ids.push_back(item.request.request_id);
+    // A request split into several chunks (more prompts than a batch) is listed once: its
+    // chunks are submitted one after another, so they sit next to each other here.
+    if (ids.empty() || ids.back() != item.request.request_id) ids.push_back(item.request.request_id);
   }
   // Whatever the engine logs during this pass belongs to these requests.
   ScopedRequestIds scope(std::move(ids));

@@ -1,7 +1,6 @@
 #include "server/metrics.h"
 
 #include <chrono>
-#include <exception>
 #include <mutex>
 #include <sstream>
 #include <thread>
