@@ -94,6 +94,15 @@ const char* GrpcCodeName(grpc::StatusCode code) {
 }
 
 Status FromGrpcStatus(const grpc::Status& status) {
+  // gRPC's own wording when a response is over the channel's receive limit: the server answered,
+  // this client refused it. Say which knob that is.
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      status.error_message().find("larger than max") != std::string::npos) {
+    return ResourceExhausted(status.error_message() +
+                             " (the response is over this client's receive limit: raise "
+                             "ClientOptions::max_receive_message_bytes, or ask for fewer prompts, "
+                             "multimask off or RLE instead of PNG/logits)");
+  }
   switch (status.error_code()) {
     case grpc::StatusCode::OK:
       return Status::Ok();

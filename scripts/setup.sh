@@ -60,7 +60,7 @@ APT_PACKAGES=(
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
   libpng-dev libjpeg-dev libwebp-dev libexif-dev libssl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcpp-httplib-dev chromium chromium-driver
+  libcpp-httplib-dev chromium chromium-driver prometheus-cpp-dev haproxy
 )
 if [ "${MASKD_SKIP_APT:-0}" != 1 ]; then
   missing=()
@@ -113,7 +113,7 @@ if ! "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   "$py" -m pip install -q --upgrade pip
   "$py" -m pip install -q "torch==$TORCH_VERSION"
 fi
-if ! "$py" -c "import grpc_tools, pycocotools, segment_anything, torchvision, pytest, matplotlib, selenium" 2>/dev/null; then
+if ! "$py" -c "import grpc_tools, pycocotools, segment_anything, torchvision, pytest, matplotlib, selenium, prometheus_client, grpc_reflection, grpc_health, setuptools.command.bdist_wheel" 2>/dev/null; then
   log "installing the Python client's and tests' packages"
   # torchvision only for the test oracle (the original segment_anything); Pillow 9.4 is what the golden
   # data was made with.

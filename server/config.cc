@@ -192,6 +192,13 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->type_name("HOST:PORT")
           ->group(g_net),
       "http-listen");
+  env(app.add_option("--metrics-listen", c.metrics_listen,
+                     "HOST:PORT serving Prometheus metrics at GET /metrics (text exposition format); "
+                     "port 0 picks a free port (logged as 'metrics on HOST:PORT'); empty: off")
+          ->type_name("HOST:PORT")
+          ->capture_default_str()
+          ->group(g_net),
+      "metrics-listen");
 
   auto* g_batch = "Batching (per device)";
   env(app.add_option("--encoder-max-batch", c.encoder_max_batch, "Images per encoder batch")
@@ -306,6 +313,13 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_log),
       "log-level");
+  env(app.add_option("--log-format", c.log_format,
+                     "text (one readable line per event) or json (one JSON object per line: ts, "
+                     "level, thread, request_id or request_ids, msg; for log shippers)")
+          ->check(CLI::IsMember({"text", "json"}))
+          ->capture_default_str()
+          ->group(g_log),
+      "log-format");
   env(app.add_option("--access-log", c.access_log, "One log line per call")
           ->check(boolean_word)
           ->type_name("BOOL")
@@ -486,6 +500,14 @@ Status ValidateConfig(const ServerConfig& c) {
     if (StatusOr<std::pair<std::string, int>> l = ParseListen(c.http_listen, "--http-listen"); !l.ok()) {
       return l.status();
     }
+  }
+  if (!c.metrics_listen.empty()) {
+    if (StatusOr<std::pair<std::string, int>> m = ParseListen(c.metrics_listen, "--metrics-listen"); !m.ok()) {
+      return m.status();
+    }
+  }
+  if (c.log_format != "text" && c.log_format != "json") {
+    return InvalidArgument("--log-format = \"" + c.log_format + "\" (expected text or json)");
   }
   return Status::Ok();
 }

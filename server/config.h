@@ -35,6 +35,8 @@ struct ServerConfig {
   std::string listen = "0.0.0.0:50051";
   // The HTTP/JSON front and web page (server/http_front.h) on a port of its own; empty: off.
   std::string http_listen;
+  // Prometheus text exposition at GET /metrics on this HOST:PORT; empty: no metrics listener.
+  std::string metrics_listen;
 
   // Batching (per device).
   int encoder_max_batch = 8;
@@ -80,6 +82,7 @@ struct ServerConfig {
 
   // Logging and lifecycle.
   std::string log_level = "info";  // trace | debug | info | warn | error | critical | off
+  std::string log_format = "text";  // text | json (one object per line, for log shippers)
   bool access_log = true;
   double shutdown_grace_s = 10;
 

@@ -1,11 +1,14 @@
 #include "server/decoder_batcher.h"
 
+#include "server/logging.h"
+
 namespace maskd::server {
 
 DecoderBatcher::DecoderBatcher(std::string name, Engine* engine, BatchQueueOptions options,
-                               StageSet* stages)
+                               StageSet* stages, BatchObserver on_batch)
     : engine_(engine),
       stages_(stages),
+      on_batch_(std::move(on_batch)),
       queue_(std::move(name), options,
              [this](std::vector<Item>& batch, Clock::time_point formed) { Run(batch, formed); }) {}
 
@@ -32,12 +35,21 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> DecoderBatcher::Decode(const std:
 
 void DecoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   std::vector<DecodeItem> all;
+  std::vector<std::string> ids;
   for (const auto& item : batch) {
     all.insert(all.end(), item.request.prompts.begin(), item.request.prompts.end());
+    // A request split into several chunks (more prompts than a batch) is listed once: its
+    // chunks are submitted one after another, so they sit next to each other here.
+    if (ids.empty() || ids.back() != item.request.request_id) ids.push_back(item.request.request_id);
   }
+  // Whatever the engine logs during this pass belongs to these requests.
+  ScopedRequestIds scope(std::move(ids));
   const Clock::time_point t0 = Clock::now();
   StatusOr<std::vector<StatusOr<DecodedPrompt>>> result = Decode(all);
   const uint64_t compute_us = MicrosSince(t0);
+  if (on_batch_) on_batch_(all.size());
+  spdlog::debug("decoder batch of {} prompt(s) from {} request(s): {} us, {}", all.size(),
+                batch.size(), compute_us, result.ok() ? std::string("ok") : result.status().ToString());
   // The engine answers per prompt, so one bad prompt fails its own request only, without a second
   // pass; an error of the whole pass fails every request of the batch.
   size_t offset = 0;

@@ -31,9 +31,15 @@ class DecoderBatcher {
     // Called exactly once from the batcher's thread (unless Submit refused); one DecodedPrompt per
     // prompt, in order. Keep it short: post-processing belongs on another thread.
     std::function<void(StatusOr<std::vector<DecodedPrompt>>, const DecodeTiming&)> done;
+    // The batch's log lines, the engine's included, carry it.
+    std::string request_id;
   };
 
-  DecoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages);
+  // Told the size (prompts) of every batch run, on the batcher's thread (may be empty).
+  using BatchObserver = std::function<void(size_t prompts)>;
+
+  DecoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages,
+                 BatchObserver on_batch = {});
 
   Status Submit(Request request);
   bool HasRoom(size_t prompts) const { return queue_.HasRoom(prompts); }
@@ -61,6 +67,7 @@ class DecoderBatcher {
 
   Engine* const engine_;
   StageSet* const stages_;
+  const BatchObserver on_batch_;
   BatchQueue<Item> queue_;  // last: its thread uses the members above
 };
 

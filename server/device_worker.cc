@@ -22,10 +22,21 @@ DeviceWorker::DeviceWorker(int index, std::string label, std::unique_ptr<Engine>
   cache_ = std::make_unique<EmbeddingCache>(
       cache_options, std::move(to_host), std::move(to_device),
       [results](const std::string& image_id) { results->DropImage(image_id); });
+  EncoderBatcher::BatchObserver on_encoder_batch;
+  DecoderBatcher::BatchObserver on_decoder_batch;
+  if (Metrics* m = options.metrics) {
+    // Before the batchers exist: the observers are read without a lock (StageWindow::SetObserver).
+    for (int i = 0; i < kNumStages; ++i) {
+      const Stage s = static_cast<Stage>(i);
+      stages_[s].SetObserver([m, s, label = label_](uint64_t us) { m->ObserveStage(label, s, us); });
+    }
+    on_encoder_batch = [m, label = label_](size_t n) { m->ObserveEncoderBatch(label, n); };
+    on_decoder_batch = [m, label = label_](size_t n) { m->ObserveDecoderBatch(label, n); };
+  }
   encoder_ = std::make_unique<EncoderBatcher>("encoder[" + label_ + "]", engine_ptr,
-                                              options.encoder, &stages_);
+                                              options.encoder, &stages_, std::move(on_encoder_batch));
   decoder_ = std::make_unique<DecoderBatcher>("decoder[" + label_ + "]", engine_ptr,
-                                              options.decoder, &stages_);
+                                              options.decoder, &stages_, std::move(on_decoder_batch));
 }
 
 DeviceWorker::~DeviceWorker() { Stop(); }

@@ -12,6 +12,7 @@
 #include "server/decoder_batcher.h"
 #include "server/embedding_cache.h"
 #include "server/encoder_batcher.h"
+#include "server/metrics.h"
 #include "server/result_store.h"
 #include "server/stage_stats.h"
 
@@ -24,6 +25,9 @@ struct WorkerOptions {
   // Ignored (0) for CPU engines, whose "device" memory is host memory already.
   uint64_t cache_host_bytes = uint64_t{8} << 30;
   uint64_t result_store_bytes = uint64_t{512} << 20;
+  // Told batch sizes and stage times, labelled with this worker's device; may be null. Must
+  // outlive the worker.
+  Metrics* metrics = nullptr;
 };
 
 class DeviceWorker {

@@ -1,11 +1,14 @@
 #include "server/encoder_batcher.h"
 
+#include "server/logging.h"
+
 namespace maskd::server {
 
 EncoderBatcher::EncoderBatcher(std::string name, Engine* engine, BatchQueueOptions options,
-                               StageSet* stages)
+                               StageSet* stages, BatchObserver on_batch)
     : engine_(engine),
       stages_(stages),
+      on_batch_(std::move(on_batch)),
       queue_(std::move(name), options,
              [this](std::vector<Item>& batch, Clock::time_point formed) { Run(batch, formed); }) {}
 
@@ -16,7 +19,13 @@ Status EncoderBatcher::Submit(Request request) {
 void EncoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   std::vector<PreparedImage> images;
   images.reserve(batch.size());
-  for (const auto& item : batch) images.push_back(item.request.image);
+  std::vector<std::string> ids;
+  for (const auto& item : batch) {
+    images.push_back(item.request.image);
+    ids.push_back(item.request.request_id);
+  }
+  // Whatever the engine logs during this pass belongs to these requests.
+  ScopedRequestIds scope(std::move(ids));
   const Clock::time_point t0 = Clock::now();
   StatusOr<std::vector<std::shared_ptr<const Embedding>>> result =
       Internal("Engine::Encode did not return");
@@ -28,6 +37,9 @@ void EncoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
     result = Internal("Engine::Encode threw a non-standard exception");
   }
   const uint64_t compute_us = MicrosSince(t0);
+  if (on_batch_) on_batch_(images.size());
+  spdlog::debug("encoder batch of {} image(s): {} us, {}", images.size(), compute_us,
+                result.ok() ? std::string("ok") : result.status().ToString());
   if (result.ok() && result->size() != batch.size()) {
     result = Internal("Engine::Encode returned " + std::to_string(result->size()) +
                       " embeddings for " + std::to_string(batch.size()) + " images");

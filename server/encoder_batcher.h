@@ -26,10 +26,17 @@ class EncoderBatcher {
     std::function<Status()> alive;
     // Called exactly once (from the batcher's thread), unless Submit refused the request.
     std::function<void(StatusOr<std::shared_ptr<const Embedding>>, const EncodeTiming&)> done;
+    // The request the image is encoded for (the single-flight leader's): the batch's log lines,
+    // the engine's included, carry it.
+    std::string request_id;
   };
 
   // `stages` may be null; `engine` must outlive the batcher.
-  EncoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages);
+  // Told the size (images) of every batch run, on the batcher's thread (may be empty).
+  using BatchObserver = std::function<void(size_t images)>;
+
+  EncoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages,
+                 BatchObserver on_batch = {});
 
   Status Submit(Request request);
   bool HasRoom() const { return queue_.HasRoom(1); }
@@ -49,6 +56,7 @@ class EncoderBatcher {
 
   Engine* const engine_;
   StageSet* const stages_;
+  const BatchObserver on_batch_;
   BatchQueue<Item> queue_;  // last: its thread uses the members above
 };
 

@@ -1,24 +1,103 @@
 #include "server/logging.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <random>
 
+#include <nlohmann/json.hpp>
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 namespace maskd::server {
 
-Status SetupLogging(const std::string& level) {
+namespace {
+
+// The ids of the innermost ScopedRequestIds of this thread (null: none). spdlog's loggers here
+// are synchronous, so a formatter runs on the thread that logged and sees that thread's scope.
+thread_local const std::vector<std::string>* t_request_ids = nullptr;
+
+// %R in the text pattern: "[id] " or "[a,b] " in scope, nothing outside.
+class RequestIdFlag final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg&, const std::tm&, spdlog::memory_buf_t& dest) override {
+    if (t_request_ids == nullptr || t_request_ids->empty()) return;
+    dest.push_back('[');
+    for (size_t i = 0; i < t_request_ids->size(); ++i) {
+      if (i > 0) dest.push_back(',');
+      const std::string& id = (*t_request_ids)[i];
+      dest.append(id.data(), id.data() + id.size());
+    }
+    dest.append(std::string_view("] "));
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<RequestIdFlag>();
+  }
+};
+
+// One JSON object per line. nlohmann's dump escapes what a log shipper's parser must not see raw
+// (quotes, control characters) and replaces invalid UTF-8 instead of throwing.
+class JsonFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    const auto since_epoch = msg.time.time_since_epoch();
+    const std::time_t secs = std::chrono::duration_cast<std::chrono::seconds>(since_epoch).count();
+    const auto millis =
+        std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count() % 1000;
+    std::tm utc{};
+    gmtime_r(&secs, &utc);
+    char ts[40];
+    const size_t n = std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &utc);
+    std::snprintf(ts + n, sizeof ts - n, ".%03dZ", static_cast<int>(millis));
+    nlohmann::ordered_json line;  // ts, level, ... in this order, as people read them
+    line["ts"] = ts;
+    const spdlog::string_view_t level = spdlog::level::to_string_view(msg.level);
+    line["level"] = std::string(level.data(), level.size());
+    line["thread"] = msg.thread_id;
+    if (t_request_ids != nullptr && t_request_ids->size() == 1) {
+      line["request_id"] = t_request_ids->front();
+    } else if (t_request_ids != nullptr && t_request_ids->size() > 1) {
+      line["request_ids"] = *t_request_ids;
+    }
+    line["msg"] = std::string(msg.payload.data(), msg.payload.size());
+    const std::string text = line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+    dest.append(text.data(), text.data() + text.size());
+    dest.push_back('\n');
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<JsonFormatter>();
+  }
+};
+
+}  // namespace
+
+ScopedRequestIds::ScopedRequestIds(std::vector<std::string> ids)
+    : ids_(std::move(ids)), outer_(t_request_ids) {
+  t_request_ids = &ids_;
+}
+
+ScopedRequestIds::~ScopedRequestIds() { t_request_ids = outer_; }
+
+Status SetupLogging(const std::string& level, const std::string& format) {
   const spdlog::level::level_enum l = spdlog::level::from_str(level);
   if (l == spdlog::level::off && level != "off") {
     return InvalidArgument("--log-level = \"" + level +
                            "\" (expected trace, debug, info, warn, error, critical or off)");
   }
+  if (format != "text" && format != "json") {
+    return InvalidArgument("--log-format = \"" + format + "\" (expected text or json)");
+  }
   auto logger = spdlog::get("maskd");
   if (!logger) logger = spdlog::stderr_color_mt("maskd");
   spdlog::set_default_logger(logger);
-  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%L%$ %t %v");
+  if (format == "json") {
+    spdlog::set_formatter(std::make_unique<JsonFormatter>());
+  } else {
+    auto text = std::make_unique<spdlog::pattern_formatter>();
+    text->add_flag<RequestIdFlag>('R').set_pattern("%Y-%m-%d %H:%M:%S.%e %^%L%$ %t %R%v");
+    spdlog::set_formatter(std::move(text));
+  }
   spdlog::set_level(l);
   spdlog::flush_on(spdlog::level::warn);
   return Status::Ok();

@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
     std::fputs(parsed.output.c_str(), parsed.exit_code == 0 ? stdout : stderr);
     return parsed.exit_code;
   }
-  if (maskd::Status s = maskd::server::SetupLogging(parsed.config.log_level); !s.ok()) {
+  if (maskd::Status s = maskd::server::SetupLogging(parsed.config.log_level, parsed.config.log_format); !s.ok()) {
     std::fprintf(stderr, "maskd: %s\n", s.message().c_str());
     return 2;
   }

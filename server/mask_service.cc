@@ -31,25 +31,46 @@ struct MaskService::UnaryCall {
       if (Status alive = control->Check(); !alive.ok()) status = alive;
     }
     control->MarkFinished();
-    service->RecordOutcome(status);
+    service->RecordCall(method, status, arrival);
     if (service->options_.access_log) {
-      spdlog::info("[{}] access method={} peer={} status={} latency_ms={:.3f} images={} prompts={} "
-                   "cached={}{}{}",
-                   control->request_id(), method, LogSafe(peer), StatusCodeName(status.code()),
-                   Millis(arrival), images, prompts, cached ? "true" : "false",
-                   tag.empty() ? "" : " tag=", LogSafe(tag));
+      LogRequest(spdlog::level::info, control->request_id(),
+                 "access method={} peer={} status={} latency_ms={:.3f} images={} prompts={} "
+                 "cached={}{}{}",
+                 method, LogSafe(peer), StatusCodeName(status.code()), Millis(arrival), images,
+                 prompts, cached ? "true" : "false", tag.empty() ? "" : " tag=", LogSafe(tag));
     }
     if (!status.ok() && status.code() == StatusCode::kInternal) {
-      spdlog::error("[{}] {} failed: {}", control->request_id(), method, LogSafe(status.message()));
+      LogRequest(spdlog::level::err, control->request_id(), "{} failed: {}", method,
+                 LogSafe(status.message()));
     } else if (!status.ok()) {
-      spdlog::debug("[{}] {} failed: {}", control->request_id(), method,
-                    LogSafe(status.ToString()));
+      LogRequest(spdlog::level::debug, control->request_id(), "{} failed: {}", method,
+                 LogSafe(status.ToString()));
     }
     MaskService* s = service;
     reactor->Finish(ToGrpcStatus(status));
     s->CallEnded();
   }
 };
+
+namespace {
+
+// 4 MiB: the default maximum receive message size of gRPC's clients (C++, Python, Go, Java) and of
+// grpcurl. maskd's own clients raise it; a third-party client that did not fails with
+// RESOURCE_EXHAUSTED on its side, where the server's operator cannot see why.
+constexpr size_t kDefaultClientReceiveLimit = size_t{4} << 20;
+
+void WarnIfOverDefaultReceiveLimit(const CallControl& control, const v1::SegmentResponse& response) {
+  if (!spdlog::should_log(spdlog::level::info)) return;
+  const size_t bytes = response.ByteSizeLong();
+  if (bytes <= kDefaultClientReceiveLimit) return;
+  LogRequest(spdlog::level::info, control.request_id(),
+             "response of {} bytes is over 4 MiB, gRPC clients' default receive limit: a client "
+             "that did not raise it (grpc.max_receive_message_length, grpcurl -max-msg-sz) fails "
+             "with RESOURCE_EXHAUSTED",
+             bytes);
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------------
 // MaskService
@@ -126,6 +147,14 @@ void MaskService::RecordUnparsable() {
   std::lock_guard<std::mutex> lock(counters_mu_);
   ++calls_;
   ++calls_by_status_[StatusCodeName(StatusCode::kInvalidArgument)];
+}
+
+void MaskService::RecordCall(const char* method, const Status& status, Clock::time_point arrival) {
+  RecordOutcome(status);
+  if (options_.metrics != nullptr) {
+    options_.metrics->ObserveCall(method, status.code(),
+                                  static_cast<double>(MicrosSince(arrival)) * 1e-6);
+  }
 }
 
 void MaskService::AddStream(StreamReactor* s) {
@@ -238,6 +267,7 @@ grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* cont
                               call->arrival, out.get(), nullptr,
                               [call, out, response, prompts, tag](Status s) {
                                 ToProto(*out, s, response);
+                                WarnIfOverDefaultReceiveLimit(*call->control, *response);
                                 call->Finish(s, 1, prompts, out->image.cached, tag);
                               });
   } catch (const std::exception& e) {
@@ -268,7 +298,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MaskService::Segmen
       MaskService* service_;
     };
     CallStarted();
-    RecordOutcome(admit);
+    RecordCall("SegmentStream", admit, Clock::now());
     return new Refuse(this, admit);
   }
   CallStarted();

@@ -20,6 +20,7 @@
 
 #include "maskd/v1/maskd.grpc.pb.h"
 #include "server/device_worker.h"
+#include "server/metrics.h"
 #include "server/pipeline.h"
 #include "server/wire.h"
 #include "server/router.h"
@@ -35,6 +36,8 @@ struct ServiceOptions {
   int max_stream_in_flight = 32;
   std::string version;           // "0.1.0 (abc123)"
   std::string checkpoint_label;  // as given, or "builtin-demo"
+  // Told every finished call and stream message; may be null. Must outlive the service.
+  Metrics* metrics = nullptr;
 };
 
 // What the service needs once the model is loaded.
@@ -90,6 +93,8 @@ class MaskService final : public MaskServiceBase {
   // UNAVAILABLE while loading or draining, else OK and the backend.
   Status Admit(Backend* backend) const;
   void RecordOutcome(const Status& status);
+  // RecordOutcome plus the metrics of one call or stream message (`method`: Metrics::ObserveCall's).
+  void RecordCall(const char* method, const Status& status, Clock::time_point arrival);
   void CallStarted();
   void CallEnded();
   void AddStream(StreamReactor* s);

@@ -27,8 +27,9 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
         methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS) &&
         methods->GetSendStatus().error_code() == grpc::StatusCode::UNIMPLEMENTED) {
       const std::string method = info_->method() ? info_->method() : "?";
-      spdlog::info("[{}] access method={} status=INVALID_ARGUMENT: the request did not parse",
-                   NewRequestId(), LogSafe(method));
+      LogRequest(spdlog::level::info, NewRequestId(),
+                 "access method={} status=INVALID_ARGUMENT: the request did not parse",
+                 LogSafe(method));
       if (*on_unparsable_) (*on_unparsable_)();
       methods->ModifySendStatus(grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,

@@ -189,9 +189,9 @@ void Pipeline::Resolve(const JobPtr& job) {
       });
   static const char* kOutcome[] = {"hit", "joined another request's encode", "miss (encoding)",
                                    "host-tier hit (promoting)", "not cached"};
-  spdlog::debug("[{}] image {} -> {}: {}", job->rid(), LogSafe(image_id),
-                routed.worker ? routed.worker->label() : std::string("no device"),
-                kOutcome[static_cast<int>(routed.acquired.outcome)]);
+  LogRequest(spdlog::level::debug, job->rid(), "image {} -> {}: {}", LogSafe(image_id),
+             routed.worker ? routed.worker->label() : std::string("no device"),
+             kOutcome[static_cast<int>(routed.acquired.outcome)]);
   switch (routed.acquired.outcome) {
     case EmbeddingCache::Outcome::kHit:
       return OnResolved(job, routed.acquired.entry, /*cached=*/true);
@@ -259,6 +259,7 @@ void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
 
   EncoderBatcher::Request request{*prepared, {}, {}};
   request.alive = [&cache, flight] { return cache.FlightAlive(flight); };
+  request.request_id = job->rid();
   request.done = [this, job, worker, flight, image_id, geometry](
                      StatusOr<std::shared_ptr<const Embedding>> embedding, const EncodeTiming& t) {
     job->encoder_queue_us = t.queue_us;
@@ -371,6 +372,7 @@ void Pipeline::StartDecode(const JobPtr& job) {
     request.group = job.get();
     CallControlPtr control = job->control;
     request.alive = [control] { return control->Check(); };
+    request.request_id = job->rid();
     request.done = [this, job, first](StatusOr<std::vector<DecodedPrompt>> decoded,
                                       const DecodeTiming& t) {
       Job::Max(job->decoder_queue_us, t.queue_us);
@@ -527,8 +529,9 @@ void Pipeline::ReportImage(const JobPtr& job, StatusOr<std::string> image_id) {
 
 void Pipeline::Finish(const JobPtr& job, Status status) {
   if (job->finished.exchange(true)) {
-    spdlog::error("[{}] request finished twice (second status {}): a server bug", job->rid(),
-                  LogSafe(status.ToString()));
+    LogRequest(spdlog::level::err, job->rid(),
+               "request finished twice (second status {}): a server bug",
+               LogSafe(status.ToString()));
     return;
   }
   const uint64_t total_us = MicrosSince(job->arrival);

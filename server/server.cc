@@ -8,6 +8,9 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#ifdef MASKD_HEALTH_PB_H
+#include MASKD_HEALTH_PB_H  // grpc.health.v1's messages and service descriptor (proto/CMakeLists.txt)
+#endif
 #include "server/logging.h"
 #include "server/parse_error_interceptor.h"
 
@@ -44,9 +47,18 @@ Status MaskServer::StartListening() {
   so.access_log = config_.access_log;
   so.version = std::string(MASKD_VERSION) + " (" + MASKD_GIT_REVISION + ")";
   so.checkpoint_label = checkpoint_.demo() ? "builtin-demo" : checkpoint_.path;
+  so.metrics = metrics_.get();
   service_ = std::make_unique<MaskService>(so);
+  MaskService* service = service_.get();
+  metrics_->SetInfoSource([service](v1::GetInfoResponse* info) { service->FillInfo(info); });
 
   grpc::EnableDefaultHealthCheckService(true);
+  // Reflection describes what the generated descriptor pool holds; gRPC's health service does not
+  // add its proto there. Naming a health message pulls our compiled copy out of the static
+  // maskd_proto (nothing else references it), and with it the proto's registration.
+#ifdef MASKD_HEALTH_PB_H
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
+#endif
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);
@@ -90,6 +102,15 @@ Status MaskServer::StartListening() {
     MASKD_RETURN_IF_ERROR(http_front_->Start());
     spdlog::info("HTTP front listening on {}:{} (web page at http://{}:{}/)", ho.host,
                  http_front_->port(), ho.host, http_front_->port());
+  }
+  // Up while the model loads, so that a scrape can already see the server (uptime, no model yet).
+  if (!config_.metrics_listen.empty()) {
+    StatusOr<std::unique_ptr<MetricsListener>> m = MetricsListener::Start(config_.metrics_listen, *metrics_);
+    if (!m.ok()) return m.status();
+    metrics_listener_ = std::move(*m);
+    StatusOr<std::pair<std::string, int>> host = ParseListen(config_.metrics_listen, "--metrics-listen");
+    spdlog::info("metrics on {}:{} (GET /metrics)", host.ok() ? host->first : config_.metrics_listen,
+                 metrics_listener_->port());
   }
   return Status::Ok();
 }
@@ -180,6 +201,7 @@ Status MaskServer::Load() {
   wo.cache_device_bytes = config_.cache_device_bytes;
   wo.cache_host_bytes = config_.cache_host_bytes;
   wo.result_store_bytes = config_.result_store_bytes;
+  wo.metrics = metrics_.get();
   std::vector<DeviceWorker*> raw;
   for (size_t i = 0; i < engines.size(); ++i) {
     const Engine& e = **engines[i];
@@ -257,6 +279,8 @@ void MaskServer::Shutdown() {
     if (post_pool_) post_pool_->Stop();
   }
   if (grpc_server_) grpc_server_->Wait();
+  // Its scrapes read the workers (FillInfo), which the destructor frees after this.
+  metrics_listener_.reset();
   {
     std::lock_guard<std::mutex> lock(shutdown_mu_);
     down_ = true;

@@ -19,6 +19,7 @@
 #include "server/device_worker.h"
 #include "server/http_front.h"
 #include "server/mask_service.h"
+#include "server/metrics.h"
 #include "server/pipeline.h"
 #include "server/router.h"
 #include "server/thread_pool.h"
@@ -62,6 +63,10 @@ class MaskServer {
   // Null until loaded.
   const Pipeline* pipeline() const { return pipeline_.get(); }
   const ServerConfig& config() const { return config_; }
+  // What GET /metrics serves; any HTTP front may host Serialize() too.
+  Metrics& metrics() { return *metrics_; }
+  // The --metrics-listen port (0: no metrics listener).
+  int metrics_port() const { return metrics_listener_ ? metrics_listener_->port() : 0; }
 
  private:
   void SetHealth(bool serving);
@@ -73,6 +78,9 @@ class MaskServer {
   const int cuda_device_count_;
   CheckpointChoice checkpoint_;
 
+  // Before everything that records into it; the listener stops first in Shutdown.
+  std::unique_ptr<Metrics> metrics_ = std::make_unique<Metrics>();
+  std::unique_ptr<MetricsListener> metrics_listener_;
   std::unique_ptr<MaskService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<HttpFront> http_front_;

@@ -10,6 +10,7 @@ StageWindow::StageWindow(std::string stage, size_t window)
 }
 
 void StageWindow::Add(uint64_t micros) {
+  if (observer_) observer_(micros);
   std::lock_guard<std::mutex> lock(mu_);
   ++count_;
   if (ring_.size() < window_) {

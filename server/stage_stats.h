@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,6 +21,9 @@ class StageWindow {
  public:
   explicit StageWindow(std::string stage, size_t window = 2048);
   void Add(uint64_t micros);
+  // Also told every Add (the Prometheus stage histograms). Set before the first Add: it is read
+  // without the lock.
+  void SetObserver(std::function<void(uint64_t micros)> observer) { observer_ = std::move(observer); }
   StageSummary Summary() const;
   // The samples currently in the window (to merge windows of several devices).
   std::vector<uint64_t> Samples() const;
@@ -30,6 +34,7 @@ class StageWindow {
  private:
   const std::string stage_;
   const size_t window_;
+  std::function<void(uint64_t)> observer_;
   // Guards everything below.
   mutable std::mutex mu_;
   std::vector<uint64_t> ring_;

@@ -18,7 +18,7 @@ StreamReactor::StreamReactor(MaskService* service, grpc::CallbackServerContext* 
       cancelled_flag_(std::make_shared<std::atomic<bool>>(false)) {
   context_->AddInitialMetadata("x-request-id", rid_);  // before the first response is sent
   if (service_->options_.access_log) {
-    spdlog::debug("[{}] SegmentStream opened by {}", rid_, LogSafe(peer_));
+    LogRequest(spdlog::level::debug, rid_, "SegmentStream opened by {}", LogSafe(peer_));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -81,16 +81,22 @@ void StreamReactor::OnCancel() {
 }
 
 void StreamReactor::OnDone() {
+  std::optional<StatusCode> code;
+  uint64_t messages;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    code = final_code_;
+    messages = messages_;
+  }
+  if (code && service_->options_.metrics != nullptr) {
+    service_->options_.metrics->ObserveCall("SegmentStream", *code,
+                                            static_cast<double>(MicrosSince(arrival_)) * 1e-6);
+  }
   if (service_->options_.access_log) {
-    std::string status;
-    uint64_t messages;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      status = final_status_name_;
-      messages = messages_;
-    }
-    spdlog::info("[{}] access method=SegmentStream peer={} status={} latency_ms={:.3f} messages={}",
-                 rid_, LogSafe(peer_), status, Millis(arrival_), messages);
+    const char* status = code ? StatusCodeName(*code) : "UNKNOWN";
+    LogRequest(spdlog::level::info, rid_,
+               "access method=SegmentStream peer={} status={} latency_ms={:.3f} messages={}",
+               LogSafe(peer_), status, Millis(arrival_), messages);
   }
   MaskService* s = service_;
   s->RemoveStream(this);
@@ -175,21 +181,21 @@ void StreamReactor::ScheduleLocked(Actions* a) {
     a->finish = true;
     if (cancelled_) {
       a->finish_status = grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the stream");
-      final_status_name_ = "CANCELLED";
+      final_code_ = StatusCode::kCancelled;
     } else if (malformed_message_ >= 0) {
       a->finish_status = ToGrpcStatus(InvalidArgument(
           "SegmentStream message " + std::to_string(malformed_message_) +
           " (counting from 0) is not a valid maskd.v1.SegmentRequest (expected a serialized "
           "SegmentRequest): the earlier messages were answered, it and any later ones were not "
           "read"));
-      final_status_name_ = "INVALID_ARGUMENT";
+      final_code_ = StatusCode::kInvalidArgument;
     } else if (draining_ && !reads_done_) {
       a->finish_status = ToGrpcStatus(
           Unavailable("the server is shutting down: reconnect to another server or retry later"));
-      final_status_name_ = "UNAVAILABLE";
+      final_code_ = StatusCode::kUnavailable;
     } else {
       a->finish_status = grpc::Status::OK;
-      final_status_name_ = "OK";
+      final_code_ = StatusCode::kOk;
     }
   }
 }
@@ -271,16 +277,18 @@ void StreamReactor::Complete(Message* m, const Status& status) {
     e->set_code(static_cast<int32_t>(g.error_code()));
     e->set_message(g.error_message());
   }
-  service_->RecordOutcome(status);
+  service_->RecordCall("SegmentStreamMessage", status, m->arrival);
   if (service_->options_.access_log) {
-    spdlog::info("[{}] access method=SegmentStream.message peer={} status={} latency_ms={:.3f} "
-                 "images={} prompts={} cached={}",
-                 m->rid, LogSafe(peer_), StatusCodeName(status.code()), Millis(m->arrival),
-                 m->names_image ? 1 : 0, m->request.prompts_size(),
-                 m->response.cached() ? "true" : "false");
+    LogRequest(spdlog::level::info, m->rid,
+               "access method=SegmentStream.message peer={} status={} latency_ms={:.3f} "
+               "images={} prompts={} cached={}",
+               LogSafe(peer_), StatusCodeName(status.code()), Millis(m->arrival),
+               m->names_image ? 1 : 0, m->request.prompts_size(),
+               m->response.cached() ? "true" : "false");
   }
   if (!status.ok() && status.code() == StatusCode::kInternal) {
-    spdlog::error("[{}] SegmentStream message failed: {}", m->rid, LogSafe(status.message()));
+    LogRequest(spdlog::level::err, m->rid, "SegmentStream message failed: {}",
+               LogSafe(status.message()));
   }
   m->control->MarkFinished();
   using ResponseTraits = grpc::SerializationTraits<v1::SegmentResponse>;

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -134,7 +135,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   int starting_ = 0;  // decided reads/writes not yet started (see Actions)
   std::shared_ptr<CurrentImage> current_;
   uint64_t messages_ = 0;
-  std::string final_status_name_ = "UNKNOWN";
+  // How the stream was finished; unset until then (the access log says UNKNOWN).
+  std::optional<StatusCode> final_code_;
   int64_t malformed_message_ = -1;  // the sequence number of a message that did not parse
 };
 

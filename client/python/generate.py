@@ -3,7 +3,8 @@
 
 Run with the python that has grpcio-tools (the project venv): `python client/python/generate.py`.
 The generated files are git-ignored; CMake's maskd_python_client target and the pytest conftest
-run this when they are missing or older than the .proto.
+run this when they are missing or older than the .proto, and setup.py's build step (pip install,
+a wheel) calls generate() into the build folder.
 """
 import os
 import re
@@ -22,28 +23,31 @@ def up_to_date():
     return all(os.path.exists(t) and os.path.getmtime(t) >= os.path.getmtime(PROTO) for t in targets)
 
 
-def generate():
+def generate(proto_root=PROTO_ROOT, out=OUT):
+    """protoc with grpcio-tools: PROTO_ROOT/maskd/v1/maskd.proto -> OUT/maskd_pb2.py, maskd_pb2_grpc.py."""
     from grpc_tools import protoc  # grpcio-tools
     import grpc_tools
+
+    proto = os.path.join(proto_root, "maskd", "v1", "maskd.proto")
 
     well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
     with tempfile.TemporaryDirectory() as tmp:
         # Generated under the proto's own path (maskd/v1/...), so the descriptor keeps its canonical
         # name "maskd/v1/maskd.proto"; then moved into this package with a relative import.
-        rc = protoc.main(["grpc_tools.protoc", f"-I{PROTO_ROOT}", f"-I{well_known}",
-                          f"--python_out={tmp}", f"--grpc_python_out={tmp}", PROTO])
+        rc = protoc.main(["grpc_tools.protoc", f"-I{proto_root}", f"-I{well_known}",
+                          f"--python_out={tmp}", f"--grpc_python_out={tmp}", proto])
         if rc != 0:
-            raise SystemExit(f"protoc failed with exit code {rc} on {PROTO}")
+            raise SystemExit(f"protoc failed with exit code {rc} on {proto}")
         src = os.path.join(tmp, "maskd", "v1")
-        os.makedirs(OUT, exist_ok=True)
+        os.makedirs(out, exist_ok=True)
         for name in ("maskd_pb2.py", "maskd_pb2_grpc.py"):
             with open(os.path.join(src, name)) as f:
                 text = f.read()
             text = re.sub(r"^from maskd\.v1 import maskd_pb2 as", "from . import maskd_pb2 as", text,
                           flags=re.M)
-            with open(os.path.join(OUT, name) + ".tmp", "w") as f:
+            with open(os.path.join(out, name) + ".tmp", "w") as f:
                 f.write(text)
-            os.replace(os.path.join(OUT, name) + ".tmp", os.path.join(OUT, name))
+            os.replace(os.path.join(out, name) + ".tmp", os.path.join(out, name))
 
 
 def main():

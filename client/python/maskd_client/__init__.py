@@ -11,15 +11,29 @@ Every Embed/Segment/SegmentStream carries `x-maskd-image-id: <image_id>` (comput
 image bytes, see maskd_client.image_id) so that Envoy's ring hash keeps an image on the replica that
 cached it; `MaskdClient(target, affinity_header=False)` turns that off.
 
-Errors are grpc.RpcError with the server's status code and message (e.g. NOT_FOUND when an image_id
-has been evicted: re-send the image).
+Errors are typed (maskd_client.errors): MaskdError and one subclass per status code, e.g.
+maskd_client.NotFound when an image_id has been evicted (re-send the image), each with the code,
+the server's message and the call's request id. They are grpc.RpcError too (code(), details()).
+
+The .proto files the stubs were generated from ship with the package: maskd_client.proto_dir().
 """
+import os as _os
+
 from .client import (Mask, MaskdClient, PromptResult, SegmentResult, SegmentSession,
                      OUTPUT_FORMATS)
 from .image_id import (AFFINITY_HEADER, affinity_key, image_id_for_encoded, image_id_for_image,
                        image_id_for_raw)
+from .errors import (Cancelled, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument,
+                     MaskdError, NotFound, ResourceExhausted, Unavailable, Unimplemented)
 from .v1 import maskd_pb2, maskd_pb2_grpc
+
+
+def proto_dir() -> str:
+    """The folder holding maskd/v1/maskd.proto (e.g. for grpcurl -import-path or protoc -I)."""
+    return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "proto")
 
 __all__ = ["MaskdClient", "SegmentResult", "PromptResult", "Mask", "SegmentSession", "OUTPUT_FORMATS",
            "AFFINITY_HEADER", "affinity_key", "image_id_for_encoded", "image_id_for_raw",
-           "image_id_for_image", "maskd_pb2", "maskd_pb2_grpc"]
+           "image_id_for_image", "maskd_pb2", "maskd_pb2_grpc", "proto_dir", "MaskdError",
+           "Cancelled", "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument",
+           "NotFound", "ResourceExhausted", "Unavailable", "Unimplemented"]

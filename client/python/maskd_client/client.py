@@ -24,6 +24,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 import grpc
 import numpy as np
 
+from . import errors as _errors
 from . import image_id as _image_id
 from .v1 import maskd_pb2, maskd_pb2_grpc
 
@@ -238,9 +239,18 @@ class MaskdClient:
         key = self.affinity_key(request)
         return [(_image_id.AFFINITY_HEADER, key)] if key else None
 
+    def _call(self, method, request, metadata=None):
+        """One unary call; a failure raises the typed maskd_client.errors class of its code."""
+        try:
+            return method(request, timeout=self.timeout, metadata=metadata)
+        except grpc.RpcError as e:
+            if isinstance(e, _errors.MaskdError):
+                raise
+            raise _errors.from_rpc_error(e) from e
+
     def embed(self, image: bytes) -> maskd_pb2.EmbedResponse:
         req = maskd_pb2.EmbedRequest(image=maskd_pb2.Image(encoded=image))
-        return self.stub.Embed(req, timeout=self.timeout, metadata=self._metadata(req))
+        return self._call(self.stub.Embed, req, self._metadata(req))
 
     def segment(self, image: Union[bytes, str], points: Sequence[PointLike] = (),
                 box: Optional[BoxLike] = None, mask_from: Optional[str] = None,
@@ -257,16 +267,16 @@ class MaskdClient:
         """Several prompts (see build_prompt) on one image in one call."""
         req = build_segment_request(image, prompts, format, request_tag, polygon_tolerance)
         md = self._metadata(req)
-        return _result_from_proto(self.stub.Segment(req, timeout=self.timeout, metadata=md))
+        return _result_from_proto(self._call(self.stub.Segment, req, md))
 
     def info(self) -> maskd_pb2.GetInfoResponse:
-        return self.stub.GetInfo(maskd_pb2.GetInfoRequest(), timeout=self.timeout)
+        return self._call(self.stub.GetInfo, maskd_pb2.GetInfoRequest())
 
     def health(self, service: str = "maskd.v1.MaskService") -> str:
         """'SERVING', 'NOT_SERVING', ... from grpc.health.v1 (grpcio-health-checking)."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
         stub = health_pb2_grpc.HealthStub(self._channel)
-        r = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        r = self._call(stub.Check, health_pb2.HealthCheckRequest(service=service))
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
     def session(self) -> "SegmentSession":
@@ -280,10 +290,14 @@ class SegmentSession:
     """SegmentStream as request/response pairs. A response carrying `error` raises StreamError."""
 
     class StreamError(Exception):
+        """One message's error; the stream goes on. `.code` (grpc.StatusCode), `.message`, and
+        `.error`: the same failure as the typed maskd_client.errors class of its code."""
+
         def __init__(self, code: grpc.StatusCode, message: str):
             super().__init__(f"{code.name}: {message}")
             self.code = code
             self.message = message
+            self.error = _errors.error_for(code, message)
 
     def __init__(self, stub: maskd_pb2_grpc.MaskServiceStub, affinity_key=None):
         """affinity_key: request -> x-maskd-image-id value or None (None: never send the header)."""
