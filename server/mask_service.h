@@ -35,6 +35,9 @@ struct ServiceOptions {
   int max_stream_in_flight = 32;
   std::string version;           // "0.1.0 (abc123)"
   std::string checkpoint_label;  // as given, or "builtin-demo"
+  // --auth-tokens: calls over TLS need a token TokenAuthProcessor accepted (server/security.h);
+  // others get UNAUTHENTICATED with an empty message before anything else is looked at.
+  bool require_token = false;
 };
 
 // What the service needs once the model is loaded.
@@ -86,6 +89,8 @@ class MaskService final : public MaskServiceBase {
   enum class State { kLoading, kServing, kDraining };
   struct UnaryCall;
 
+  // Null when the call may proceed; else the reactor that has already refused it (UNAUTHENTICATED).
+  grpc::ServerUnaryReactor* RefuseUnauthenticated(const char* method, grpc::CallbackServerContext* context);
   std::shared_ptr<UnaryCall> BeginUnary(const char* method, grpc::CallbackServerContext* context);
   // UNAVAILABLE while loading or draining, else OK and the backend.
   Status Admit(Backend* backend) const;
