@@ -250,8 +250,8 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
                      "HOST:PORT for the HTTP/JSON API (POST /v1/embed, POST /v1/segment, GET /v1/info: "
                      "the proto3 JSON mapping of the gRPC calls, same validation and limits) and the "
                      "web page at / (click to segment); port 0 picks a free port (logged as 'HTTP front "
-                     "listening on HOST:PORT'). Off unless given. No TLS or authentication: bind it to "
-                     "localhost or put it behind a proxy")
+                     "listening on HOST:PORT'). Off unless given. No TLS: bind it to localhost or put it "
+                     "behind a proxy; with --auth-tokens its /v1 routes need the same bearer token")
           ->type_name("HOST:PORT")
           ->group(g_net),
       "http-listen");
