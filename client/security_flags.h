@@ -7,20 +7,20 @@
 
 namespace maskd::client {
 
+// Only the token has an environment variable ($MASKD_TOKEN, read by ApplySecurityFlags): MASKD_TLS_CERT
+// and MASKD_TLS_KEY are maskd's own settings, and a client picking them up from the same shell would
+// present the server's certificate as its own.
 inline void AddSecurityFlags(CLI::App& app, SecurityFlags& f) {
   const char* g = "Security";
   app.add_flag("--tls", f.tls, "connect with TLS, verifying the server against the system's CA roots")
       ->group(g);
   app.add_option("--tls-ca", f.tls_ca, "PEM CA certificate(s) to verify maskd's certificate (implies --tls)")
-      ->envname("MASKD_TLS_CA")
       ->type_name("PATH")
       ->group(g);
   app.add_option("--tls-cert", f.tls_cert, "PEM client certificate chain for mutual TLS (with --tls-key)")
-      ->envname("MASKD_TLS_CERT")
       ->type_name("PATH")
       ->group(g);
   app.add_option("--tls-key", f.tls_key, "PEM private key of --tls-cert")
-      ->envname("MASKD_TLS_KEY")
       ->type_name("PATH")
       ->group(g);
   app.add_option("--tls-server-name", f.tls_server_name,

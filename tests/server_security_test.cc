@@ -366,6 +366,29 @@ TEST_F(ServerSecurity, TokensMissingOrWrongAreUnauthenticatedWithNoDetail) {
     auto info = c.GetInfo();
     EXPECT_TRUE(info.ok()) << token << ": " << info.status().ToString();
   }
+  // SegmentStream (a raw bidi method with a reactor of its own) is refused the same way.
+  {
+    o.security = TrustingCa("wrong");
+    Client c(o);
+    auto session = c.OpenSession(std::chrono::milliseconds(5000));
+    client::SegmentArgs args;
+    args.image = client::ImageArg::Id("no-such-image");
+    args.prompts.push_back(client::PromptArg{{client::PointArg{1, 1, true}}, std::nullopt, "", std::nullopt, false});
+    auto r = session->Send(args);
+    EXPECT_TRUE(IsUnauthenticated(r.status())) << r.status().ToString();
+  }
+  {
+    o.security = TrustingCa(kToken);
+    Client c(o);
+    auto session = c.OpenSession(std::chrono::milliseconds(5000));
+    client::SegmentArgs args;
+    args.image = client::ImageArg::Id("no-such-image");
+    args.prompts.push_back(client::PromptArg{{client::PointArg{1, 1, true}}, std::nullopt, "", std::nullopt, false});
+    auto r = session->Send(args);
+    // Past authentication: the server validates the id (and says what it expected).
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("image_id"), std::string::npos) << r.status().ToString();
+  }
   server.Shutdown();
   const std::string logged = log.sink->text();
   EXPECT_EQ(logged.find(kToken), std::string::npos) << logged;
