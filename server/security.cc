@@ -160,7 +160,11 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   auto cert = FirstCert("--tls-cert", config.tls_cert, *cert_pem);
   if (!cert.ok()) return cert.status();
   auto key_bio = MemBio(*key_pem);
-  std::unique_ptr<EVP_PKEY, KeyDeleter> key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+  // A callback that has no passphrase: with none, OpenSSL would prompt on the terminal for an
+  // encrypted key and a server start would hang there.
+  pem_password_cb* no_passphrase = [](char*, int, int, void*) { return 0; };
+  std::unique_ptr<EVP_PKEY, KeyDeleter> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr));
   if (!key) {
     return InvalidArgument("--tls-key = \"" + config.tls_key +
                            "\" is not an unencrypted PEM private key (expected -----BEGIN PRIVATE "

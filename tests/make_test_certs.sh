@@ -6,6 +6,7 @@
 #   client.pem/client.key  CN=maskd-test-client (clientAuth)
 #   other-ca.pem           an unrelated CA (a client trusting only it must fail the handshake)
 #   other.key              a key that belongs to no certificate here (mismatch tests)
+#   server-encrypted.key   server.key under a passphrase (maskd must refuse it, never prompt)
 # Usage: make_test_certs.sh DIR
 set -euo pipefail
 dir=${1:?usage: make_test_certs.sh DIR}
@@ -33,3 +34,4 @@ sign() {  # name subject extensions
 sign server "/CN=localhost" "subjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1
 extendedKeyUsage=serverAuth"
 sign client "/CN=maskd-test-client" "extendedKeyUsage=clientAuth"
+q openssl pkey -in server.key -aes256 -passout pass:maskd-test -out server-encrypted.key

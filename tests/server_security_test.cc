@@ -62,6 +62,11 @@ class Pki {
     std::ofstream garbage(path("garbage.pem"));
     garbage << "not a certificate\n";
   }
+  // Throwaway keys do not outlive the test binary.
+  ~Pki() {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
   fs::path dir_;
   bool ok_ = false;
 };
@@ -232,6 +237,8 @@ TEST_F(ServerSecurity, StartupErrorsNameTheFlagAndFile) {
        "--tls-key = \"/nonexistent/server.key\" cannot be opened"},
       {[&](ServerConfig& c) { c.tls_cert = pki.path("garbage.pem"); }, "is not a PEM certificate"},
       {[&](ServerConfig& c) { c.tls_key = pki.path("garbage.pem"); }, "is not an unencrypted PEM private key"},
+      {[&](ServerConfig& c) { c.tls_key = pki.path("server-encrypted.key"); },
+       "is not an unencrypted PEM private key"},
       {[&](ServerConfig& c) { c.tls_key = pki.path("other.key"); },
        "\" does not belong to --tls-cert = \"" + pki.path("server.pem") + "\""},
       {[](ServerConfig& c) { c.tls_client_ca = "/nonexistent/ca.pem"; },
