@@ -6,6 +6,9 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include <condition_variable>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <mutex>
 #include <type_traits>
 
@@ -68,7 +71,88 @@ grpc::ChannelArguments MakeChannelArgs(const ClientOptions& options) {
   return args;
 }
 
+std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const ClientSecurity& sec) {
+  if (!sec.tls) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = sec.ca_pem;
+  ssl.pem_cert_chain = sec.cert_pem;
+  ssl.pem_private_key = sec.key_pem;
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::SslCredentials(ssl);
+  if (!sec.token.empty()) {
+    // AccessTokenCredentials sends "authorization: Bearer <token>".
+    creds = grpc::CompositeChannelCredentials(creds, grpc::AccessTokenCredentials(sec.token));
+  }
+  return creds;
+}
+
+grpc::ChannelArguments WithServerName(grpc::ChannelArguments args, const ClientSecurity& sec) {
+  if (sec.tls && !sec.server_name.empty()) args.SetSslTargetNameOverride(sec.server_name);
+  return args;
+}
+
+StatusOr<std::string> ReadForFlag(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgument(flag + " = \"" + path + "\" cannot be opened (expected a readable file)");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string TrimToken(std::string_view s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string_view::npos) return {};
+  const size_t e = s.find_last_not_of(" \t\r\n");
+  return std::string(s.substr(b, e - b + 1));
+}
+
 }  // namespace
+
+Status ApplySecurityFlags(const SecurityFlags& f, ClientSecurity* sec) {
+  sec->tls = f.tls || !f.tls_ca.empty() || !f.tls_cert.empty();
+  sec->server_name = f.tls_server_name;
+  if (!f.tls_ca.empty()) {
+    StatusOr<std::string> ca = ReadForFlag("--tls-ca", f.tls_ca);
+    if (!ca.ok()) return ca.status();
+    sec->ca_pem = *ca;
+  }
+  if (f.tls_cert.empty() != f.tls_key.empty()) {
+    return InvalidArgument(f.tls_cert.empty() ? "--tls-key = \"" + f.tls_key + "\" without --tls-cert (expected both or neither)"
+                                              : "--tls-cert = \"" + f.tls_cert + "\" without --tls-key (expected both or neither)");
+  }
+  if (!f.tls_cert.empty()) {
+    StatusOr<std::string> cert = ReadForFlag("--tls-cert", f.tls_cert);
+    if (!cert.ok()) return cert.status();
+    StatusOr<std::string> key = ReadForFlag("--tls-key", f.tls_key);
+    if (!key.ok()) return key.status();
+    sec->cert_pem = *cert;
+    sec->key_pem = *key;
+  }
+  if (!f.token.empty() && !f.token_file.empty()) {
+    return InvalidArgument("--token and --token-file = \"" + f.token_file + "\" both given (expected one)");
+  }
+  if (!f.token_file.empty()) {
+    StatusOr<std::string> text = ReadForFlag("--token-file", f.token_file);
+    if (!text.ok()) return text.status();
+    std::istringstream lines(*text);
+    std::string line;
+    while (std::getline(lines, line) && TrimToken(line).empty()) {
+    }
+    sec->token = TrimToken(line);
+    if (sec->token.empty()) {
+      return InvalidArgument("--token-file = \"" + f.token_file + "\" holds no token (expected it on the first non-empty line)");
+    }
+  } else if (!f.token.empty()) {
+    sec->token = f.token;
+  } else if (const char* env = std::getenv("MASKD_TOKEN"); env != nullptr && *env != '\0') {
+    sec->token = TrimToken(env);
+  }
+  if (!sec->token.empty() && !sec->tls) {
+    // The token itself is never part of a message.
+    return InvalidArgument("a bearer token (--token, --token-file or $MASKD_TOKEN) without TLS "
+                           "(expected --tls-ca PATH or --tls: tokens are sent over TLS only)");
+  }
+  return Status::Ok();
+}
 
 const char* GrpcCodeName(grpc::StatusCode code) {
   switch (code) {
@@ -190,11 +274,15 @@ std::optional<std::string> AffinityKey(std::string_view model_identity, const v1
 
 Client::Client(const ClientOptions& options)
     : options_(options),
-      channel_(grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(),
-                                         MakeChannelArgs(options))),
+      channel_(grpc::CreateCustomChannel(options.target, MakeChannelCredentials(options.security),
+                                         WithServerName(MakeChannelArgs(options), options.security))),
       stub_(v1::MaskService::NewStub(channel_)) {}
 
 StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (!options.security.token.empty() && !options.security.tls) {
+    return InvalidArgument("ClientOptions.security.token without security.tls (expected TLS: tokens "
+                           "are sent over TLS only)");
+  }
   auto client = std::make_unique<Client>(options);
   if (!client->channel_->WaitForConnected(DeadlineAfter(options.connect_timeout))) {
     return Unavailable("could not connect to " + options.target + " within " +

@@ -36,9 +36,37 @@ namespace maskd::client {
 // The request header Envoy hashes on (deploy/envoy/envoy.yaml); gRPC metadata keys are lowercase.
 inline constexpr char kAffinityHeader[] = "x-maskd-image-id";
 
+// Transport security and credentials of a channel (PEM contents, not paths: ApplySecurityFlags
+// reads the files and says which one is wrong).
+struct ClientSecurity {
+  // TLS: the server's certificate is verified against ca_pem (empty: the system's roots).
+  bool tls = false;
+  std::string ca_pem;
+  // Mutual TLS: this client's certificate chain and private key (both or neither).
+  std::string cert_pem, key_pem;
+  // The name the server certificate must carry when it is not the target's host (an IP, a test).
+  std::string server_name;
+  // Bearer token, sent on every call as "authorization: Bearer <token>"; TLS only (gRPC does not
+  // attach call credentials to a plaintext channel, and maskd accepts tokens over TLS only).
+  std::string token;
+};
+
+// Where the flags --tls, --tls-ca, --tls-cert, --tls-key, --tls-server-name, --token and
+// --token-file (or $MASKD_TOKEN) of maskctl and maskload point.
+struct SecurityFlags {
+  bool tls = false;
+  std::string tls_ca, tls_cert, tls_key, tls_server_name, token, token_file;
+};
+// Reads the files into `security`. INVALID_ARGUMENT naming the flag and path when a file cannot be
+// read, only one of --tls-cert/--tls-key is given, both --token and --token-file are, or a token is
+// given without TLS. --tls-ca or --tls-cert imply --tls. --token-file holds the token on its first
+// non-empty line; without --token/--token-file, $MASKD_TOKEN is used when set.
+Status ApplySecurityFlags(const SecurityFlags& flags, ClientSecurity* security);
+
 struct ClientOptions {
   // HOST:PORT (or any gRPC target string).
   std::string target = "localhost:50051";
+  ClientSecurity security;
   // Deadline of each call.
   std::chrono::milliseconds timeout{30000};
   // How long Connect waits for the channel to become READY.

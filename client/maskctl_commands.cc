@@ -12,6 +12,7 @@
 #include "client/mask_codec.h"
 #include "client/overlay.h"
 #include "client/prompt_parse.h"
+#include "client/security_flags.h"
 
 namespace maskd::client {
 namespace {
@@ -22,6 +23,12 @@ ClientOptions OptionsFrom(const MaskctlConfig& c) {
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.timeout_s * 1000));
   o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(c.connect_timeout_s * 1000));
   return o;
+}
+
+StatusOr<std::unique_ptr<Client>> ConnectFrom(const MaskctlConfig& c) {
+  ClientOptions o = OptionsFrom(c);
+  MASKD_RETURN_IF_ERROR(ApplySecurityFlags(c.security, &o.security));
+  return Client::Connect(o);
 }
 
 int Fail(std::ostream& err, const Status& status) {
@@ -207,7 +214,7 @@ int RunSegment(const MaskctlConfig& config, const SegmentFlags& f, std::ostream&
   args.polygon_tolerance = f.polygon_tolerance;
   args.request_tag = f.tag;
 
-  StatusOr<std::unique_ptr<Client>> client = Client::Connect(OptionsFrom(config));
+  StatusOr<std::unique_ptr<Client>> client = ConnectFrom(config);
   if (!client.ok()) return Fail(err, client.status());
   StatusOr<v1::SegmentResponse> response = (*client)->Segment(args);
   if (!response.ok()) return Fail(err, response.status());
@@ -271,6 +278,7 @@ void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, st
                  "how long to wait for the connection, seconds")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  AddSecurityFlags(app, config.security);
 
   // embed
   {
@@ -286,7 +294,7 @@ void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, st
         run.exit_code = Fail(err, bytes.status());
         return;
       }
-      StatusOr<std::unique_ptr<Client>> client = Client::Connect(OptionsFrom(config));
+      StatusOr<std::unique_ptr<Client>> client = ConnectFrom(config);
       if (!client.ok()) {
         run.exit_code = Fail(err, client.status());
         return;
@@ -359,7 +367,7 @@ void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, st
         "info", "Show the server's model, precision, cache, queues, stage timings, memory, limits");
     info->add_flag("--json", *json, "print the GetInfoResponse as JSON");
     info->callback([&config, &run, &out, &err, json] {
-      StatusOr<std::unique_ptr<Client>> client = Client::Connect(OptionsFrom(config));
+      StatusOr<std::unique_ptr<Client>> client = ConnectFrom(config);
       if (!client.ok()) {
         run.exit_code = Fail(err, client.status());
         return;
@@ -386,7 +394,7 @@ void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, st
     health->add_option("--service", *service, "service name to check (\"\" = the whole server)")
         ->capture_default_str();
     health->callback([&config, &run, &out, &err, service] {
-      StatusOr<std::unique_ptr<Client>> client = Client::Connect(OptionsFrom(config));
+      StatusOr<std::unique_ptr<Client>> client = ConnectFrom(config);
       if (!client.ok()) {
         run.exit_code = Fail(err, client.status());
         return;

@@ -2,6 +2,8 @@
 // that tests can drive the exact command line against a server.
 #pragma once
 
+#include "client/client.h"
+
 #include <CLI/CLI.hpp>
 
 #include <iosfwd>
@@ -15,6 +17,7 @@ struct MaskctlConfig {
   std::string server = "localhost:50051";  // --server, env MASKD_SERVER
   double timeout_s = 30;                   // --timeout
   double connect_timeout_s = 5;            // --connect-timeout
+  SecurityFlags security;                  // --tls, --tls-ca, --tls-cert/--tls-key, --token, ...
 };
 
 // The result of the subcommand that ran: its exit status (0 ok, 1 RPC or I/O error, 2 not serving).

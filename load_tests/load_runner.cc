@@ -354,6 +354,7 @@ StatusOr<LoadResult> LoadRunner::Run() {
 
   client::ClientOptions control_options;
   control_options.target = config_.target;
+  control_options.security = config_.security;
   control_options.timeout = std::chrono::milliseconds(5000);
   control_options.connect_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(config_.connect_timeout_s * 1000));
@@ -395,6 +396,7 @@ StatusOr<LoadResult> LoadRunner::Run() {
   for (int i = 0; i < std::max(1, config_.channels); ++i) {
     client::ClientOptions o;
     o.target = config_.target;
+    o.security = config_.security;
     o.timeout = call_timeout;
     o.channel_index = i;
     clients.push_back(std::make_unique<client::Client>(o));

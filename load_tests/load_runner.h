@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "client/client.h"
 #include "load_tests/latency_stats.h"
 #include "maskd/v1/maskd.pb.h"
 #include "model/api/status.h"
@@ -30,6 +31,8 @@ const char* CallKindName(uint32_t kind);
 
 struct LoadConfig {
   std::string target = "localhost:50051";
+  // TLS and token of every channel (maskload's --tls-ca/--tls-cert/--tls-key/--token flags).
+  client::ClientSecurity security;
   Workload workload = Workload::kBatch;
   // Closed loop: concurrent clients. Ignored when rate > 0.
   int concurrency = 8;

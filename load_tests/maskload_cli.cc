@@ -1,5 +1,7 @@
 #include "load_tests/maskload_cli.h"
 
+#include "client/security_flags.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -28,6 +30,7 @@ namespace maskd::load {
 void AddMaskloadFlags(CLI::App& app, MaskloadOptions& o) {
   LoadConfig& c = o.load;
   app.add_option("--server", c.target, "maskd address HOST:PORT")->envname("MASKD_SERVER")->capture_default_str();
+  client::AddSecurityFlags(app, o.security);
   app.add_option("--workload", o.workload,
                  "batch: WORKLOAD.md images (JPEG + P~U{min..max} single-point prompts, one call per image); "
                  "interactive: Embed once per image, then single-click Segment calls by image_id; "
@@ -252,6 +255,7 @@ Status CheckOutputPaths(const MaskloadOptions& o) {
 
 
 Status FinishMaskloadOptions(MaskloadOptions& o) {
+  MASKD_RETURN_IF_ERROR(client::ApplySecurityFlags(o.security, &o.load.security));
   StatusOr<Workload> w = ParseWorkload(o.workload);
   if (!w.ok()) return w.status();
   o.load.workload = *w;

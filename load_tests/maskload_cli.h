@@ -21,6 +21,7 @@ struct MaskloadOptions {
   // first of which is load.rate.
   std::string rate = "0";
   std::vector<double> rate_levels;
+  client::SecurityFlags security;  // read into load.security by FinishMaskloadOptions
   std::string workload = "batch";
   std::string format = "rle";
   // Image pool.

@@ -54,6 +54,72 @@ std::string HumanBytes(uint64_t b) {
   return std::to_string(v) + units[u];
 }
 
+// --- Security (issue #14): kept in a block of its own so that it merges apart from other options.
+void AddSecurityOptions(CLI::App& app, ServerConfig& c, const CLI::Validator& boolean_word) {
+  auto env = [](CLI::Option* o, const std::string& name) { return o->envname(EnvName(name)); };
+  auto* g = "Security";
+  env(app.add_option("--tls-cert", c.tls_cert,
+                     "PEM certificate chain of the gRPC port; with --tls-key, the port speaks TLS "
+                     "only (plaintext clients fail). Off unless given")
+          ->type_name("PATH")
+          ->group(g),
+      "tls-cert");
+  env(app.add_option("--tls-key", c.tls_key, "PEM private key of --tls-cert (unencrypted)")
+          ->type_name("PATH")
+          ->group(g),
+      "tls-key");
+  env(app.add_option("--tls-client-ca", c.tls_client_ca,
+                     "PEM CA certificate(s): require every client to present a certificate signed by "
+                     "them (mutual TLS). Needs --tls-cert")
+          ->type_name("PATH")
+          ->group(g),
+      "tls-client-ca");
+  env(app.add_option("--auth-tokens", c.auth_tokens,
+                     "File of accepted bearer tokens, one per line ('#' comments, blank lines "
+                     "skipped), read at start; every call must carry 'authorization: Bearer "
+                     "<token>' or gets UNAUTHENTICATED. Needs --tls-cert (tokens are not sent in "
+                     "plaintext). The HTTP front checks the same tokens")
+          ->type_name("PATH")
+          ->group(g),
+      "auth-tokens");
+  env(app.add_option("--auth-exempt-health", c.auth_exempt_health,
+                     "With --auth-tokens: grpc.health.v1 answers without a token, so that load "
+                     "balancers can probe")
+          ->check(boolean_word)
+          ->type_name("BOOL")
+          ->capture_default_str()
+          ->group(g),
+      "auth-exempt-health");
+  env(app.add_option("--reflection", c.reflection,
+                     "gRPC server reflection (lets grpcurl list and call the API without the .proto)")
+          ->check(boolean_word)
+          ->type_name("BOOL")
+          ->capture_default_str()
+          ->group(g),
+      "reflection");
+}
+
+// Flags that belong together; file contents are checked at start (security.cc), not here, so that
+// --help and config tests never touch the files.
+Status ValidateSecurityConfig(const ServerConfig& c) {
+  if (c.tls_cert.empty() != c.tls_key.empty()) {
+    return InvalidArgument(c.tls_cert.empty()
+                               ? "--tls-key = \"" + c.tls_key + "\" without --tls-cert (expected both or neither)"
+                               : "--tls-cert = \"" + c.tls_cert + "\" without --tls-key (expected both or neither)");
+  }
+  if (!c.tls_client_ca.empty() && c.tls_cert.empty()) {
+    return InvalidArgument("--tls-client-ca = \"" + c.tls_client_ca +
+                           "\" without --tls-cert/--tls-key (mutual TLS needs the server's TLS "
+                           "certificate too)");
+  }
+  if (!c.auth_tokens.empty() && c.tls_cert.empty()) {
+    return InvalidArgument("--auth-tokens = \"" + c.auth_tokens +
+                           "\" without --tls-cert/--tls-key (bearer tokens are accepted over TLS "
+                           "only: in plaintext anyone on the path could read and replay them)");
+  }
+  return Status::Ok();
+}
+
 // The option table: every setting, its flag, environment variable and JSON key.
 void AddOptions(CLI::App& app, ServerConfig& c) {
   auto env = [](CLI::Option* o, const std::string& name) { return o->envname(EnvName(name)); };
@@ -187,8 +253,8 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
                      "HOST:PORT for the HTTP/JSON API (POST /v1/embed, POST /v1/segment, GET /v1/info: "
                      "the proto3 JSON mapping of the gRPC calls, same validation and limits) and the "
                      "web page at / (click to segment); port 0 picks a free port (logged as 'HTTP front "
-                     "listening on HOST:PORT'). Off unless given. No TLS or authentication: bind it to "
-                     "localhost or put it behind a proxy")
+                     "listening on HOST:PORT'). Off unless given. No TLS: bind it to localhost or put it "
+                     "behind a proxy; with --auth-tokens its /v1 routes need the same bearer token")
           ->type_name("HOST:PORT")
           ->group(g_net),
       "http-listen");
@@ -333,6 +399,7 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_log),
       "shutdown-grace-s");
+  AddSecurityOptions(app, c, boolean_word);
 }
 
 void Describe(CLI::App& app) {
@@ -509,6 +576,7 @@ Status ValidateConfig(const ServerConfig& c) {
   if (c.log_format != "text" && c.log_format != "json") {
     return InvalidArgument("--log-format = \"" + c.log_format + "\" (expected text or json)");
   }
+  MASKD_RETURN_IF_ERROR(ValidateSecurityConfig(c));
   return Status::Ok();
 }
 

@@ -38,6 +38,13 @@ struct ServerConfig {
   // Prometheus text exposition at GET /metrics on this HOST:PORT; empty: no metrics listener.
   std::string metrics_listen;
 
+  // Security (issue #14; server/security.h). TLS when tls_cert is set; mutual TLS with
+  // tls_client_ca; bearer tokens with auth_tokens (TLS required: see security.h).
+  std::string tls_cert, tls_key, tls_client_ca;
+  std::string auth_tokens;          // file, one token per line; empty: no authentication
+  bool auth_exempt_health = true;   // grpc.health.v1 answers without a token (load balancers)
+  bool reflection = true;           // gRPC server reflection (grpcurl without the .proto)
+
   // Batching (per device).
   int encoder_max_batch = 8;
   int64_t encoder_queue_delay_us = 2000;

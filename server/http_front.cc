@@ -111,6 +111,11 @@ struct HttpFront::Impl {
   // One unary call: JSON body -> Request, the stub's method, Response -> JSON.
   template <typename Request, typename Response, typename Method>
   void Unary(const httplib::Request& req, httplib::Response& res, const char* what, Method method) {
+    if (options.authorize && !options.authorize(req.get_header_value("Authorization"))) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      Send(Error(grpc::StatusCode::UNAUTHENTICATED, ""), res);
+      return;
+    }
     Request request;
     if (!req.body.empty()) {
       pbu::JsonParseOptions po;

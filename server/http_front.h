@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <grpcpp/grpcpp.h>
 
@@ -44,6 +45,9 @@ struct HttpFrontOptions {
   std::chrono::milliseconds call_timeout{60000};
   // Threads serving connections (each blocks on its call while the service works).
   int threads = 8;
+  // Set (maskd with --auth-tokens): every /v1 route needs an Authorization header it accepts, else
+  // 401 UNAUTHENTICATED with an empty message. The page at / needs none (it holds no data).
+  std::function<bool(std::string_view authorization)> authorize;
 };
 
 // JSON answers are sent uncompressed. cpp-httplib compresses a reply whose type is exactly

@@ -1,5 +1,7 @@
 #include "server/mask_service.h"
 
+#include "server/security.h"
+
 #include <algorithm>
 
 #include <spdlog/spdlog.h>
@@ -167,6 +169,17 @@ void MaskService::RemoveStream(StreamReactor* s) {
   streams_.erase(s);
 }
 
+grpc::ServerUnaryReactor* MaskService::RefuseUnauthenticated(const char* method,
+                                                             grpc::CallbackServerContext* context) {
+  if (!options_.require_token || CallAuthorized(*context)) return nullptr;
+  if (options_.access_log) {
+    spdlog::info("[-] access method={} peer={} status=UNAUTHENTICATED", method, LogSafe(context->peer()));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, ""));
+  return reactor;
+}
+
 std::shared_ptr<MaskService::UnaryCall> MaskService::BeginUnary(const char* method,
                                                                 grpc::CallbackServerContext* context) {
   CallStarted();
@@ -190,6 +203,7 @@ std::shared_ptr<MaskService::UnaryCall> MaskService::BeginUnary(const char* meth
 grpc::ServerUnaryReactor* MaskService::Embed(grpc::CallbackServerContext* context,
                                              const v1::EmbedRequest* request,
                                              v1::EmbedResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = RefuseUnauthenticated("Embed", context)) return refused;
   std::shared_ptr<UnaryCall> call = BeginUnary("Embed", context);
   try {
     Backend backend;
@@ -223,6 +237,7 @@ grpc::ServerUnaryReactor* MaskService::Embed(grpc::CallbackServerContext* contex
 grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* context,
                                                const v1::SegmentRequest* request,
                                                v1::SegmentResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = RefuseUnauthenticated("Segment", context)) return refused;
   std::shared_ptr<UnaryCall> call = BeginUnary("Segment", context);
   const int prompts = request->prompts_size();
   const std::string tag = request->request_tag().substr(0, 128);
@@ -281,6 +296,17 @@ grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* cont
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MaskService::SegmentStream(
     grpc::CallbackServerContext* context) {
+  if (options_.require_token && !CallAuthorized(*context)) {
+    class Unauthenticated final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+     public:
+      Unauthenticated() { Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "")); }
+      void OnDone() override { delete this; }
+    };
+    if (options_.access_log) {
+      spdlog::info("[-] access method=SegmentStream peer={} status=UNAUTHENTICATED", LogSafe(context->peer()));
+    }
+    return new Unauthenticated();
+  }
   Backend backend;
   Status admit = Admit(&backend);
   if (!admit.ok()) {
@@ -318,6 +344,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MaskService::Segmen
 grpc::ServerUnaryReactor* MaskService::GetInfo(grpc::CallbackServerContext* context,
                                                const v1::GetInfoRequest* /*request*/,
                                                v1::GetInfoResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = RefuseUnauthenticated("GetInfo", context)) return refused;
   std::shared_ptr<UnaryCall> call = BeginUnary("GetInfo", context);
   try {
     FillInfo(response);

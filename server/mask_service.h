@@ -38,6 +38,9 @@ struct ServiceOptions {
   std::string checkpoint_label;  // as given, or "builtin-demo"
   // Told every finished call and stream message; may be null. Must outlive the service.
   Metrics* metrics = nullptr;
+  // --auth-tokens: calls over TLS need a token TokenAuthProcessor accepted (server/security.h);
+  // others get UNAUTHENTICATED with an empty message before anything else is looked at.
+  bool require_token = false;
 };
 
 // What the service needs once the model is loaded.
@@ -89,6 +92,8 @@ class MaskService final : public MaskServiceBase {
   enum class State { kLoading, kServing, kDraining };
   struct UnaryCall;
 
+  // Null when the call may proceed; else the reactor that has already refused it (UNAUTHENTICATED).
+  grpc::ServerUnaryReactor* RefuseUnauthenticated(const char* method, grpc::CallbackServerContext* context);
   std::shared_ptr<UnaryCall> BeginUnary(const char* method, grpc::CallbackServerContext* context);
   // UNAVAILABLE while loading or draining, else OK and the backend.
   Status Admit(Backend* backend) const;

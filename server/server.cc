@@ -6,6 +6,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
 #include <spdlog/spdlog.h>
 
 #ifdef MASKD_HEALTH_PB_H
@@ -13,8 +14,25 @@
 #endif
 #include "server/logging.h"
 #include "server/parse_error_interceptor.h"
+#include "server/security.h"
 
 namespace maskd::server {
+namespace {
+
+// --reflection false: the reflection plugin is registered process-wide (it must be, before any
+// builder exists), so it is taken out of this one builder's plugin list instead.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    const std::string name = grpc::reflection::ProtoServerReflectionPlugin().name();
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [&](const auto& p) { return p->name() == name; }),
+                   plugins->end());
+  }
+};
+
+}  // namespace
 
 MaskServer::MaskServer(ServerConfig config, EngineFactory factory, int cuda_device_count)
     : config_(std::move(config)), factory_(std::move(factory)), cuda_device_count_(cuda_device_count) {}
@@ -48,9 +66,19 @@ Status MaskServer::StartListening() {
   so.version = std::string(MASKD_VERSION) + " (" + MASKD_GIT_REVISION + ")";
   so.checkpoint_label = checkpoint_.demo() ? "builtin-demo" : checkpoint_.path;
   so.metrics = metrics_.get();
+  so.require_token = !config_.auth_tokens.empty();
   service_ = std::make_unique<MaskService>(so);
   MaskService* service = service_.get();
   metrics_->SetInfoSource([service](v1::GetInfoResponse* info) { service->FillInfo(info); });
+
+  std::shared_ptr<const TokenSet> tokens;
+  if (!config_.auth_tokens.empty()) {
+    StatusOr<std::shared_ptr<const TokenSet>> t = TokenSet::Load(config_.auth_tokens);
+    if (!t.ok()) return t.status();
+    tokens = *t;
+  }
+  StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = MakeServerCredentials(config_, tokens);
+  if (!creds.ok()) return creds.status();
 
   grpc::EnableDefaultHealthCheckService(true);
   // Reflection describes what the generated descriptor pool holds; gRPC's health service does not
@@ -61,7 +89,8 @@ Status MaskServer::StartListening() {
 #endif
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);
+  if (!config_.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
+  builder.AddListeningPort(config_.listen, *creds, &port_);
   // gRPC sets SO_REUSEPORT by default, so a second maskd on the same port would start "fine" and
   // silently take a share of the first one's connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -86,7 +115,22 @@ Status MaskServer::StartListening() {
   }
   SetHealth(false);
   address_ = listen->first + ":" + std::to_string(port_);
-  spdlog::info("listening on {}", address_);
+  spdlog::info("listening on {} ({}{}{}, reflection {})", address_,
+               config_.tls_cert.empty() ? "plaintext" : "TLS",
+               config_.tls_client_ca.empty() ? "" : ", client certificates required",
+               tokens ? ", bearer tokens required (" + std::to_string(tokens->size()) + " accepted)" : "",
+               config_.reflection ? "on" : "off");
+  if (config_.tls_cert.empty() && !tokens && !IsLoopbackHost(listen->first)) {
+    // The default stays 0.0.0.0 (existing deployments, containers and the README's demo reach it
+    // from outside), so the exposure is said loudly instead (README, Security).
+    spdlog::warn("************************************************************************************");
+    spdlog::warn("maskd serves {} in PLAINTEXT WITHOUT AUTHENTICATION on a non-loopback address:",
+                 address_);
+    spdlog::warn("anyone who can reach this port can use the model and read other clients' results.");
+    spdlog::warn("Use --listen 127.0.0.1:PORT, or --tls-cert/--tls-key (and --auth-tokens or "
+                 "--tls-client-ca).");
+    spdlog::warn("************************************************************************************");
+  }
   if (!config_.http_listen.empty()) {
     StatusOr<std::pair<std::string, int>> http = ParseListen(config_.http_listen, "--http-listen");
     if (!http.ok()) return http.status();
@@ -95,6 +139,13 @@ Status MaskServer::StartListening() {
     ho.port = http->second;
     // JSON carries bytes in base64 (4/3) and logits as decimal text (up to ~16 characters a float).
     ho.max_body_bytes = image / 3 * 4 + 4 + prompts * 4 + (uint64_t{1} << 20);
+    // The in-process channel skips the gRPC port's TLS and token check, so the front checks the
+    // same tokens itself.
+    if (tokens) {
+      ho.authorize = [tokens](std::string_view authorization) {
+        return tokens->AcceptsAuthorization(authorization);
+      };
+    }
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);

@@ -19,6 +19,8 @@ if(TARGET maskd)
 else()
   set(_maskd_bin_arg)
 endif()
+# The TLS/token tests (test_client_security.py) run against maskd_fake (server_tests.cmake).
+list(APPEND _maskd_bin_arg --maskd-fake $<TARGET_FILE:maskd_fake>)
 add_test(NAME client_python_test
          COMMAND ${MASKD_PYTHON} -m pytest -v -p no:cacheprovider tests ${_maskd_bin_arg}
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/client/python)

@@ -36,3 +36,7 @@ maskd_add_test(hardening_config_test SOURCES hardening_config_test.cc
 # Issue #14 hardening with the real engine (the built-in demo model; needs no golden data).
 maskd_add_test(hardening_e2e_test SOURCES hardening_e2e_test.cc
                LIBS maskd_server maskd_model maskd_client)
+# Issue #14 security: TLS, mutual TLS, bearer tokens, health exemption, reflection, maskctl's flags;
+# certificates made at test time by make_test_certs.sh (openssl CLI).
+maskd_add_test(server_security_test SOURCES server_security_test.cc
+               LIBS maskd_server maskctl_commands maskd_fake_engine PkgConfig::HTTPLIB)

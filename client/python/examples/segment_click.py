@@ -19,6 +19,10 @@ def main():
     ap.add_argument("--point", action="append", required=True,
                     help="x,y[,label] in image pixels (label 1 foreground, 0 background); repeatable")
     ap.add_argument("--out", help="write the image with the best mask blended in as PNG")
+    ap.add_argument("--tls-ca", help="PEM CA certificate of maskd's TLS certificate (enables TLS)")
+    ap.add_argument("--tls-cert", help="PEM client certificate for mutual TLS (with --tls-key)")
+    ap.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    ap.add_argument("--token-file", help="file holding the bearer token (else $MASKD_TOKEN)")
     args = ap.parse_args()
 
     points = []
@@ -26,7 +30,8 @@ def main():
         v = [float(t) for t in p.split(",")]
         points.append((v[0], v[1], int(v[2]) if len(v) > 2 else 1))
     data = open(args.image, "rb").read()
-    with MaskdClient(args.server) as client:
+    with MaskdClient(args.server, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                     token_file=args.token_file) as client:
         r = client.segment(data, points=points, multimask=True)
     pr = r.prompts[0]
     for i, m in enumerate(pr.masks):

@@ -16,6 +16,7 @@ cache miss, never an error. `MaskdClient(..., affinity_header=False)` turns it o
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -167,17 +168,68 @@ def build_segment_request(image: Union[bytes, str, None], prompts: Sequence[mask
     return req
 
 
+def _read_flag_file(flag: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{flag} = {path!r} cannot be read (expected a readable file): "
+                         f"{e.strerror}") from None
+
+
+def _channel_credentials(tls, tls_ca, tls_cert, tls_key, token, token_file):
+    """grpc.ChannelCredentials for the security options, or None for plaintext."""
+    if bool(tls_cert) != bool(tls_key):
+        raise ValueError("tls_cert and tls_key go together (expected both or neither)")
+    if token and token_file:
+        raise ValueError(f"token and token_file = {token_file!r} both given (expected one)")
+    if token_file:
+        lines = [l.strip() for l in _read_flag_file("token_file", token_file).decode().splitlines()]
+        token = next((l for l in lines if l), "")
+        if not token:
+            raise ValueError(f"token_file = {token_file!r} holds no token (expected it on the first "
+                             "non-empty line)")
+    elif not token:
+        token = os.environ.get("MASKD_TOKEN", "").strip() or None
+    tls = tls or bool(tls_ca) or bool(tls_cert)
+    if not tls:
+        if token:
+            # The token itself is never part of a message.
+            raise ValueError("a bearer token (token, token_file or $MASKD_TOKEN) without TLS "
+                             "(expected tls=True or tls_ca: tokens are sent over TLS only)")
+        return None
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read_flag_file("tls_ca", tls_ca) if tls_ca else None,
+        private_key=_read_flag_file("tls_key", tls_key) if tls_key else None,
+        certificate_chain=_read_flag_file("tls_cert", tls_cert) if tls_cert else None)
+    if token:
+        # access_token_call_credentials sends "authorization: Bearer <token>".
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.access_token_call_credentials(token))
+    return credentials
+
+
 class MaskdClient:
     """A connection to one maskd server (or a proxy in front of several). Thread-safe.
 
     affinity_header: send x-maskd-image-id on Embed/Segment/SegmentStream (see the module's doc).
     identity_retry: after a failed GetInfo for the model identity, seconds during which calls with
     bytes go without the header before the identity is asked for again.
+
+    Security (the same options as maskctl's --tls/--tls-ca/--tls-cert/--tls-key/--tls-server-name/
+    --token/--token-file): tls=True, or any of tls_ca (PEM file of the CA that signed maskd's
+    certificate; None: the system's roots), tls_cert+tls_key (PEM files for mutual TLS), connects
+    with TLS. token (or the first non-empty line of token_file, or $MASKD_TOKEN) is sent on every
+    call as "authorization: Bearer <token>"; TLS only (ValueError otherwise), because maskd accepts
+    tokens over TLS only and gRPC does not attach call credentials to a plaintext channel.
     """
 
     def __init__(self, target: str = "localhost:50051", timeout: float = 30.0,
                  max_message_bytes: int = 512 << 20, affinity_header: bool = True,
-                 identity_retry: float = 10.0):
+                 identity_retry: float = 10.0, *, tls: bool = False, tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 tls_server_name: Optional[str] = None, token: Optional[str] = None,
+                 token_file: Optional[str] = None):
         self.target = target
         self.timeout = timeout
         self.affinity_header = affinity_header
@@ -187,10 +239,17 @@ class MaskdClient:
         self._identity_lock = threading.Lock()
         self._identity: Optional[str] = None
         self._identity_failed_at: Optional[float] = None
-        self._channel = grpc.insecure_channel(target, options=[
+        options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
-        ])
+        ]
+        credentials = _channel_credentials(tls, tls_ca, tls_cert, tls_key, token, token_file)
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            self._channel = grpc.secure_channel(target, credentials, options=options)
         self.stub = maskd_pb2_grpc.MaskServiceStub(self._channel)
 
     def __enter__(self) -> "MaskdClient":

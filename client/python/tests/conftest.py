@@ -11,6 +11,9 @@ from maskd_server import MaskdProcess, wait_serving  # noqa: E402
 def pytest_addoption(parser):
     parser.addoption("--maskd", default=os.environ.get("MASKD_BIN", ""),
                      help="path of the maskd binary (default: env MASKD_BIN)")
+    parser.addoption("--maskd-fake", default=os.environ.get("MASKD_FAKE_BIN", ""),
+                     help="path of tests' maskd_fake (maskd around the fake engine; default: env "
+                          "MASKD_FAKE_BIN), for the TLS/token tests")
 
 
 def _in_ci():

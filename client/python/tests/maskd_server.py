@@ -13,9 +13,10 @@ class MaskdProcess:
     line `listening on HOST:PORT`."""
 
     def __init__(self, binary, checkpoint, extra_args=(), startup_timeout=180.0):
+        """checkpoint None: no --checkpoint (maskd_fake, whose engine needs none)."""
         self.binary = binary
-        args = [binary, "--checkpoint", checkpoint, "--device", "cpu", "--listen", "127.0.0.1:0",
-                *extra_args]
+        args = [binary, *(["--checkpoint", checkpoint] if checkpoint else []), "--device", "cpu",
+                "--listen", "127.0.0.1:0", *extra_args]
         self.log = []
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      bufsize=1)
