@@ -36,3 +36,7 @@ maskd_add_test(hardening_config_test SOURCES hardening_config_test.cc
 # Issue #14 hardening with the real engine (the built-in demo model; needs no golden data).
 maskd_add_test(hardening_e2e_test SOURCES hardening_e2e_test.cc
                LIBS maskd_server maskd_model maskd_client)
+
+# Soak: mixed traffic against an in-process server (fake engines) for MASKD_SOAK_SECONDS (default
+# 20 s in the suite; CI's soak step runs it longer): answered exactly once, no losses, flat RSS.
+maskd_add_test(soak_test SOURCES soak_test.cc LIBS maskd_server maskd_fake_engine LABELS cpu soak)
