@@ -61,6 +61,7 @@ APT_PACKAGES=(
   libpng-dev libjpeg-dev libwebp-dev libexif-dev libssl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcpp-httplib-dev chromium chromium-driver
+  clang libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for .ci/run's fuzz build
 )
 if [ "${MASKD_SKIP_APT:-0}" != 1 ]; then
   missing=()
