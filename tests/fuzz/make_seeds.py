@@ -5,7 +5,11 @@ bytes. Committed together with its output; rerun only to change the seeds:
   .venv/bin/python -m grpc_tools.protoc -Iproto --python_out=/tmp/pb proto/maskd/v1/maskd.proto
   PYTHONPATH=/tmp/pb .venv/bin/python tests/fuzz/make_seeds.py tests/fuzz/corpus
 
-Needs Pillow (with WebP), torch and the generated maskd_pb2."""
+Needs Pillow (with WebP), torch and the generated maskd_pb2.
+
+Not written by this script, kept beside its output: inputs that found something, as regression cases
+(fuzz_checkpoint/torch_zip_reader_leak: a damaged zip on which LibTorch's reader leaks, see
+RELIABILITY.md and tests/fuzz/lsan.supp)."""
 import io
 import json
 import os
