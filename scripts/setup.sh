@@ -62,6 +62,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcpp-httplib-dev chromium chromium-driver prometheus-cpp-dev haproxy
   openssl
+  clang libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for .ci/run's fuzz build
 )
 if [ "${MASKD_SKIP_APT:-0}" != 1 ]; then
   missing=()

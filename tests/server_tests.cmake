@@ -40,3 +40,7 @@ maskd_add_test(hardening_e2e_test SOURCES hardening_e2e_test.cc
 # certificates made at test time by make_test_certs.sh (openssl CLI).
 maskd_add_test(server_security_test SOURCES server_security_test.cc
                LIBS maskd_server maskctl_commands maskd_fake_engine PkgConfig::HTTPLIB)
+
+# Soak: mixed traffic against an in-process server (fake engines) for MASKD_SOAK_SECONDS (default
+# 20 s in the suite; CI's soak step runs it longer): answered exactly once, no losses, flat RSS.
+maskd_add_test(soak_test SOURCES soak_test.cc LIBS maskd_server maskd_fake_engine LABELS cpu soak)
