@@ -198,6 +198,7 @@ Status FromGrpcStatus(const grpc::Status& status) {
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::INTERNAL:
     case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::UNAUTHENTICATED:
       return {static_cast<StatusCode>(status.error_code()), status.error_message()};
     default:
       return Internal(std::string("gRPC status ") + GrpcCodeName(status.error_code()) + ": " +

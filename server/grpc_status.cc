@@ -15,6 +15,7 @@ grpc::Status ToGrpcStatus(const Status& status) {
       return {grpc::StatusCode::FAILED_PRECONDITION, status.message()};
     case StatusCode::kInternal: return {grpc::StatusCode::INTERNAL, status.message()};
     case StatusCode::kUnavailable: return {grpc::StatusCode::UNAVAILABLE, status.message()};
+    case StatusCode::kUnauthenticated: return {grpc::StatusCode::UNAUTHENTICATED, status.message()};
   }
   return {grpc::StatusCode::INTERNAL,
           "unmapped maskd status code " + std::to_string(static_cast<int>(status.code())) + ": " +

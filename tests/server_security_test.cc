@@ -128,18 +128,16 @@ client::ClientSecurity TrustingCa(std::string token = "") {
   return s;
 }
 
-// maskd::StatusCode has no UNAUTHENTICATED (model/api/status.h), so the client library reports it
-// as INTERNAL naming the gRPC code; the server's own message follows the colon and must be empty.
-constexpr char kUnauthenticatedNoDetail[] = "gRPC status UNAUTHENTICATED: ";
+// The client library keeps UNAUTHENTICATED (maskd::StatusCode::kUnauthenticated); the server's
+// message must be empty.
 bool IsUnauthenticated(const Status& s) {
-  return s.code() == StatusCode::kInternal && s.message() == kUnauthenticatedNoDetail;
+  return s.code() == StatusCode::kUnauthenticated && s.message().empty();
 }
 
 // Health (when not exempt) and reflection are refused by gRPC's auth filter, whose message in gRPC
 // 1.51 is its own error chain (no request data, no token): the code is what is promised there.
 bool IsUnauthenticatedByGrpc(const Status& s) {
-  return s.code() == StatusCode::kInternal && s.message().rfind(kUnauthenticatedNoDetail, 0) == 0 &&
-         s.message().find(kToken) == std::string::npos;
+  return s.code() == StatusCode::kUnauthenticated && s.message().find(kToken) == std::string::npos;
 }
 
 class ServerSecurity : public ::testing::Test {

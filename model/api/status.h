@@ -22,6 +22,9 @@ enum class StatusCode : int {
   kFailedPrecondition = 9,
   kInternal = 13,
   kUnavailable = 14,
+  // --auth-tokens: a call without an accepted token (server/security.h). The server's message is
+  // empty on purpose; the client library keeps the code instead of folding it into kInternal.
+  kUnauthenticated = 16,
 };
 
 const char* StatusCodeName(StatusCode code);
