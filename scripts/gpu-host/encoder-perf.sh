@@ -37,7 +37,10 @@ if has build; then
   { time cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMASKD_WITH_WEBP=OFF -DMASKD_WITH_EXIF=OFF \
       -DMASKD_GOLDEN_DIR="$PWD/.carry/golden" -DMASKD_PYTHON=python3 &&
     time cmake --build "$build" -j "$(nproc)"; } > "$out/misc/build.log" 2>&1
-  echo "build rc=$?"; grep -E "error|FAILED" "$out/misc/build.log" | head -20; tail -3 "$out/misc/build.log"
+  rc=$?
+  echo "build rc=$rc"; grep -E "error|FAILED" "$out/misc/build.log" | head -20; tail -3 "$out/misc/build.log"
+  # Nothing after this is worth device time without binaries (the anchors alone compare nothing).
+  [ $rc -eq 0 ] || { echo "build failed: skipping the other steps"; steps=""; build_failed=1; }
 fi
 
 if has tests; then
@@ -100,3 +103,4 @@ fi
 
 tar -C "$out" -czf "$out/misc.tar.gz" misc && rm -rf "$out/misc"
 ls -la "$out"
+exit ${build_failed:-0}

@@ -15,6 +15,8 @@ if [ "${SERVED_SKIP_UNPACK:-0}" != 1 ]; then  # 1: a machine with the packages (
   source scripts/gpu-host/unpack.sh .gpu-debs /tmp/gpu-prefix > /dev/null
   export LD_LIBRARY_PATH="$(python3 -c 'import os,torch;print(os.path.dirname(torch.__file__))')/lib:$LD_LIBRARY_PATH"
 fi
+[ -x "$build/server/maskd" ] && [ -x "$build/load_tests/maskload" ] ||
+  { echo "served-bench.sh: no maskd/maskload in $build (did the build step fail?)" >&2; exit 1; }
 port=50090
 summary=()
 for run in "$@"; do
@@ -31,7 +33,11 @@ for run in "$@"; do
   [ -n "$extra" ] && flags+=($extra)
   "$build/server/maskd" "${flags[@]}" > "$out/maskd-$name.log" 2>&1 &
   pid=$!
-  for i in $(seq 1 180); do "$build/client/maskctl" --server 127.0.0.1:$port health > /dev/null 2>&1 && break; sleep 1; done
+  for i in $(seq 1 180); do
+    "$build/client/maskctl" --server 127.0.0.1:$port health > /dev/null 2>&1 && break
+    kill -0 $pid 2>/dev/null || { echo "served-bench.sh: maskd exited during start-up, see $out/maskd-$name.log" >&2; break; }
+    sleep 1
+  done
   "$build/load_tests/maskload" --server 127.0.0.1:$port --workload "$workload" -c "$conc" --warmup 5 --window 5 \
     --max-duration "$duration" --channels 8 --out "$out/served-$name" --no-plot -q > "$out/maskload-$name.log" 2>&1
   rc=$?
