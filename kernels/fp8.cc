@@ -1,6 +1,6 @@
-// fp8 (e4m3) linear layers with row-wise scales (kernels.h). LibTorch only: the GEMM is
-// at::_scaled_mm's CUTLASS kernel, the quantisation three ATen passes for now (absmax, divide+clamp,
-// cast); fusing it into the kernel that produces the activation is the next step (issue #12).
+// fp8 (e4m3) linear layers with row-wise scales (kernels.h). The GEMM is at::_scaled_mm's CUTLASS
+// kernel; the activation quantisation is one CUDA pass (fp8.cu, optionally with the GELU before it)
+// and, off CUDA and as the reference, the LibTorch passes below.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -17,13 +17,18 @@ constexpr double kE4m3Max = 448.0;
 constexpr double kMinScale = 1.1754943508222875e-38;
 
 // Row-wise quantisation of a 2-D tensor along dim 1: scales [rows, 1].
-std::pair<at::Tensor, at::Tensor> QuantizeRows(const at::Tensor& x) {
+void CheckRows(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2, "fp8 quantisation: expected a 2-D tensor, got ", internal::Describe(x));
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), "fp8 quantisation: expected a float tensor, got ",
               internal::Describe(x));
-  // |max| is exact in any float dtype; the scales are float32.
+}
+
+std::pair<at::Tensor, at::Tensor> QuantizeRows(const at::Tensor& x) {
+  CheckRows(x);
+  // |max| is exact in any float dtype; the scales are float32, amax * fl(1/448) (the CUDA kernel
+  // multiplies by the same rounded reciprocal, so both give the same bits).
   const at::Tensor scales =
-      (x.abs().amax(1, /*keepdim=*/true).to(at::kFloat) / kE4m3Max).clamp_min(kMinScale);
+      (x.abs().amax(1, /*keepdim=*/true).to(at::kFloat) * (1.0 / kE4m3Max)).clamp_min(kMinScale);
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
   // The division runs in fp32, in row chunks: an fp32 copy of a whole activation (vit_h's fc2 input
   // at batch 32 is 131072 x 5120) would cost gigabytes.
@@ -39,9 +44,35 @@ std::pair<at::Tensor, at::Tensor> QuantizeRows(const at::Tensor& x) {
 
 }  // namespace
 
-Fp8Rows QuantizeRowsFp8(const at::Tensor& x) {
-  auto [q, s] = QuantizeRows(x);
+Fp8Rows QuantizeRowsFp8Reference(const at::Tensor& x, bool gelu) {
+  CheckRows(x);
+  auto [q, s] = QuantizeRows(gelu ? at::gelu(x.to(at::kFloat)) : x);
   return {q, s};
+}
+
+Fp8Rows QuantizeRowsFp8(const at::Tensor& x, bool gelu, Stream stream) {
+  CheckRows(x);
+#ifdef MASKD_WITH_CUDA
+  if (x.is_cuda()) {
+    internal::StreamScope scope(stream, x.device());
+    const at::Tensor xc = x.stride(1) == 1 ? x : x.contiguous();
+    Fp8Rows r;
+    r.values = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+    r.scales = at::empty({x.size(0), 1}, x.options().dtype(at::kFloat));
+    if (x.numel() == 0) {
+      r.scales.fill_(kMinScale);
+      return r;
+    }
+    internal::CheckLaunch(
+        detail::LaunchQuantizeRowsFp8(xc.data_ptr(), internal::ToDType(x.scalar_type(), "x"),
+                                      xc.size(0), xc.size(1), xc.stride(0), gelu,
+                                      r.values.data_ptr(), r.scales.data_ptr<float>(), scope.get()),
+        gelu ? "QuantizeRowsFp8Kernel (gelu)" : "QuantizeRowsFp8Kernel");
+    return r;
+  }
+#endif
+  (void)stream;
+  return QuantizeRowsFp8Reference(x, gelu);
 }
 
 Fp8Weight QuantizeWeightFp8(const at::Tensor& w) {

@@ -237,7 +237,11 @@ struct Fp8Rows {
   at::Tensor values;  // float8_e4m3fn [M, K]
   at::Tensor scales;  // float32 [M, 1]
 };
-Fp8Rows QuantizeRowsFp8(const at::Tensor& x);  // x [M, K], any float dtype and device
+// x [M, K], any float dtype and device; gelu: quantise at::gelu(x) (erf form, in fp32) instead,
+// for the input of the layer after a GELU. CUDA: one pass (fp8.cu), bit-identical to the reference
+// without gelu; elsewhere the reference.
+Fp8Rows QuantizeRowsFp8(const at::Tensor& x, bool gelu = false, Stream stream = nullptr);
+Fp8Rows QuantizeRowsFp8Reference(const at::Tensor& x, bool gelu = false);
 struct Fp8Weight {
   at::Tensor values;  // float8_e4m3fn [N, K] (row-major: .t() is the column-major B operand)
   at::Tensor scales;  // float32 [1, N]

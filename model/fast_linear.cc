@@ -72,17 +72,22 @@ class Fp8Linear final : public FastLinear {
         bias_(l->bias.defined() ? l->bias.detach() : at::Tensor()),
         out_features_(l->weight.size(0)) {}
 
-  at::Tensor Forward(const at::Tensor& x) const override {
+  at::Tensor Forward(const at::Tensor& x) const override { return Run(x, /*gelu=*/false); }
+  // GELU inside the quantisation pass (computed in fp32 from the bf16 pre-activation, so it is not
+  // rounded to bf16 before quantising as a separate at::gelu would be).
+  at::Tensor ForwardGelu(const at::Tensor& x) const override { return Run(x, /*gelu=*/true); }
+  const char* name() const override { return "fp8-e4m3"; }
+
+ private:
+  at::Tensor Run(const at::Tensor& x, bool gelu) const {
     const int64_t k = x.size(-1);
-    const at::Tensor y = kernels::Fp8Linear(kernels::QuantizeRowsFp8(x.reshape({-1, k})), w_, bias_,
-                                            x.scalar_type());
+    const at::Tensor y = kernels::Fp8Linear(kernels::QuantizeRowsFp8(x.reshape({-1, k}), gelu), w_,
+                                            bias_, x.scalar_type());
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = out_features_;
     return y.view(shape);
   }
-  const char* name() const override { return "fp8-e4m3"; }
 
- private:
   kernels::Fp8Weight w_;
   at::Tensor bias_;
   int64_t out_features_;

@@ -18,6 +18,9 @@ class FastLinear {
   virtual ~FastLinear() = default;
   // x: [..., in_features] -> [..., out_features] in x's dtype.
   virtual at::Tensor Forward(const at::Tensor& x) const = 0;
+  // Forward(gelu(x)), erf GELU: a replacement that quantises its input may fold the GELU into that
+  // pass (fp8) instead of a separate element-wise pass over the activation.
+  virtual at::Tensor ForwardGelu(const at::Tensor& x) const { return Forward(at::gelu(x)); }
   virtual const char* name() const = 0;
 };
 

@@ -45,9 +45,9 @@ MlpBlockImpl::MlpBlockImpl(int64_t dim, int64_t hidden) {
 }
 
 at::Tensor MlpBlockImpl::forward(const at::Tensor& x) {
-  at::Tensor h = LinearForward(lin1, lin1_fast, x);
-  h = at::gelu(h);
-  return LinearForward(lin2, lin2_fast, h);
+  const at::Tensor h = LinearForward(lin1, lin1_fast, x);
+  if (lin2_fast) return lin2_fast->ForwardGelu(h);
+  return lin2->forward(at::gelu(h));
 }
 
 namespace {
