@@ -433,8 +433,16 @@ Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
     item.encoding = encoding;
     items.push_back(std::move(item));
   }
+  const Clock::time_point t0 = Clock::now();
   StatusOr<std::vector<std::vector<MaskData>>> masks = worker->engine().Postprocess(items);
+  worker->stages()[Stage::kPostprocessMasks].Add(MicrosSince(t0));
   if (!masks.ok()) return masks.status();
+  const Clock::time_point t1 = Clock::now();
+  struct EncodeTimer {  // every return below counts as the end of the encoding
+    StageWindow& window;
+    Clock::time_point start;
+    ~EncodeTimer() { window.Add(MicrosSince(start)); }
+  } encode_timer{worker->stages()[Stage::kPostprocessEncode], t1};
   if (masks->size() != items.size()) {
     return Internal("Engine::Postprocess returned " + std::to_string(masks->size()) +
                     " results for " + std::to_string(items.size()) + " prompts");

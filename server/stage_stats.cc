@@ -67,6 +67,8 @@ const char* StageName(Stage s) {
     case Stage::kDecoderCompute: return "decoder_compute";
     case Stage::kPostprocessQueue: return "postprocess_queue";
     case Stage::kPostprocess: return "postprocess";
+    case Stage::kPostprocessMasks: return "postprocess_masks";
+    case Stage::kPostprocessEncode: return "postprocess_encode";
     case Stage::kTotal: return "total";
   }
   return "unknown";

@@ -52,9 +52,14 @@ enum class Stage {
   kDecoderCompute,
   kPostprocessQueue,
   kPostprocess,
+  // The two parts of kPostprocess: the engine's mask pass (upscale, threshold, RLE runs on the
+  // device, and the copies to the host) and the encoding on the CPU (COCO RLE strings, PNG,
+  // polygons, the result store).
+  kPostprocessMasks,
+  kPostprocessEncode,
   kTotal,
 };
-inline constexpr int kNumStages = 9;
+inline constexpr int kNumStages = 11;
 const char* StageName(Stage s);  // "decode_queue", ..., "total"
 
 // One StageWindow per Stage.

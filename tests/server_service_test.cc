@@ -960,7 +960,8 @@ TEST(ServerService, GetInfoReportsModelLimitsStagesAndCalls) {
   std::map<std::string, v1::StageTiming> stages;
   for (const auto& s : info.stages()) stages[s.stage()] = s;
   for (const char* name : {"decode_queue", "decode", "encoder_queue", "encoder_compute", "decoder_queue",
-                           "decoder_compute", "postprocess_queue", "postprocess", "total"}) {
+                           "decoder_compute", "postprocess_queue", "postprocess", "postprocess_masks",
+                           "postprocess_encode", "total"}) {
     ASSERT_TRUE(stages.count(name)) << name;
     EXPECT_EQ(stages[name].count(), 1u) << name;
   }
@@ -970,7 +971,7 @@ TEST(ServerService, GetInfoReportsModelLimitsStagesAndCalls) {
   EXPECT_DOUBLE_EQ(stages["total"].p50_us(), stages["total"].mean_us());
   EXPECT_DOUBLE_EQ(stages["total"].p99_us(), stages["total"].mean_us());
   ASSERT_EQ(info.devices_size(), 1);
-  EXPECT_EQ(info.devices(0).stages_size(), 9);
+  EXPECT_EQ(info.devices(0).stages_size(), 11);
   EXPECT_EQ(info.devices(0).name(), "fake cpu");
   EXPECT_EQ(info.cache().results(), 1u);
   EXPECT_GT(info.cache().result_bytes(), 0u);
