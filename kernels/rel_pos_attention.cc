@@ -62,6 +62,34 @@ at::Tensor AlignedForKernel(const at::Tensor& t) {
   return ok ? t : t.contiguous();
 }
 
+// The fields both modes fill alike: q/k/v (aligned for the kernel) and their strides, heads, head
+// dim, scale; the caller sets the rest (out, batch, seq, grid, bias source, window mode).
+struct QkvForKernel {
+  at::Tensor q, k, v;
+};
+QkvForKernel FillQkvArgs(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                         double scale, detail::RelPosAttentionArgs& a) {
+  QkvForKernel t{AlignedForKernel(q_in), AlignedForKernel(k_in), AlignedForKernel(v_in)};
+  a.q = t.q.data_ptr();
+  a.k = t.k.data_ptr();
+  a.v = t.v.data_ptr();
+  for (int d = 0; d < 3; ++d) {
+    a.q_stride[d] = t.q.stride(d);
+    a.k_stride[d] = t.k.stride(d);
+    a.v_stride[d] = t.v.stride(d);
+  }
+  a.heads = static_cast<int>(t.q.size(1));
+  a.head_dim = static_cast<int>(t.q.size(3));
+  a.scale = static_cast<float>(scale);
+  return t;
+}
+
+void Launch(const detail::RelPosAttentionArgs& a, at::ScalarType q_dtype, cudaStream_t stream) {
+  const detail::DType dtype = internal::ToDType(q_dtype, "q");
+  internal::CheckLaunch(detail::LaunchRelPosAttention(a, dtype, stream),
+                        detail::RelPosAttentionKernelName(a, dtype));
+}
+
 // rev_tables set: the kernel makes the bias rows from it, and rel_h_in / rel_w_in are only shape
 // witnesses (checked, never read).
 at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -83,9 +111,9 @@ at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
   TORCH_CHECK(H <= 65535 && B <= 65535, "RelPosAttention on CUDA: expected B and H <= 65535, got ",
               Describe(q_in));
   internal::StreamScope scope(stream, q_in.device());
-  const at::Tensor q = AlignedForKernel(q_in);
-  const at::Tensor k = AlignedForKernel(k_in);
-  const at::Tensor v = AlignedForKernel(v_in);
+  detail::RelPosAttentionArgs a;
+  const QkvForKernel qkv = FillQkvArgs(q_in, k_in, v_in, scale, a);
+  const at::Tensor& q = qkv.q;
   auto last_contiguous = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };
   const bool witnesses = rev_tables.defined();  // never read: no copy of the expanded views
   const at::Tensor rel_h = witnesses ? rel_h_in : last_contiguous(rel_h_in);
@@ -93,17 +121,8 @@ at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
   at::Tensor out = at::empty({B, N, H, D}, q.options());
   if (out.numel() == 0) return out;
 
-  detail::RelPosAttentionArgs a;
-  a.q = q.data_ptr();
-  a.k = k.data_ptr();
-  a.v = v.data_ptr();
   a.rel_h = rel_h.data_ptr();
   a.rel_w = rel_w.data_ptr();
-  for (int d = 0; d < 3; ++d) {
-    a.q_stride[d] = q.stride(d);
-    a.k_stride[d] = k.stride(d);
-    a.v_stride[d] = v.stride(d);
-  }
   // (b, h, query grid row, query grid column) strides.
   auto grid_strides = [&](const at::Tensor& t, int64_t* s) {
     s[0] = t.stride(0);
@@ -126,15 +145,10 @@ at::Tensor RelPosAttentionCuda(const at::Tensor& q_in, const at::Tensor& k_in,
   }
   a.out = out.data_ptr();
   a.batch = static_cast<int>(B);
-  a.heads = static_cast<int>(H);
   a.seq = static_cast<int>(N);
-  a.head_dim = static_cast<int>(D);
   a.grid_h = static_cast<int>(grid_h);
   a.grid_w = static_cast<int>(grid_w);
-  a.scale = static_cast<float>(scale);
-  const detail::DType dtype = internal::ToDType(q.scalar_type(), "q");
-  internal::CheckLaunch(detail::LaunchRelPosAttention(a, dtype, scope.get()),
-                        detail::RelPosAttentionKernelName(a, dtype));
+  Launch(a, q.scalar_type(), scope.get());
   return out;
 }
 #endif
@@ -164,9 +178,9 @@ at::Tensor RelPosWindowAttentionCuda(const at::Tensor& q_in, const at::Tensor& k
               "RelPosWindowAttention on CUDA: expected heads and windows <= 65535, got ",
               Describe(q_in), " in ", nh * nw, " windows per image");
   internal::StreamScope scope(stream, q_in.device());
-  const at::Tensor q = AlignedForKernel(q_in);
-  const at::Tensor k = AlignedForKernel(k_in);
-  const at::Tensor v = AlignedForKernel(v_in);
+  detail::RelPosAttentionArgs a;
+  const QkvForKernel qkv = FillQkvArgs(q_in, k_in, v_in, scale, a);
+  const at::Tensor& q = qkv.q;
   // The pad rows are read with 16-byte copies at h * D: contiguous and aligned.
   auto pad_row = [&](const at::Tensor& t) {
     at::Tensor c = t.to(q.scalar_type()).contiguous();
@@ -178,15 +192,6 @@ at::Tensor RelPosWindowAttentionCuda(const at::Tensor& q_in, const at::Tensor& k
   at::Tensor out = at::empty({B, img_h * img_w, H, D}, q.options());
   if (out.numel() == 0) return out;
 
-  detail::RelPosAttentionArgs a;
-  a.q = q.data_ptr();
-  a.k = k.data_ptr();
-  a.v = v.data_ptr();
-  for (int d = 0; d < 3; ++d) {
-    a.q_stride[d] = q.stride(d);
-    a.k_stride[d] = k.stride(d);
-    a.v_stride[d] = v.stride(d);
-  }
   a.rel_tables = tables.data_ptr();
   a.window = static_cast<int>(window);
   a.img_h = static_cast<int>(img_h);
@@ -195,14 +200,9 @@ at::Tensor RelPosWindowAttentionCuda(const at::Tensor& q_in, const at::Tensor& k
   a.pad_v = pad_v.data_ptr();
   a.out = out.data_ptr();
   a.batch = static_cast<int>(B * nh * nw);
-  a.heads = static_cast<int>(H);
   a.seq = static_cast<int>(seq);
-  a.head_dim = static_cast<int>(D);
   a.grid_h = a.grid_w = static_cast<int>(window);
-  a.scale = static_cast<float>(scale);
-  const detail::DType dtype = internal::ToDType(q.scalar_type(), "q");
-  internal::CheckLaunch(detail::LaunchRelPosAttention(a, dtype, scope.get()),
-                        detail::RelPosAttentionKernelName(a, dtype));
+  Launch(a, q.scalar_type(), scope.get());
   return out;
 }
 #endif

@@ -7,6 +7,15 @@
 namespace maskd {
 namespace {
 
+// x [..., k] as one [rows, k] matrix through gemm, viewed back to [..., out_features].
+template <typename Gemm>
+at::Tensor Flattened(const at::Tensor& x, int64_t out_features, Gemm&& gemm) {
+  const at::Tensor y = gemm(x.reshape({-1, x.size(-1)}));
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = out_features;
+  return y.view(shape);
+}
+
 class Int8Linear final : public FastLinear {
  public:
   explicit Int8Linear(const torch::nn::Linear& l)
@@ -15,13 +24,9 @@ class Int8Linear final : public FastLinear {
         out_features_(l->weight.size(0)) {}
 
   at::Tensor Forward(const at::Tensor& x) const override {
-    const int64_t k = x.size(-1);
-    const at::Tensor x2 = x.reshape({-1, k});
-    const auto q = kernels::QuantizePerToken(x2);
-    at::Tensor y = kernels::Int8Linear(q, w_, bias_, x.scalar_type());
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = out_features_;
-    return y.view(shape);
+    return Flattened(x, out_features_, [&](const at::Tensor& x2) {
+      return kernels::Int8Linear(kernels::QuantizePerToken(x2), w_, bias_, x.scalar_type());
+    });
   }
   const char* name() const override { return "int8"; }
 
@@ -80,12 +85,9 @@ class Fp8Linear final : public FastLinear {
 
  private:
   at::Tensor Run(const at::Tensor& x, bool gelu) const {
-    const int64_t k = x.size(-1);
-    const at::Tensor y = kernels::Fp8Linear(kernels::QuantizeRowsFp8(x.reshape({-1, k}), gelu), w_,
-                                            bias_, x.scalar_type());
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = out_features_;
-    return y.view(shape);
+    return Flattened(x, out_features_, [&](const at::Tensor& x2) {
+      return kernels::Fp8Linear(kernels::QuantizeRowsFp8(x2, gelu), w_, bias_, x.scalar_type());
+    });
   }
 
   kernels::Fp8Weight w_;
