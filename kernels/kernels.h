@@ -185,6 +185,11 @@ struct MaskPostprocessOutput {
   //   concatenated, int32 [total]; rle_offsets [M + 1] int64 into it. On the host (CPU tensors).
   at::Tensor rle_counts;
   at::Tensor rle_offsets;
+  // want_rle on CUDA only (undefined from the reference): the same runs as COCO's compressed counts
+  // string (pycocotools' rleToString; model/io/rle.h RleCountsToString), all masks concatenated,
+  // uint8 [chars] with rle_string_offsets [M + 1] int64. On the host.
+  at::Tensor rle_string;
+  at::Tensor rle_string_offsets;
   // want_bitmask: [sum(orig_h * orig_w)] uint8 (0/1), each mask row-major at bitmask_offsets[m]
   //   ([M + 1] int64). On the host.
   at::Tensor bitmask;

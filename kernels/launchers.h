@@ -188,6 +188,14 @@ cudaError_t LaunchMaskRleWrite(const MaskRleArgs& args, cudaStream_t stream);
 cudaError_t LaunchMaskRleDiff(const int32_t* positions, const int64_t* offsets,
                               const int64_t* table, int num_masks, int32_t* counts,
                               cudaStream_t stream);
+// COCO's compressed RLE string (pycocotools rleToString) from the counts of LaunchMaskRleDiff:
+// run j of mask m is x = counts[j] - (j > 2 ? counts[j - 2] : 0) within its region, written as
+// 5-bit groups, low first, each char = group (| 0x20 when more follow) + 48. Lengths gives each
+// run's number of chars; Write puts them at char_pos[i] (an exclusive scan of the lengths).
+cudaError_t LaunchRleStringLengths(const int32_t* counts, const int64_t* offsets, int num_masks,
+                                   int32_t* lengths, cudaStream_t stream);
+cudaError_t LaunchRleStringWrite(const int32_t* counts, const int64_t* offsets, int num_masks,
+                                 const int64_t* char_pos, uint8_t* chars, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------
 // int8 (int8.cu).

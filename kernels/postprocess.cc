@@ -190,6 +190,29 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
     out.rle_counts = at::empty({total}, pinned(at::kInt));
     out.rle_counts.copy_(rle_dev, /*non_blocking=*/true);
     out.rle_offsets = offsets_host;
+
+    // COCO's string too, so that the host only copies bytes (a noisy 1024 x 768 mask has ~5 x 10^4
+    // runs: ~0.3-0.6 ms of CPU per mask in RleCountsToString). One more sync sizes it.
+    at::Tensor lengths = at::empty({total}, dev.dtype(at::kInt));
+    internal::CheckLaunch(
+        detail::LaunchRleStringLengths(rle_dev.data_ptr<int32_t>(), offsets.data_ptr<int64_t>(),
+                                       ea.num_masks, lengths.data_ptr<int32_t>(), scope.get()),
+        "RleStringKernel<lengths>");
+    const at::Tensor inclusive_chars = lengths.to(at::kLong).cumsum(0);
+    const at::Tensor char_pos = (inclusive_chars - lengths).contiguous();
+    // Every region holds at least its end slot, so offsets[m] < offsets[m + 1] <= total.
+    const at::Tensor string_offsets = at::cat(
+        {char_pos.index_select(0, offsets.slice(0, 0, M)), inclusive_chars.slice(0, total - 1)});
+    out.rle_string_offsets = string_offsets.to(at::kCPU);  // synchronises: sizes the string
+    const int64_t chars_total = out.rle_string_offsets.data_ptr<int64_t>()[M];
+    at::Tensor chars = at::empty({chars_total}, dev.dtype(at::kByte));
+    internal::CheckLaunch(
+        detail::LaunchRleStringWrite(rle_dev.data_ptr<int32_t>(), offsets.data_ptr<int64_t>(),
+                                     ea.num_masks, char_pos.data_ptr<int64_t>(),
+                                     chars.data_ptr<uint8_t>(), scope.get()),
+        "RleStringKernel<write>");
+    out.rle_string = at::empty({chars_total}, pinned(at::kByte));
+    out.rle_string.copy_(chars, /*non_blocking=*/true);
   }
   at::Tensor counts_host = at::empty({M, 3}, pinned(at::kLong));
   counts_host.copy_(counts, /*non_blocking=*/true);

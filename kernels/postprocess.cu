@@ -326,6 +326,41 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The value COCO's string encodes for run i of the region [start, end).
+__device__ __forceinline__ int64_t RleStringValue(const int32_t* counts, int64_t start, int64_t i) {
+  int64_t x = counts[i];
+  if (i - start > 2) x -= counts[i - 2];
+  return x;
+}
+
+// Runs of a mask are spread over gridDim.y blocks of threads (a noisy mask has ~10^5 runs).
+template <bool kWrite>
+__global__ void __launch_bounds__(kThreads)
+    RleStringKernel(const int32_t* __restrict__ counts, const int64_t* __restrict__ offsets,
+                    int32_t* __restrict__ lengths, const int64_t* __restrict__ char_pos,
+                    uint8_t* __restrict__ chars) {
+  const int m = blockIdx.x;
+  const int64_t start = offsets[m], end = offsets[m + 1];
+  const int64_t step = static_cast<int64_t>(gridDim.y) * kThreads;
+  for (int64_t i = start + static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x; i < end; i += step) {
+    int64_t x = RleStringValue(counts, start, i);
+    int n = 0;
+    uint8_t* out = kWrite ? chars + char_pos[i] : nullptr;
+    bool more = true;
+    while (more) {
+      int c = static_cast<int>(x & 0x1f);
+      x >>= 5;  // arithmetic: a negative value converges to -1
+      more = (c & 0x10) ? x != -1 : x != 0;
+      if (more) c |= 0x20;
+      if constexpr (kWrite) out[n] = static_cast<uint8_t>(c + 48);
+      ++n;
+    }
+    if constexpr (!kWrite) lengths[i] = n;
+  }
+}
+
+constexpr int kRleStringBlocksPerMask = 16;
+
 }  // namespace
 
 cudaError_t LaunchMaskEval(const MaskEvalArgs& a, DType dtype, cudaStream_t stream) {
@@ -358,6 +393,20 @@ cudaError_t LaunchMaskRleDiff(const int32_t* positions, const int64_t* offsets,
                               const int64_t* table, int num_masks, int32_t* counts,
                               cudaStream_t stream) {
   MaskRleDiffKernel<<<num_masks, kThreads, 0, stream>>>(positions, offsets, table, counts);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRleStringLengths(const int32_t* counts, const int64_t* offsets, int num_masks,
+                                   int32_t* lengths, cudaStream_t stream) {
+  const dim3 grid(num_masks, kRleStringBlocksPerMask);
+  RleStringKernel<false><<<grid, kThreads, 0, stream>>>(counts, offsets, lengths, nullptr, nullptr);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRleStringWrite(const int32_t* counts, const int64_t* offsets, int num_masks,
+                                 const int64_t* char_pos, uint8_t* chars, cudaStream_t stream) {
+  const dim3 grid(num_masks, kRleStringBlocksPerMask);
+  RleStringKernel<true><<<grid, kThreads, 0, stream>>>(counts, offsets, nullptr, char_pos, chars);
   return cudaGetLastError();
 }
 

@@ -61,6 +61,11 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
           const int64_t* off = r.rle_offsets.data_ptr<int64_t>();
           const int32_t* cnt = r.rle_counts.data_ptr<int32_t>();
           d.rle_counts.assign(cnt + off[m], cnt + off[m + 1]);
+          if (r.rle_string.defined()) {
+            const int64_t* so = r.rle_string_offsets.data_ptr<int64_t>();
+            const char* chars = reinterpret_cast<const char*>(r.rle_string.data_ptr<uint8_t>());
+            d.rle_string.assign(chars + so[m], chars + so[m + 1]);
+          }
         } else if (enc == MaskEncoding::kBitmask) {
           const int64_t* off = r.bitmask_offsets.data_ptr<int64_t>();
           const uint8_t* bm = r.bitmask.data_ptr<uint8_t>();

@@ -478,7 +478,9 @@ Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
       mr.area = md[m].area;
       switch (encoding) {
         case MaskEncoding::kRle:
-          mr.rle_counts = RleCountsToString(md[m].rle_counts);
+          // The device's string when it made one (the same bytes: kernels_gpu tests it).
+          mr.rle_counts = md[m].rle_string.empty() ? RleCountsToString(md[m].rle_counts)
+                                                   : md[m].rle_string;
           break;
         case MaskEncoding::kBitmask: {
           if (md[m].bitmask.size() != static_cast<size_t>(w) * h) {

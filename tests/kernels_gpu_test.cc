@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "model/io/rle.h"
 
 namespace mk = maskd::kernels;
 
@@ -289,6 +290,14 @@ void ExpectMasksMatch(const mk::MaskPostprocessOutput& out, const mk::MaskPostpr
     const std::vector<uint8_t> decoded = DecodeRle(out.rle_counts.data_ptr<int32_t>() + r0, r1 - r0, oh, ow);
     EXPECT_TRUE(std::equal(decoded.begin(), decoded.end(), bm.data_ptr<uint8_t>()))
         << "GPU RLE does not decode to the GPU bitmask";
+    // The device's COCO string is exactly the host encoder's string of the same counts.
+    ASSERT_TRUE(out.rle_string.defined());
+    ASSERT_TRUE(out.rle_string.device().is_cpu());
+    const int64_t s0 = out.rle_string_offsets[m].item<int64_t>(), s1 = out.rle_string_offsets[m + 1].item<int64_t>();
+    const std::vector<uint32_t> counts(out.rle_counts.data_ptr<int32_t>() + r0, out.rle_counts.data_ptr<int32_t>() + r1);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(out.rle_string.data_ptr<uint8_t>()) + s0,
+                          reinterpret_cast<const char*>(out.rle_string.data_ptr<uint8_t>()) + s1),
+              maskd::RleCountsToString(counts));
     if (differing == 0) {
       EXPECT_TRUE(at::equal(out.bbox[m], ref.bbox[m]));
       const int64_t q0 = ref.rle_offsets[m].item<int64_t>(), q1 = ref.rle_offsets[m + 1].item<int64_t>();

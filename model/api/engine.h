@@ -239,6 +239,9 @@ struct MaskData {
   std::array<uint32_t, 4> bbox{};
   uint64_t area = 0;
   std::vector<uint32_t> rle_counts;  // kRle
+  // kRle, when the device also made COCO's compressed counts string of rle_counts (else empty: an
+  // RLE string is never empty, it holds at least one count).
+  std::string rle_string;
   std::vector<uint8_t> bitmask;      // kBitmask
 };
 
