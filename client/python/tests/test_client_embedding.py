@@ -71,3 +71,22 @@ def test_embedding_to_numpy_layout():
     with pytest.raises(ValueError, match="needs 8"):
         embedding_to_numpy(maskd_pb2.ImageEmbedding(dtype=maskd_pb2.EMBEDDING_DTYPE_FP32,
                                                     shape=[2, 4], data=b"\0" * 4))
+
+
+def test_maskctl_out_embedding_is_a_numpy_file(request, client, maskd_target, golden_dir, tmp_path):
+    """maskctl writes .npy without numpy; numpy reads it back as the same values."""
+    import subprocess
+    maskd = request.config.getoption("--maskd")
+    maskctl = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(maskd))), "client", "maskctl")
+    if not os.access(maskctl, os.X_OK):
+        pytest.skip(f"maskctl not found next to maskd ({maskctl})")
+    out = tmp_path / "emb.npy"
+    r = subprocess.run([maskctl, "--server", maskd_target, "embed", os.path.join(golden_dir, "image0.png"),
+                        "--return-embedding", "fp16", "--out-embedding", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    arr = np.load(out)
+    assert arr.dtype == np.float32 and arr.shape == (1, 256, 64, 64)
+    png, _ = _golden(golden_dir)
+    want = client.embed(png, return_embedding="fp16").features
+    assert np.array_equal(arr, want)
