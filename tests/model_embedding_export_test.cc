@@ -49,6 +49,8 @@ std::vector<float> Patterns(size_t n, uint32_t seed) {
   return v;
 }
 
+#ifndef MASKD_EMBEDDING_EXPORT_GPU  // the CPU suite (model_embedding_export_test)
+
 TEST(EmbeddingExport, ScalarRoundingMatchesC10) {
   for (float f : Patterns(2'000'000, 1)) {
     ASSERT_EQ(FloatToBf16(f), c10::BFloat16(f).x) << std::hexfloat << f;
@@ -75,6 +77,8 @@ TEST(EmbeddingExport, ScalarRoundingMatchesC10) {
   EXPECT_EQ(FloatToBf16(FromBits(0x3f808000u)), 0x3f80);  // tie, kept bit even: down
   EXPECT_EQ(FloatToBf16(FromBits(0x3f818000u)), 0x3f82);  // tie, kept bit odd: up
 }
+
+#endif
 
 std::unique_ptr<Engine> DemoEngine(const std::string& device) {
   EngineOptions o;
@@ -131,6 +135,8 @@ void CheckCraftedExport(Engine& engine, const at::Device& device, bool host_tier
   }
 }
 
+#ifndef MASKD_EMBEDDING_EXPORT_GPU
+
 TEST(EmbeddingExport, CraftedTensorOnCpuAndHostTier) {
   auto engine = DemoEngine("cpu");
   ASSERT_NE(engine, nullptr);
@@ -138,13 +144,18 @@ TEST(EmbeddingExport, CraftedTensorOnCpuAndHostTier) {
   CheckCraftedExport(*engine, at::kCPU, true);
 }
 
-TEST(EmbeddingExport, CraftedTensorOnCuda) {
+#else  // the gpu suite (model_embedding_export_gpu_test)
+
+TEST(EmbeddingExportGpu, CraftedTensorOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   auto engine = DemoEngine("cuda:0");
   ASSERT_NE(engine, nullptr);
   CheckCraftedExport(*engine, at::Device(at::kCUDA, 0), false);
   CheckCraftedExport(*engine, at::kCPU, true);  // a host-tier embedding of a CUDA engine
 }
+
+#endif
+#ifndef MASKD_EMBEDDING_EXPORT_GPU
 
 TEST(EmbeddingExport, RealEncoderOutputEqualsItsValues) {
   auto engine = DemoEngine("cpu");
@@ -166,6 +177,8 @@ TEST(EmbeddingExport, RealEncoderOutputEqualsItsValues) {
   const std::vector<uint16_t> bv = As<uint16_t>(b->data);
   for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(bv[i], FloatToBf16(want[i])) << i;
 }
+
+#endif
 
 }  // namespace
 }  // namespace maskd
