@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "client/client.h"
+#include "client/embedding.h"
 #include "client/coco_export.h"
 #include "client/mask_codec.h"
 #include "client/overlay.h"
@@ -284,31 +285,71 @@ void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, st
   {
     auto path = std::make_shared<std::string>();
     auto json = std::make_shared<bool>(false);
+    auto return_embedding = std::make_shared<std::string>();
+    auto out_embedding = std::make_shared<std::string>();
     CLI::App* embed = app.add_subcommand(
         "embed", "Compute (or find cached) the embedding of IMAGE; prints its image_id");
     embed->add_option("IMAGE", *path, "JPEG, PNG or WebP file")->required()->check(CLI::ExistingFile);
     embed->add_flag("--json", *json, "print the EmbedResponse as JSON");
-    embed->callback([&config, &run, &out, &err, path, json] {
+    embed->add_option("--return-embedding", *return_embedding,
+                      "also fetch the embedding (1x256x64x64) as fp32, bf16 or fp16 "
+                      "(bf16/fp16: 2 MiB on the wire, fp32: 4 MiB)");
+    embed->add_option("--out-embedding", *out_embedding,
+                      "write the embedding to FILE.npy as float32 (numpy format 1.0; bf16/fp16 "
+                      "widened exactly); without --return-embedding it is fetched as bf16");
+    embed->callback([&config, &run, &out, &err, path, json, return_embedding, out_embedding] {
       StatusOr<std::string> bytes = ReadFileBytes(*path);
       if (!bytes.ok()) {
         run.exit_code = Fail(err, bytes.status());
         return;
+      }
+      v1::EmbedRequest request;
+      request.mutable_image()->set_encoded(std::move(*bytes));
+      if (!return_embedding->empty() || !out_embedding->empty()) {
+        StatusOr<v1::EmbeddingDtype> d =
+            ParseEmbeddingDtype(return_embedding->empty() ? "bf16" : *return_embedding);
+        if (!d.ok()) {
+          run.exit_code = Fail(err, InvalidArgument("--return-embedding: " + d.status().message()));
+          return;
+        }
+        request.set_return_embedding(*d);
       }
       StatusOr<std::unique_ptr<Client>> client = ConnectFrom(config);
       if (!client.ok()) {
         run.exit_code = Fail(err, client.status());
         return;
       }
-      StatusOr<v1::EmbedResponse> r = (*client)->Embed(*bytes);
+      StatusOr<v1::EmbedResponse> r = (*client)->Embed(request);
       if (!r.ok()) {
         run.exit_code = Fail(err, r.status());
         return;
+      }
+      if (!out_embedding->empty()) {
+        StatusOr<std::vector<float>> values = EmbeddingToFloat(r->embedding());
+        if (!values.ok()) {
+          run.exit_code = Fail(err, values.status());
+          return;
+        }
+        const std::vector<uint32_t> shape(r->embedding().shape().begin(), r->embedding().shape().end());
+        if (Status s = WriteFileBytes(*out_embedding, NpyFloat32(*values, shape)); !s.ok()) {
+          run.exit_code = Fail(err, s);
+          return;
+        }
       }
       if (*json) {
         out << ToJson(*r) << "\n";
       } else {
         out << "image_id " << r->image_id() << " (" << r->width() << "x" << r->height()
             << (r->cached() ? ", cached" : ", computed") << ")\n";
+        if (r->has_embedding()) {
+          const v1::ImageEmbedding& e = r->embedding();
+          out << "embedding " << v1::EmbeddingDtype_Name(e.dtype()) << " shape [";
+          for (int i = 0; i < e.shape_size(); ++i) out << (i ? ", " : "") << e.shape(i);
+          out << "], " << e.data().size() << " bytes, input size " << e.input_width() << "x"
+              << e.input_height();
+          if (!out_embedding->empty()) out << " -> " << *out_embedding;
+          out << "\n";
+        }
         PrintTiming(out, r->timing());
       }
       run.exit_code = 0;

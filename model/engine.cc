@@ -137,6 +137,33 @@ StatusOr<std::shared_ptr<const Embedding>> EngineImpl::ToDevice(const Embedding&
   });
 }
 
+// The wire layout is little-endian; a host tensor's bytes are the host's order.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ExportEmbedding copies host-order bytes");
+
+StatusOr<ExportedEmbedding> EngineImpl::ExportEmbedding(const Embedding& e, Precision dtype) {
+  return Guarded("exporting an embedding", [&]() -> StatusOr<ExportedEmbedding> {
+    const TorchEmbedding& src = PayloadOf(e);
+    CallStream cs(src.tensor.is_cuda() ? src.tensor.device() : device_);
+    // Converted where it lives (a 16-bit export moves half the bytes over PCIe). bf16 <-> fp16 goes
+    // through fp32 so that both 16-bit results are the rounding of the fp32 value.
+    at::Tensor t = src.tensor;
+    const at::ScalarType want = DtypeOf(dtype);
+    if (t.scalar_type() != want && t.scalar_type() != at::kFloat && want != at::kFloat) {
+      t = t.to(at::kFloat);
+    }
+    t = t.to(want).contiguous();
+    ExportedEmbedding out;
+    out.dtype = dtype;
+    out.shape = t.sizes().vec();
+    out.shape.insert(out.shape.begin(), 1);  // [1, C, h, w], SamPredictor.features
+    out.data.resize(t.nbytes());
+    at::Tensor host = at::from_blob(out.data.data(), t.sizes(), t.options().device(at::kCPU));
+    host.copy_(t);  // one device-to-host copy (synchronous from pageable memory)
+    cs.Sync();
+    return out;
+  });
+}
+
 StatusOr<std::shared_ptr<const MaskLogits>> EngineImpl::MakeMaskLogits(const float* v, int h, int w) {
   const int want = config_.low_res_size();
   if (h != want || w != want)

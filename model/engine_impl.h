@@ -161,6 +161,7 @@ class EngineImpl final : public Engine {
   StatusOr<std::shared_ptr<const Embedding>> ToHost(const Embedding& e) override;
   StatusOr<std::shared_ptr<const Embedding>> ToDevice(const Embedding& e) override;
   StatusOr<std::shared_ptr<const MaskLogits>> MakeMaskLogits(const float* v, int h, int w) override;
+  StatusOr<ExportedEmbedding> ExportEmbedding(const Embedding& e, Precision dtype) override;
   DeviceMemoryStats memory() const override;
   void ResetPeakMemory() override;
 

@@ -61,7 +61,8 @@ namespace {
 // RESOURCE_EXHAUSTED on its side, where the server's operator cannot see why.
 constexpr size_t kDefaultClientReceiveLimit = size_t{4} << 20;
 
-void WarnIfOverDefaultReceiveLimit(const CallControl& control, const v1::SegmentResponse& response) {
+void WarnIfOverDefaultReceiveLimit(const CallControl& control,
+                                   const google::protobuf::Message& response) {
   if (!spdlog::should_log(spdlog::level::info)) return;
   const size_t bytes = response.ByteSizeLong();
   if (bytes <= kDefaultClientReceiveLimit) return;
@@ -220,12 +221,22 @@ grpc::ServerUnaryReactor* MaskService::Embed(grpc::CallbackServerContext* contex
       call->Finish(s, 1, 0, false);
       return call->reactor;
     }
+    StatusOr<std::optional<Precision>> dtype =
+        EmbeddingDtypeFrom(request->return_embedding(), "return_embedding");
+    if (!dtype.ok()) {
+      call->Finish(dtype.status(), 1, 0, false);
+      return call->reactor;
+    }
     auto out = std::make_shared<ImageOutcome>();
-    backend.pipeline->Embed(ImageInputFrom(request->image()), call->control, call->arrival, out.get(),
-                            [call, out, response](Status s) {
-                              ToProto(*out, response);
-                              call->Finish(s, 1, 0, out->cached);
-                            });
+    backend.pipeline->Embed(
+        ImageInputFrom(request->image()), call->control, call->arrival, out.get(),
+        [call, out, response](Status s) {
+          ToProto(*out, response);
+          // An fp32 embedding alone is 4 MiB: tell the operator when a client may refuse it.
+          if (s.ok() && out->embedding) WarnIfOverDefaultReceiveLimit(*call->control, *response);
+          call->Finish(s, 1, 0, out->cached);
+        },
+        *dtype);
   } catch (const std::exception& e) {
     call->Finish(Internal(std::string("unexpected exception in Embed: ") + e.what()), 1, 0, false);
   } catch (...) {

@@ -21,6 +21,7 @@ struct Pipeline::Job {
   ImageOutcome* image_out = nullptr;   // Embed's outcome, or the image part of Segment's
   SegmentOutcome* segment = nullptr;   // null for Embed
   OutputSpec output;
+  std::optional<Precision> export_dtype;  // Embed's return_embedding
   std::vector<PromptDraft> drafts;
   OnImage on_image;
   Done done;
@@ -77,12 +78,13 @@ Pipeline::Pipeline(PipelineOptions options, std::string model_identity, Router* 
       inflight_(options_.max_inflight_bytes, "--max-inflight-bytes") {}
 
 void Pipeline::Embed(ImageInput image, CallControlPtr control, Clock::time_point arrival,
-                     ImageOutcome* out, Done done) {
+                     ImageOutcome* out, Done done, std::optional<Precision> return_embedding) {
   auto job = std::make_shared<Job>();
   job->control = std::move(control);
   job->arrival = arrival;
   job->image = std::move(image);
   job->image_out = out;
+  job->export_dtype = return_embedding;
   job->done = std::move(done);
   Start(job);
 }
@@ -299,7 +301,10 @@ void Pipeline::OnResolved(const JobPtr& job, StatusOr<CachedEmbeddingPtr> entry,
   out->width = e.geometry.width;
   out->height = e.geometry.height;
   out->cached = cached;
-  if (job->segment == nullptr) return Finish(job, Status::Ok());
+  if (job->segment == nullptr) {
+    if (job->export_dtype) return ExportEmbedding(job);
+    return Finish(job, Status::Ok());
+  }
   if (job->drafts.empty()) return Finish(job, Status::Ok());
   StartDecode(job);
 }
@@ -340,6 +345,29 @@ Status Pipeline::BuildDecodeItems(const JobPtr& job, std::vector<DecodeItem>* it
     items->push_back(DecodeItem{e.embedding, std::move(spec)});
   }
   return Status::Ok();
+}
+
+void Pipeline::ExportEmbedding(const JobPtr& job) {
+  // A cache hit resolves on the decode pool, a miss on the post pool: converting and copying 2-4 MiB
+  // belongs with the other post-processing either way.
+  Post([this, job] {
+    Guarded(job, [&] {
+      if (Status alive = job->control->Check(); !alive.ok()) return Finish(job, alive);
+      const Clock::time_point t0 = Clock::now();
+      const CachedEmbedding& e = *job->entry;
+      StatusOr<ExportedEmbedding> x =
+          job->worker.load()->engine().ExportEmbedding(*e.embedding, *job->export_dtype);
+      const uint64_t us = MicrosSince(t0);
+      Job::Max(job->postprocess_us, us);
+      job->worker.load()->stages()[Stage::kPostprocess].Add(us);
+      if (!x.ok()) return Finish(job, x.status());
+      ImageOutcome* out = job->image_out;
+      out->embedding = std::move(*x);
+      out->input_width = e.geometry.input_width;
+      out->input_height = e.geometry.input_height;
+      Finish(job, Status::Ok());
+    });
+  });
 }
 
 void Pipeline::StartDecode(const JobPtr& job) {

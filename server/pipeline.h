@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,8 +52,10 @@ class Pipeline {
            ThreadPool* decode_pool, ThreadPool* post_pool);
 
   // `image`'s views and `out` must stay valid until `done` runs; `out` is complete when it does.
+  // With `return_embedding`, out->embedding gets the embedding in that dtype (converted by the
+  // engine on the post-processing pool, on a cache hit too).
   void Embed(ImageInput image, CallControlPtr control, Clock::time_point arrival, ImageOutcome* out,
-             Done done);
+             Done done, std::optional<Precision> return_embedding = std::nullopt);
   // `drafts` come from ValidatePrompts; an empty list only sets the image.
   void Segment(ImageInput image, std::vector<PromptDraft> drafts, OutputSpec output,
                CallControlPtr control, Clock::time_point arrival, SegmentOutcome* out,
@@ -78,6 +81,8 @@ class Pipeline {
             const std::shared_ptr<EmbeddingCache::Flight>& flight, const std::string& image_id);
   void OnResolved(const JobPtr& job, StatusOr<CachedEmbeddingPtr> entry, bool cached);
   void StartDecode(const JobPtr& job);
+  // Embed's return_embedding: Engine::ExportEmbedding on the post-processing pool, then Finish.
+  void ExportEmbedding(const JobPtr& job);
   Status BuildDecodeItems(const JobPtr& job, std::vector<DecodeItem>* items);
   void Postprocess(const JobPtr& job, size_t first, std::vector<DecodedPrompt> decoded,
                    Clock::time_point queued);

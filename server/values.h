@@ -73,6 +73,9 @@ struct ImageOutcome {
   int width = 0, height = 0;
   bool cached = false;
   CallTiming timing;
+  // Embed with return_embedding: the embedding's values and the resized size before padding.
+  std::optional<ExportedEmbedding> embedding;
+  int input_width = 0, input_height = 0;
 };
 
 struct SegmentOutcome {

@@ -241,12 +241,37 @@ void TimingToProto(const CallTiming& t, v1::CallTiming* p) {
 
 }  // namespace
 
+StatusOr<std::optional<Precision>> EmbeddingDtypeFrom(int value, const std::string& field) {
+  switch (value) {
+    case v1::EMBEDDING_DTYPE_UNSPECIFIED: return std::optional<Precision>();
+    case v1::EMBEDDING_DTYPE_FP32: return std::optional<Precision>(Precision::kFloat32);
+    case v1::EMBEDDING_DTYPE_BF16: return std::optional<Precision>(Precision::kBFloat16);
+    case v1::EMBEDDING_DTYPE_FP16: return std::optional<Precision>(Precision::kFloat16);
+    default: break;
+  }
+  return InvalidArgument(field + " = " + std::to_string(value) +
+                         " (expected EMBEDDING_DTYPE_UNSPECIFIED, EMBEDDING_DTYPE_FP32, "
+                         "EMBEDDING_DTYPE_BF16 or EMBEDDING_DTYPE_FP16)");
+}
+
 void ToProto(const ImageOutcome& o, v1::EmbedResponse* r) {
   r->set_image_id(o.image_id);
   r->set_width(o.width);
   r->set_height(o.height);
   r->set_cached(o.cached);
   TimingToProto(o.timing, r->mutable_timing());
+  if (o.embedding) {
+    v1::ImageEmbedding* e = r->mutable_embedding();
+    e->set_dtype(o.embedding->dtype == Precision::kBFloat16  ? v1::EMBEDDING_DTYPE_BF16
+                 : o.embedding->dtype == Precision::kFloat16 ? v1::EMBEDDING_DTYPE_FP16
+                                                             : v1::EMBEDDING_DTYPE_FP32);
+    for (int64_t d : o.embedding->shape) e->add_shape(static_cast<uint32_t>(d));
+    e->set_data(o.embedding->data);
+    e->set_input_width(o.input_width);
+    e->set_input_height(o.input_height);
+    e->set_original_width(o.width);
+    e->set_original_height(o.height);
+  }
 }
 
 void ToProto(const SegmentOutcome& o, const Status& status, v1::SegmentResponse* r) {

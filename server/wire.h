@@ -27,6 +27,9 @@ using RequestLimits = Limits;
 Status ValidateImage(const v1::Image& image, const RequestLimits& limits, const std::string& field);
 // 64 lowercase hex digits, as returned by Embed/Segment.
 Status ValidateImageId(const std::string& image_id, const std::string& field);
+// EmbedRequest.return_embedding: nullopt for EMBEDDING_DTYPE_UNSPECIFIED (do not return it); an
+// unknown number (proto3 keeps those) is INVALID_ARGUMENT naming `field`.
+StatusOr<std::optional<Precision>> EmbeddingDtypeFrom(int value, const std::string& field);
 // Counts, labels, mask input forms. allow_empty: SegmentStream messages that only set the image.
 StatusOr<std::vector<PromptDraft>> ValidatePrompts(
     const google::protobuf::RepeatedPtrField<v1::Prompt>& prompts, const RequestLimits& limits,

@@ -4,6 +4,9 @@
 maskd_add_test(client_parse_test SOURCES client_parse_test.cc LIBS maskd_client)
 maskd_add_test(client_fake_server_test SOURCES client_fake_server_test.cc
                LIBS maskctl_commands nlohmann_json::nlohmann_json)
+# Issue #15: the returned embedding on the client (float32 widening, .npy, maskctl embed --out-embedding).
+maskd_add_test(client_embedding_test SOURCES client_embedding_test.cc
+               LIBS maskctl_commands maskd_server maskd_fake_engine)
 maskd_add_test(maskload_stats_test SOURCES maskload_stats_test.cc LIBS maskd_load)
 maskd_add_test(maskload_fake_server_test SOURCES maskload_fake_server_test.cc LIBS maskd_load)
 # plot_maskload.py (MASKD_PYTHON with matplotlib, as the CLI test's plot needs): latency lines break

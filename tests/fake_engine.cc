@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <thread>
 
+#include "model/api/half.h"
 #include "model/io/rle.h"
 
 namespace maskd::fake {
@@ -311,6 +313,47 @@ StatusOr<std::shared_ptr<const MaskLogits>> FakeEngine::MakeMaskLogits(const flo
   impl->w = w;
   impl->values.assign(v, v + static_cast<size_t>(h) * w);
   return std::make_shared<const MaskLogits>(impl);
+}
+
+std::vector<float> FakeEngine::EmbeddingValues(uint64_t content) {
+  const int64_t n = kEmbeddingShape[0] * kEmbeddingShape[1] * kEmbeddingShape[2] * kEmbeddingShape[3];
+  std::vector<float> v(static_cast<size_t>(n));
+  uint64_t x = content * 0x9e3779b97f4a7c15ull + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    // splitmix64
+    x += 0x9e3779b97f4a7c15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const uint32_t mant = static_cast<uint32_t>(z) & 0x7fffffu;
+    // Exponent 2^-30 .. 2^17: fp16 subnormals, underflow and overflow; every 7th value a tie of
+    // both 16-bit roundings (only the bit just below the kept ones set).
+    const uint32_t exp = 127 - 30 + static_cast<uint32_t>((z >> 32) % 48);
+    const uint32_t sign = static_cast<uint32_t>(z >> 63) << 31;
+    const uint32_t m = i % 7 == 0 ? ((mant & 0x7f0000u) | 0x8000u) : mant;
+    const uint32_t bits = sign | (exp << 23) | m;
+    std::memcpy(&v[static_cast<size_t>(i)], &bits, sizeof(float));
+  }
+  return v;
+}
+
+StatusOr<ExportedEmbedding> FakeEngine::ExportEmbedding(const Embedding& e, Precision dtype) {
+  ++export_calls;
+  const std::vector<float> values = EmbeddingValues(Payload(e).content);
+  ExportedEmbedding out;
+  out.dtype = dtype;
+  out.shape.assign(std::begin(kEmbeddingShape), std::end(kEmbeddingShape));
+  if (dtype == Precision::kFloat32) {
+    out.data.assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    return out;
+  }
+  out.data.resize(values.size() * 2);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint16_t h = dtype == Precision::kBFloat16 ? FloatToBf16(values[i]) : FloatToHalf(values[i]);
+    std::memcpy(&out.data[2 * i], &h, 2);
+  }
+  return out;
 }
 
 DeviceMemoryStats FakeEngine::memory() const {

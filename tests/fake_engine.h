@@ -69,8 +69,17 @@ class FakeEngine final : public Engine {
   StatusOr<std::shared_ptr<const Embedding>> ToHost(const Embedding& e) override;
   StatusOr<std::shared_ptr<const Embedding>> ToDevice(const Embedding& e) override;
   StatusOr<std::shared_ptr<const MaskLogits>> MakeMaskLogits(const float* v, int h, int w) override;
+  // The fp32 values of EmbeddingValues(content) in `dtype` (rounded with model/api/half.h).
+  StatusOr<ExportedEmbedding> ExportEmbedding(const Embedding& e, Precision dtype) override;
   DeviceMemoryStats memory() const override;
   void ResetPeakMemory() override {}
+
+  // What ExportEmbedding calls made (counter), and the fake's embedding values: kEmbeddingShape
+  // floats from the content, with exponents over a wide range (bf16/fp16 ties, fp16 subnormals
+  // and overflow included).
+  std::atomic<int> export_calls{0};
+  static constexpr int64_t kEmbeddingShape[4] = {1, 256, 64, 64};
+  static std::vector<float> EmbeddingValues(uint64_t content);
 
   // A stand-alone embedding (for cache tests), with its size in bytes.
   static std::shared_ptr<const Embedding> MakeEmbedding(size_t bytes, uint64_t content = 0,

@@ -18,6 +18,10 @@ maskd_add_test(server_service_test SOURCES server_service_test.cc
 maskd_add_test(server_http_front_test SOURCES server_http_front_test.cc
                LIBS maskd_server maskd_client maskd_fake_engine PkgConfig::HTTPLIB)
 
+# Issue #15: Embed's return_embedding (fp32/bf16/fp16 bytes) over gRPC and the HTTP front.
+maskd_add_test(server_embedding_test SOURCES server_embedding_test.cc
+               LIBS maskd_server maskd_client maskd_fake_engine PkgConfig::HTTPLIB nlohmann_json::nlohmann_json)
+
 # End to end with the real engine and the golden tiny model (skips loudly without the golden data,
 # fails under CI=true). Runs the maskd binary too, so it depends on it.
 maskd_add_test(server_e2e_test SOURCES server_e2e_test.cc

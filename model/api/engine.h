@@ -245,6 +245,16 @@ struct MaskData {
   std::vector<uint8_t> bitmask;      // kBitmask
 };
 
+// An embedding copied out for a client (maskd.v1.ImageEmbedding): [1, C, h, w] values of `dtype`,
+// little-endian, C order. bf16 and fp16 are the engine's values rounded to nearest even (through
+// fp32 when the engine runs in another 16-bit type): exactly FloatToBf16 / FloatToHalf
+// (model/api/half.h) of the fp32 export.
+struct ExportedEmbedding {
+  Precision dtype = Precision::kFloat32;
+  std::vector<int64_t> shape;
+  std::string data;
+};
+
 struct DeviceMemoryStats {
   uint64_t allocated = 0, peak_allocated = 0, reserved = 0, total = 0;
 };
@@ -315,6 +325,15 @@ class Engine {
   // Client-supplied low-res logits (1 x 256 x 256 values) for PromptSpec::mask_input.
   virtual StatusOr<std::shared_ptr<const MaskLogits>> MakeMaskLogits(const float* values, int height,
                                                                      int width) = 0;
+
+  // The embedding's values converted to `dtype` on its device (CUDA: one device-to-host copy of the
+  // converted tensor), for returning to a client; works on host-tier embeddings too. Bytes of memory
+  // it takes: the returned data, plus the converted tensor on the device while it runs.
+  virtual StatusOr<ExportedEmbedding> ExportEmbedding(const Embedding& e, Precision dtype) {
+    (void)e;
+    (void)dtype;
+    return FailedPrecondition("this engine cannot export embeddings");
+  }
 
   virtual DeviceMemoryStats memory() const = 0;
   virtual void ResetPeakMemory() = 0;

@@ -19,8 +19,8 @@ The .proto files the stubs were generated from ship with the package: maskd_clie
 """
 import os as _os
 
-from .client import (Mask, MaskdClient, PromptResult, SegmentResult, SegmentSession,
-                     OUTPUT_FORMATS)
+from .client import (EMBEDDING_DTYPES, Embedding, Mask, MaskdClient, PromptResult, SegmentResult,
+                     SegmentSession, OUTPUT_FORMATS, embedding_to_numpy)
 from .image_id import (AFFINITY_HEADER, affinity_key, image_id_for_encoded, image_id_for_image,
                        image_id_for_raw)
 from .errors import (Cancelled, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument,
@@ -32,7 +32,7 @@ def proto_dir() -> str:
     """The folder holding maskd/v1/maskd.proto (e.g. for grpcurl -import-path or protoc -I)."""
     return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "proto")
 
-__all__ = ["MaskdClient", "SegmentResult", "PromptResult", "Mask", "SegmentSession", "OUTPUT_FORMATS",
+__all__ = ["MaskdClient", "Embedding", "EMBEDDING_DTYPES", "embedding_to_numpy", "SegmentResult", "PromptResult", "Mask", "SegmentSession", "OUTPUT_FORMATS",
            "AFFINITY_HEADER", "affinity_key", "image_id_for_encoded", "image_id_for_raw",
            "image_id_for_image", "maskd_pb2", "maskd_pb2_grpc", "proto_dir", "MaskdError",
            "Cancelled", "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument",

@@ -36,8 +36,55 @@ OUTPUT_FORMATS = {
     "polygons": maskd_pb2.OUTPUT_FORMAT_POLYGONS,
 }
 
+# Embed's return_embedding: name -> maskd_pb2.EmbeddingDtype.
+EMBEDDING_DTYPES = {
+    "fp32": maskd_pb2.EMBEDDING_DTYPE_FP32,
+    "bf16": maskd_pb2.EMBEDDING_DTYPE_BF16,
+    "fp16": maskd_pb2.EMBEDDING_DTYPE_FP16,
+}
+
 PointLike = Union[Tuple[float, float], Tuple[float, float, int]]
 BoxLike = Tuple[float, float, float, float]
+
+
+def embedding_to_numpy(e: "maskd_pb2.ImageEmbedding") -> np.ndarray:
+    """The values of an ImageEmbedding as float32 of its shape (bf16 and fp16 widened exactly).
+
+    Layout (maskd.proto): little-endian values in C order; bf16 is the upper half of a float32."""
+    shape = tuple(int(d) for d in e.shape)
+    if e.dtype == maskd_pb2.EMBEDDING_DTYPE_FP32:
+        flat = np.frombuffer(e.data, dtype="<f4")
+    elif e.dtype == maskd_pb2.EMBEDDING_DTYPE_FP16:
+        flat = np.frombuffer(e.data, dtype="<f2").astype(np.float32)
+    elif e.dtype == maskd_pb2.EMBEDDING_DTYPE_BF16:
+        flat = (np.frombuffer(e.data, dtype="<u2").astype("<u4") << 16).view("<f4")
+    else:
+        raise ValueError(f"embedding dtype {e.dtype} is not one of fp32, bf16, fp16")
+    if flat.size != int(np.prod(shape)):
+        raise ValueError(f"embedding data holds {flat.size} values, its shape {shape} needs "
+                         f"{int(np.prod(shape))}")
+    return flat.astype(np.float32, copy=True).reshape(shape)
+
+
+@dataclass
+class Embedding:
+    """What embed(..., return_embedding=...) returns: the embedding as SamPredictor holds it."""
+    image_id: str
+    cached: bool
+    features: np.ndarray             # float32 (1, 256, 64, 64): SamPredictor.features
+    input_size: Tuple[int, int]      # (h, w) after the longest-side resize: SamPredictor.input_size
+    original_size: Tuple[int, int]   # (h, w) of the image: SamPredictor.original_size
+    dtype: str                       # what came over the wire: fp32 | bf16 | fp16
+    response: "maskd_pb2.EmbedResponse"
+
+    @staticmethod
+    def from_proto(r: "maskd_pb2.EmbedResponse") -> "Embedding":
+        e = r.embedding
+        names = {v: k for k, v in EMBEDDING_DTYPES.items()}
+        return Embedding(image_id=r.image_id, cached=r.cached, features=embedding_to_numpy(e),
+                         input_size=(e.input_height, e.input_width),
+                         original_size=(e.original_height, e.original_width),
+                         dtype=names.get(e.dtype, "?"), response=r)
 
 
 @dataclass
@@ -307,9 +354,19 @@ class MaskdClient:
                 raise
             raise _errors.from_rpc_error(e) from e
 
-    def embed(self, image: bytes) -> maskd_pb2.EmbedResponse:
+    def embed(self, image: bytes, return_embedding: Optional[str] = None
+              ) -> Union[maskd_pb2.EmbedResponse, Embedding]:
+        """Embeds (or finds cached) an encoded image. Returns the EmbedResponse; with
+        return_embedding='bf16' | 'fp16' | 'fp32' an Embedding whose .features is the image
+        embedding as float32 numpy (bf16/fp16: 2 MiB on the wire, fp32: 4 MiB)."""
         req = maskd_pb2.EmbedRequest(image=maskd_pb2.Image(encoded=image))
-        return self._call(self.stub.Embed, req, self._metadata(req))
+        if return_embedding is not None:
+            if return_embedding not in EMBEDDING_DTYPES:
+                raise ValueError(f"return_embedding={return_embedding!r}: expected one of "
+                                 f"{', '.join(EMBEDDING_DTYPES)}")
+            req.return_embedding = EMBEDDING_DTYPES[return_embedding]
+        r = self._call(self.stub.Embed, req, self._metadata(req))
+        return Embedding.from_proto(r) if return_embedding is not None else r
 
     def segment(self, image: Union[bytes, str], points: Sequence[PointLike] = (),
                 box: Optional[BoxLike] = None, mask_from: Optional[str] = None,
