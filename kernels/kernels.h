@@ -185,7 +185,7 @@ struct MaskPostprocessOutput {
   //   concatenated, int32 [total]; rle_offsets [M + 1] int64 into it. On the host (CPU tensors).
   at::Tensor rle_counts;
   at::Tensor rle_offsets;
-  // want_rle on CUDA only (undefined from the reference): the same runs as COCO's compressed counts
+  // want_rle and want_rle_string on CUDA only (undefined from the reference and otherwise): the same runs as COCO's compressed counts
   // string (pycocotools' rleToString; model/io/rle.h RleCountsToString), all masks concatenated,
   // uint8 [chars] with rle_string_offsets [M + 1] int64. On the host.
   at::Tensor rle_string;
@@ -197,7 +197,7 @@ struct MaskPostprocessOutput {
 };
 MaskPostprocessOutput MaskPostprocess(const at::Tensor& logits, const at::Tensor& geometry,
                                       int64_t pad_size, bool want_rle, bool want_bitmask,
-                                      Stream stream = nullptr);
+                                      Stream stream = nullptr, bool want_rle_string = false);
 // Reference: the original's two F.interpolate calls (upsample_bilinear2d) and a CPU encoder.
 MaskPostprocessOutput MaskPostprocessReference(const at::Tensor& logits, const at::Tensor& geometry,
                                                int64_t pad_size, bool want_rle, bool want_bitmask);

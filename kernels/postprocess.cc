@@ -99,7 +99,7 @@ float Stability(int64_t n_hi, int64_t n_lo) {
 #ifdef MASKD_WITH_CUDA
 MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at::Tensor& geometry,
                                           int64_t pad_size, bool want_rle, bool want_bitmask,
-                                          Stream stream) {
+                                          Stream stream, bool want_rle_string) {
   internal::StreamScope scope(stream, logits_in.device());
   const std::vector<Geometry> geo = CheckPostprocessArgs(logits_in, geometry, pad_size);
   const int64_t M = static_cast<int64_t>(geo.size());
@@ -191,6 +191,7 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
     out.rle_counts.copy_(rle_dev, /*non_blocking=*/true);
     out.rle_offsets = offsets_host;
 
+    if (want_rle_string) {
     // COCO's string too, so that the host only copies bytes (a noisy 1024 x 768 mask has ~5 x 10^4
     // runs: ~0.3-0.6 ms of CPU per mask in RleCountsToString). One more sync sizes it.
     at::Tensor lengths = at::empty({total}, dev.dtype(at::kInt));
@@ -213,6 +214,7 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
         "RleStringKernel<write>");
     out.rle_string = at::empty({chars_total}, pinned(at::kByte));
     out.rle_string.copy_(chars, /*non_blocking=*/true);
+    }
   }
   at::Tensor counts_host = at::empty({M, 3}, pinned(at::kLong));
   counts_host.copy_(counts, /*non_blocking=*/true);
@@ -321,13 +323,15 @@ MaskPostprocessOutput MaskPostprocessReference(const at::Tensor& logits, const a
 
 MaskPostprocessOutput MaskPostprocess(const at::Tensor& logits, const at::Tensor& geometry,
                                       int64_t pad_size, bool want_rle, bool want_bitmask,
-                                      Stream stream) {
+                                      Stream stream, bool want_rle_string) {
 #ifdef MASKD_WITH_CUDA
   if (logits.is_cuda()) {
-    return MaskPostprocessCuda(logits, geometry, pad_size, want_rle, want_bitmask, stream);
+    return MaskPostprocessCuda(logits, geometry, pad_size, want_rle, want_bitmask, stream,
+                               want_rle_string);
   }
 #endif
   (void)stream;
+  (void)want_rle_string;
   return MaskPostprocessReference(logits, geometry, pad_size, want_rle, want_bitmask);
 }
 

@@ -204,7 +204,7 @@ class EngineImpl final : public Engine {
   at::Tensor dense_pe_;     // [1, D, g, g] engine dtype
   at::Tensor no_mask_;      // [1, D, 1, 1] engine dtype
   at::Tensor pixel_mean_, pixel_std_;  // [3, 1, 1] float32, engine device
-  bool gpu_pre_ = false, gpu_post_ = false;
+  bool gpu_pre_ = false, gpu_post_ = false, gpu_rle_string_ = false;
   // Set by PrepareFastPath with FastPathOptions::shared_image_decoder (it holds tables derived from
   // the decoder's weights on their final device and dtype).
   std::unique_ptr<SharedImageDecoder> shared_dec_;

@@ -75,8 +75,10 @@ Status EngineImpl::PrepareFastPath() {
   }
   gpu_pre_ = cuda && f.gpu_preprocess;
   gpu_post_ = cuda && f.gpu_postprocess;
+  gpu_rle_string_ = gpu_post_ && f.gpu_rle_string;
   if (gpu_pre_) optimisations_.push_back("gpu-preprocess");
   if (gpu_post_) optimisations_.push_back("gpu-postprocess-rle");
+  if (gpu_rle_string_) optimisations_.push_back("gpu-rle-string");
   auto& sizes = options_.encoder_batch_sizes;
   if (sizes.empty()) sizes = {1};
   std::sort(sizes.begin(), sizes.end());

@@ -43,7 +43,8 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
       if (gpu_post_) {
         // The kernel reads bf16/fp16 logits itself (widening is exact): no float copy of the batch.
         r = kernels::MaskPostprocess(all.contiguous(), geom, config_.img_size,
-                                     enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask);
+                                     enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask,
+                                     /*stream=*/nullptr, /*want_rle_string=*/gpu_rle_string_);
       } else {
         // The original's float32 arithmetic in plain LibTorch, on the engine's device.
         r = kernels::MaskPostprocessReference(all.to(at::kFloat).contiguous(), geom, config_.img_size,

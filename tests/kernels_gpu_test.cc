@@ -322,7 +322,7 @@ void RunPostprocess(at::ScalarType dtype, uint64_t seed) {
   const at::Tensor geometry = at::tensor(at::ArrayRef<int32_t>(flat), at::kInt).view({M, 4}).to(kCuda);
 
   Poison(int64_t{1} << 28);
-  const mk::MaskPostprocessOutput out = mk::MaskPostprocess(logits, geometry, 1024, true, true);
+  const mk::MaskPostprocessOutput out = mk::MaskPostprocess(logits, geometry, 1024, true, true, nullptr, /*want_rle_string=*/true);
   const mk::MaskPostprocessOutput ref = mk::MaskPostprocessReference(logits, geometry, 1024, true, true);
   ExpectMasksMatch(out, ref, geo);
 }
@@ -354,7 +354,7 @@ TEST(kernels_gpu, MaskPostprocessManyRunsAndStatsOnly) {
   const at::Tensor geometry =  // on the CPU: also accepted
       at::tensor({256, 256, 300, 257, 256, 200, 100, 33, 200, 256, 1000, 1280}, at::kInt).view({3, 4});
   Poison(int64_t{1} << 26);
-  const mk::MaskPostprocessOutput out = mk::MaskPostprocess(logits, geometry, 256, true, true);
+  const mk::MaskPostprocessOutput out = mk::MaskPostprocess(logits, geometry, 256, true, true, nullptr, /*want_rle_string=*/true);
   const mk::MaskPostprocessOutput ref = mk::MaskPostprocessReference(logits, geometry, 256, true, true);
   ExpectMasksMatch(out, ref, geo);
   EXPECT_GT(out.rle_counts.numel(), 10000);

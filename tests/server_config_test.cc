@@ -70,7 +70,7 @@ TEST(ServerConfig, HelpDocumentsEveryFlagWithItsEnvironmentVariable) {
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag :
        {"--checkpoint", "--models-dir", "--demo-seed", "--device", "--precision", "--fast", "--attention",
-        "--cuda-graphs", "--int8", "--fp8", "--sparse24", "--gpu-preprocess", "--gpu-postprocess", "--warmup",
+        "--cuda-graphs", "--int8", "--fp8", "--sparse24", "--gpu-preprocess", "--gpu-postprocess", "--gpu-rle-string", "--warmup",
         "--require-checkpoint", "--listen", "--encoder-max-batch", "--encoder-queue-delay-us", "--encoder-queue-capacity",
         "--decoder-max-prompts", "--decoder-queue-delay-us", "--decoder-queue-capacity",
         "--cache-device-bytes", "--cache-host-bytes", "--result-store-bytes", "--decode-threads",
