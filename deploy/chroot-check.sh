@@ -78,11 +78,10 @@ run_step() {  # run_step LABEL COMMAND: one RUN, in the chroot, with the stage's
   local label=$1 cmd=$2 user=()
   timed "$label" chroot "$ROOT" /usr/bin/env -i /bin/bash -c '. /.stage-env; exec /bin/bash -o pipefail -c "$1"' _ "$cmd"
 }
-copy_context() {  # COPY . DEST: the build context = git's tracked and untracked-not-ignored files
-  local dest=$1                         # (what .dockerignore leaves: no build folders, no venv)
+copy_context() {  # COPY . DEST: the context snapshot taken at the start
+  local dest=$1
   mkdir -p "$ROOT$dest"
-  (cd "$here" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - 2>/dev/null) | tar -C "$ROOT$dest" -xf -
-  cp -a "$here/.git" "$ROOT$dest/.git" 2>/dev/null || true   # a worktree's .git is a file: revision "unknown"
+  tar -C "$ROOT$dest" -xf "$work/context.tar"
   log "copied the build context into $dest ($(du -sh "$ROOT$dest" | cut -f1))"
 }
 copy_from() {  # COPY --from=STAGE SRC DEST
@@ -93,6 +92,12 @@ copy_from() {  # COPY --from=STAGE SRC DEST
 
 mkdir -p "$work"
 command -v debootstrap >/dev/null || timed "apt-get install debootstrap" apt-get install -y -qq debootstrap >/dev/null
+# The build context, taken now (edits made while the build runs do not leak into it): git's tracked
+# and untracked-not-ignored files, i.e. what .dockerignore leaves (no build folders, no venv). A
+# worktree's .git is a file, so the revision in `maskd --version` may read "unknown".
+(cd "$here" && git ls-files -z --cached --others --exclude-standard |
+   tar --null -T - -cf "$work/context.tar" --ignore-failed-read 2>/dev/null) || die "could not snapshot the build context"
+log "build context: $(git -C "$here" rev-parse --short=12 HEAD)$(git -C "$here" diff --quiet HEAD || echo ' + uncommitted changes'), $(du -h "$work/context.tar" | cut -f1)"
 log "work dir $work, mirror $mirror, $jobs build jobs; $(nproc) cores"
 
 # --- builder stage ------------------------------------------------------------------------------
