@@ -92,12 +92,11 @@ copy_from() {  # COPY --from=STAGE SRC DEST
 
 mkdir -p "$work"
 command -v debootstrap >/dev/null || timed "apt-get install debootstrap" apt-get install -y -qq debootstrap >/dev/null
-# The build context, taken now (edits made while the build runs do not leak into it): git's tracked
-# and untracked-not-ignored files, i.e. what .dockerignore leaves (no build folders, no venv). A
-# worktree's .git is a file, so the revision in `maskd --version` may read "unknown".
-(cd "$here" && git ls-files -z --cached --others --exclude-standard |
-   tar --null -T - -cf "$work/context.tar" --ignore-failed-read 2>/dev/null) || die "could not snapshot the build context"
-log "build context: $(git -C "$here" rev-parse --short=12 HEAD)$(git -C "$here" diff --quiet HEAD || echo ' + uncommitted changes'), $(du -h "$work/context.tar" | cut -f1)"
+# The build context: the committed revision (git archive HEAD), taken now, so that edits made while
+# the build runs (or uncommitted work) do not leak into it. Without .git, `maskd --version` says
+# revision "unknown".
+git -C "$here" archive --format=tar -o "$work/context.tar" HEAD || die "could not snapshot the build context"
+log "build context: $(git -C "$here" rev-parse --short=12 HEAD) (committed files only), $(du -h "$work/context.tar" | cut -f1)"
 log "work dir $work, mirror $mirror, $jobs build jobs; $(nproc) cores"
 
 # --- builder stage ------------------------------------------------------------------------------

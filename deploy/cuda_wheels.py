@@ -6,7 +6,9 @@ CPU variant; scripts/setup.sh does the same for a developer machine without a to
                         compiler and headers a build needs (nvcc, crt, nvvm, cccl, cudart)
   cuda_wheels.py root   after installing it: the toolkit-like prefix (site-packages/nvidia/cu13) that
                         holds bin/nvcc, with the unversioned .so names CMake's find_library wants
-                        (the wheels ship only libcublas.so.13 etc.) created beside the versioned ones
+                        (the wheels ship only libcublas.so.13 etc.) created beside the versioned ones,
+                        and lib64 -> lib (nvcc.profile links from lib64: CMake's CUDA compiler check
+                        fails on -lcudadevrt / -lcudart_static without it)
 """
 import importlib.metadata as md
 import os
@@ -35,6 +37,8 @@ def root():
         m = re.match(r"(lib.+?\.so)\.[0-9.]+$", name)
         if m and not os.path.lexists(os.path.join(lib, m.group(1))):
             os.symlink(name, os.path.join(lib, m.group(1)))
+    if os.path.isdir(lib) and not os.path.lexists(os.path.join(prefix, "lib64")):
+        os.symlink("lib", os.path.join(prefix, "lib64"))
     return prefix
 
 
