@@ -120,6 +120,23 @@ void PrintInfo(std::ostream& out, const v1::GetInfoResponse& info) {
   out << "calls: " << info.calls();
   for (const auto& [code, n] : info.calls_by_status()) out << ", " << code << " " << n;
   out << "\n";
+  // Cold start, in ms after the process started; "-" = not reached yet.
+  const v1::StartupTimes& st = info.startup();
+  const std::pair<const char*, double> phases[] = {
+      {"main", st.main_ms()},         {"listening", st.listening_ms()},
+      {"checkpoint read", st.checkpoint_read_ms()}, {"weights ready", st.weights_ready_ms()},
+      {"warmed up", st.warmed_up_ms()}, {"SERVING", st.serving_ms()},
+      {"first mask", st.first_mask_ms()}};
+  out << "startup (ms after process start):";
+  for (const auto& [name, ms] : phases) {
+    out << (name == phases[0].first ? " " : ", ") << name << " ";
+    if (ms > 0) {
+      out << std::fixed << std::setprecision(1) << ms;
+    } else {
+      out << "-";
+    }
+  }
+  out << "\n";
 }
 
 void PrintSegment(std::ostream& out, const v1::SegmentResponse& r) {

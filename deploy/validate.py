@@ -22,6 +22,7 @@ Checks:
   maskd-config   deploy/maskd.json == the ConfigMap's copy; maskd's own parser accepts it; its keys
                  are flags of `maskd --help`
   names          every MASKD_* variable and every --flag given to maskd/maskctl in deploy/ exists
+                 (besides the Dockerfile's ARGs and what deploy/'s scripts and HAProxy config read)
   runtime-libs   the runtime stage's apt packages provide every shared library the built maskd and
                  maskctl need from Debian (ldd + dpkg -S + apt-cache depends), and its
                  LD_LIBRARY_PATH names every nvidia/*/lib folder of the torch wheel (--torch-python)
@@ -261,9 +262,17 @@ def check_names(maskd, maskctl):
             continue
         with open(p) as f:
             texts[p] = f.read()
+    # Not maskd's or maskctl's: the Dockerfile's build arguments, and the environment of deploy/'s
+    # scripts and of the other programs' configs (HAProxy's), which those files read themselves.
+    others = set(re.findall(r"^ARG (MASKD_[A-Z0-9_]+)", texts[os.path.join(HERE, "Dockerfile")], re.M))
+    for root, _, names in os.walk(HERE):
+        for n in names:
+            if n.endswith((".sh", ".cfg")):
+                with open(os.path.join(root, n)) as f:
+                    others |= set(re.findall(r"\bMASKD_[A-Z0-9_]+", f.read()))
     for p, t in texts.items():
         for e in sorted(set(re.findall(r"\bMASKD_[A-Z0-9_]+", t))):
-            if e not in d_envs | c_envs:
+            if e not in d_envs | c_envs | others:
                 problems.append(f"{rel(p)}: {e} is read by neither maskd nor maskctl")
     # Flags after the program's name on one line (README commands, the HEALTHCHECK, comments).
     lines = []

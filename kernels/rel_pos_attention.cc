@@ -242,8 +242,15 @@ at::Tensor RelPosAttentionFromTables(const at::Tensor& q, const at::Tensor& k, c
   return RelPosAttentionReference(q, k, v, t.rel_h, t.rel_w, grid_h, grid_w, scale);
 }
 
+// SAM's window, the one window mode the CUDA kernel is compiled for (kernels/launchers.h, which a
+// build without CUDA does not include): the same answer with and without CUDA.
+constexpr int64_t kWindowModeSize = 14;
+#ifdef MASKD_WITH_CUDA
+static_assert(kWindowModeSize == detail::kRelPosWindowModeSize, "keep in step with launchers.h");
+#endif
+
 bool RelPosWindowAttentionSupported(int64_t window, int64_t head_dim) {
-  return window == detail::kRelPosWindowModeSize && (head_dim == 64 || head_dim == 80);
+  return window == kWindowModeSize && (head_dim == 64 || head_dim == 80);
 }
 
 at::Tensor RelPosWindowAttentionFromTables(const at::Tensor& q, const at::Tensor& k,

@@ -83,7 +83,9 @@ Status EngineImpl::Init() {
     sam_->image_encoder->Prepare();
     MASKD_RETURN_IF_ERROR(PrepareFastPath());
     MASKD_RETURN_IF_ERROR(ResetEncoderCosts());
+    if (options_.on_startup_phase) options_.on_startup_phase(StartupPhase::kWeightsReady);
     if (options_.warmup) MASKD_RETURN_IF_ERROR(Warmup());
+    if (options_.on_startup_phase) options_.on_startup_phase(StartupPhase::kWarmedUp);
     return Status::Ok();
   });
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <thread>
 
 #include "model/checkpoint.h"
 #include "model/engine_impl.h"
@@ -101,7 +102,20 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options_in
                   "https://github.com/facebookresearch/segment-anything#model-checkpoints) and pass it with "
                   "--checkpoint, $MASKD_CHECKPOINT, or put it in ./models/.");
     } else {
+      // The CUDA context (hundreds of ms, a driver call that needs no weights) initialises while
+      // the checkpoint is read from disk; the first .to(device) below would otherwise pay for it
+      // after the read. A failure here is left for that .to() to report.
+      std::thread context;
+      if (device->is_cuda()) {
+        context = std::thread([dev = *device] {
+          try {
+            (void)at::empty({1}, at::TensorOptions().device(dev));
+          } catch (...) {
+          }
+        });
+      }
       auto read = ReadStateDict(options.checkpoint);
+      if (context.joinable()) context.join();
       if (!read.ok()) return read.status();
       sd = std::move(*read);
       auto cfg = InferSamConfig(sd, options.checkpoint);
@@ -110,6 +124,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options_in
       model.emplace(config);
       MASKD_RETURN_IF_ERROR(LoadStateDict(**model, sd, options.checkpoint));
     }
+    if (options.on_startup_phase) options.on_startup_phase(StartupPhase::kCheckpointRead);
     uint64_t params = 0;
     for (const auto& p : (*model)->parameters()) params += static_cast<uint64_t>(p.numel());
     const std::string digest = WeightsDigest(sd);

@@ -10,8 +10,10 @@
 #include "server/lifecycle.h"
 #include "server/logging.h"
 #include "server/server.h"
+#include "server/startup.h"
 
 int main(int argc, char** argv) {
+  maskd::server::MarkProcessMain();
   maskd::server::ConfigParseResult parsed = maskd::server::ParseConfig(argc, argv);
   if (parsed.exit) {
     std::fputs(parsed.output.c_str(), parsed.exit_code == 0 ? stdout : stderr);

@@ -64,16 +64,19 @@ constexpr size_t kDefaultClientReceiveLimit = size_t{4} << 20;
 void WarnIfOverDefaultReceiveLimit(const CallControl& control,
                                    const google::protobuf::Message& response) {
   if (!spdlog::should_log(spdlog::level::info)) return;
-  const size_t bytes = response.ByteSizeLong();
+  server::WarnIfOverDefaultReceiveLimit(control.request_id(), response.ByteSizeLong());
+}
+
+}  // namespace
+
+void WarnIfOverDefaultReceiveLimit(const std::string& request_id, size_t bytes) {
   if (bytes <= kDefaultClientReceiveLimit) return;
-  LogRequest(spdlog::level::info, control.request_id(),
+  LogRequest(spdlog::level::info, request_id,
              "response of {} bytes is over 4 MiB, gRPC clients' default receive limit: a client "
              "that did not raise it (grpc.max_receive_message_length, grpcurl -max-msg-sz) fails "
              "with RESOURCE_EXHAUSTED",
              bytes);
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------------
 // MaskService
@@ -291,8 +294,9 @@ grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* cont
     backend.pipeline->Segment(std::move(target), std::move(*drafts),
                               OutputSpecFrom(*request), call->control,
                               call->arrival, out.get(), nullptr,
-                              [call, out, response, prompts, tag](Status s) {
+                              [this, call, out, response, prompts, tag](Status s) {
                                 ToProto(*out, s, response);
+                                if (s.ok() && options_.startup) options_.startup->Mark(Milestone::kFirstMask);
                                 WarnIfOverDefaultReceiveLimit(*call->control, *response);
                                 call->Finish(s, 1, prompts, out->image.cached, tag);
                               });
@@ -426,6 +430,7 @@ void MaskService::FillInfo(v1::GetInfoResponse* info) const {
     backend = backend_;
   }
   info->set_version(options_.version);
+  if (options_.startup) options_.startup->Fill(info->mutable_startup());
   info->set_uptime_seconds(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::seconds>(
                                                      std::chrono::steady_clock::now() - started_)
                                                      .count()));

@@ -24,6 +24,7 @@
 #include "server/pipeline.h"
 #include "server/wire.h"
 #include "server/router.h"
+#include "server/startup.h"
 
 namespace maskd::server {
 
@@ -41,7 +42,14 @@ struct ServiceOptions {
   // --auth-tokens: calls over TLS need a token TokenAuthProcessor accepted (server/security.h);
   // others get UNAUTHENTICATED with an empty message before anything else is looked at.
   bool require_token = false;
+  // Cold-start milestones: GetInfo reports them, the first successful Segment marks kFirstMask.
+  // May be null. Must outlive the service.
+  StartupTimes* startup = nullptr;
 };
+
+// Logs (INFO, against the request id) a response over 4 MiB, gRPC clients' default receive limit,
+// naming the limit to raise: Segment responses and SegmentStream messages.
+void WarnIfOverDefaultReceiveLimit(const std::string& request_id, size_t bytes);
 
 // What the service needs once the model is loaded.
 struct Backend {

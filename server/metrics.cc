@@ -117,6 +117,20 @@ std::vector<MetricFamily> FamiliesFromInfo(const v1::GetInfoResponse& info) {
   InfoFamilies f;
   f.Gauge("maskd_uptime_seconds", "Seconds since the server started", {},
           static_cast<double>(info.uptime_seconds()));
+  if (info.has_startup()) {
+    const v1::StartupTimes& st = info.startup();
+    const std::pair<const char*, double> phases[] = {
+        {"main", st.main_ms()},           {"listening", st.listening_ms()},
+        {"checkpoint_read", st.checkpoint_read_ms()}, {"weights_ready", st.weights_ready_ms()},
+        {"warmed_up", st.warmed_up_ms()}, {"serving", st.serving_ms()},
+        {"first_mask", st.first_mask_ms()}};
+    for (const auto& [phase, ms] : phases) {
+      if (ms <= 0) continue;  // not reached yet
+      f.Gauge("maskd_startup_seconds",
+              "When a start-up milestone was reached, in seconds after the process started", {{"phase", phase}},
+              ms / 1e3);
+    }
+  }
   if (!info.has_model()) return f.Take();  // still loading: no devices yet
   const v1::ModelInfo& m = info.model();
   f.Gauge("maskd_model_info", "The model served (value is always 1; the facts are the labels)",

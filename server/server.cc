@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <array>
 #include <algorithm>
 #include <climits>
 #include <thread>
@@ -67,6 +68,7 @@ Status MaskServer::StartListening() {
   so.checkpoint_label = checkpoint_.demo() ? "builtin-demo" : checkpoint_.path;
   so.metrics = metrics_.get();
   so.require_token = !config_.auth_tokens.empty();
+  so.startup = startup_.get();
   service_ = std::make_unique<MaskService>(so);
   MaskService* service = service_.get();
   metrics_->SetInfoSource([service](v1::GetInfoResponse* info) { service->FillInfo(info); });
@@ -114,6 +116,7 @@ Status MaskServer::StartListening() {
                        "listens there), or not an address of this machine (expected a free port)");
   }
   SetHealth(false);
+  startup_->Mark(Milestone::kListening);
   address_ = listen->first + ":" + std::to_string(port_);
   spdlog::info("listening on {} ({}{}{}, reflection {})", address_,
                config_.tls_cert.empty() ? "plaintext" : "TLS",
@@ -179,6 +182,7 @@ Status MaskServer::LoadAndServe() {
   if (shutting_down_) return Unavailable("shut down while loading");
   service_->SetBackend(Backend{pipeline_.get(), workers()});
   SetHealth(true);
+  startup_->Mark(Milestone::kServing);
   spdlog::info("serving {} on {} with {} device(s)", kServiceName, address_, workers_.size());
   return Status::Ok();
 }
@@ -202,6 +206,11 @@ Status MaskServer::Load() {
   // Engines load in parallel: a multi-GPU server should not take N times as long to start.
   std::vector<StatusOr<std::unique_ptr<Engine>>> engines;
   for (size_t i = 0; i < devices->size(); ++i) engines.emplace_back(Internal("engine not created"));
+  // Per device, when it reached each engine milestone (StartupPhase order); the server's milestone
+  // is the last device's. An engine that reports none (the tests' fake) reaches all three when its
+  // factory returns.
+  using PhaseTimes = std::array<StartupTimes::Clock::time_point, 3>;
+  std::vector<PhaseTimes> phases(devices->size());
   {
     std::vector<std::thread> loaders;
     for (size_t i = 0; i < devices->size(); ++i) {
@@ -213,16 +222,33 @@ Status MaskServer::Load() {
           return;
         }
         options->log = EngineLogger(d.label);
+        options->on_startup_phase = [&phases, i](StartupPhase p) {
+          phases[i][static_cast<size_t>(p)] = StartupTimes::Clock::now();
+        };
         spdlog::info("loading the engine for {} ({} {})", d.label, PrecisionName(options->precision),
                      d.engine_device);
         try {
           engines[i] = factory_(*options);
+          const auto done = StartupTimes::Clock::now();
+          for (auto& t : phases[i]) {
+            if (t == StartupTimes::Clock::time_point{}) t = done;
+          }
         } catch (const std::exception& e) {
           engines[i] = Internal("creating the engine for " + d.label + " threw: " + e.what());
         }
       });
     }
     for (auto& t : loaders) t.join();
+  }
+  bool all_loaded = true;
+  for (const auto& e : engines) all_loaded = all_loaded && e.ok();
+  if (all_loaded) {
+    for (size_t p = 0; p < 3; ++p) {
+      StartupTimes::Clock::time_point last{};
+      for (const PhaseTimes& t : phases) last = std::max(last, t[p]);
+      startup_->Mark(static_cast<Milestone>(static_cast<int>(Milestone::kCheckpointRead) + static_cast<int>(p)),
+                     last);
+    }
   }
   for (size_t i = 0; i < engines.size(); ++i) {
     if (!engines[i].ok()) {

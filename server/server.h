@@ -22,6 +22,7 @@
 #include "server/metrics.h"
 #include "server/pipeline.h"
 #include "server/router.h"
+#include "server/startup.h"
 #include "server/thread_pool.h"
 
 namespace maskd::server {
@@ -78,6 +79,8 @@ class MaskServer {
   const int cuda_device_count_;
   CheckpointChoice checkpoint_;
 
+  // Cold-start milestones; before the service, which reads it and marks the first mask.
+  std::unique_ptr<StartupTimes> startup_ = std::make_unique<StartupTimes>();
   // Before everything that records into it; the listener stops first in Shutdown.
   std::unique_ptr<Metrics> metrics_ = std::make_unique<Metrics>();
   std::unique_ptr<MetricsListener> metrics_listener_;

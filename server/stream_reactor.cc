@@ -302,6 +302,7 @@ void StreamReactor::Complete(Message* m, const Status& status) {
     e->set_message("the response to this message could not be serialized");
     (void)ResponseTraits::Serialize(m->response, &m->wire, &own_buffer);
   }
+  WarnIfOverDefaultReceiveLimit(m->rid, m->wire.Length());
   Actions a;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -8,6 +8,13 @@ if(TARGET maskd)
                    $<TARGET_FILE:maskd>)
   set_tests_properties(ops_metrics_scrape_test PROPERTIES LABELS cpu TIMEOUT 300)
 endif()
+if(TARGET maskd AND TARGET maskctl)
+  # Cold-start milestones in GetInfo, the log, /metrics and `maskctl info` (issue #13).
+  add_test(NAME ops_startup_test
+           COMMAND ${MASKD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ops/startup_test.py
+                   $<TARGET_FILE:maskd> $<TARGET_FILE:maskctl>)
+  set_tests_properties(ops_startup_test PROPERTIES LABELS cpu TIMEOUT 300)
+endif()
 if(TARGET maskd)
   # Request-scoped log lines in --log-format text and json.
   add_test(NAME ops_logs_test

@@ -13,9 +13,34 @@
 #include "server/config.h"
 #include "server/logging.h"
 #include "server/metrics.h"
+#include "server/startup.h"
 
 namespace maskd::server {
 namespace {
+
+// Cold start (issue #13): each milestone is recorded once, 0 until then, relative to the process's
+// start (before this test's own start, and not days before).
+TEST(OpsStartup, MilestonesAreRecordedOnceFromTheProcessStart) {
+  const auto before = StartupTimes::Clock::now();
+  StartupTimes t;
+  EXPECT_LE(t.origin(), before);
+  EXPECT_LT(std::chrono::duration<double>(before - t.origin()).count(), 3600.0);
+  EXPECT_EQ(t.Ms(Milestone::kFirstMask), 0);
+  EXPECT_FALSE(t.Reached(Milestone::kListening));
+  const auto at = StartupTimes::Clock::now();
+  EXPECT_TRUE(t.Mark(Milestone::kListening, at));
+  EXPECT_FALSE(t.Mark(Milestone::kListening, at + std::chrono::seconds(5)));  // the first one stays
+  const double want = std::chrono::duration<double, std::milli>(at - t.origin()).count();
+  EXPECT_NEAR(t.Ms(Milestone::kListening), want, 0.002);
+  EXPECT_TRUE(t.Mark(Milestone::kFirstMask, at + std::chrono::milliseconds(250)));
+  v1::StartupTimes p;
+  t.Fill(&p);
+  EXPECT_DOUBLE_EQ(p.listening_ms(), t.Ms(Milestone::kListening));
+  EXPECT_NEAR(p.first_mask_ms() - p.listening_ms(), 250.0, 0.002);
+  EXPECT_EQ(p.serving_ms(), 0);
+  EXPECT_EQ(p.main_ms(), 0);  // MarkProcessMain was not called in this test binary
+  EXPECT_STREQ(MilestoneName(Milestone::kWeightsReady), "weights_ready");
+}
 
 ConfigParseResult Parse(std::vector<std::string> args) {
   args.insert(args.begin(), "maskd");

@@ -213,6 +213,28 @@ TEST(ServerService, HealthIsNotServingUntilLoadedAndDuringShutdown) {
   stopper.join();
 }
 
+// Cold start on the fake engine (which reports no engine phases: they are reached when its factory
+// returns). A failed Segment is not the first mask; a successful one is, once.
+TEST(ServerService, StartupMilestonesAreOrderedAndTheFirstMaskIsTheFirstSuccess) {
+  MaskdOnFakeEngines m(MaskdOnFakeEngines::Options{});
+  const v1::StartupTimes before = m.Info().startup();
+  EXPECT_EQ(before.main_ms(), 0);  // not maskd's main()
+  EXPECT_GT(before.listening_ms(), 0);
+  EXPECT_LE(before.listening_ms(), before.checkpoint_read_ms());
+  EXPECT_LE(before.checkpoint_read_ms(), before.weights_ready_ms());
+  EXPECT_LE(before.weights_ready_ms(), before.warmed_up_ms());
+  EXPECT_LE(before.warmed_up_ms(), before.serving_ms());
+  EXPECT_EQ(before.first_mask_ms(), 0);
+  EXPECT_EQ(m.Segment(ById(std::string(64, 'a'), {Click(1, 1)})).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.Info().startup().first_mask_ms(), 0) << "a failed Segment is not a mask served";
+  ASSERT_TRUE(m.Segment(ByImage(Encoded(32, 24, 1), {Click(3, 3)})).ok());
+  const v1::StartupTimes after = m.Info().startup();
+  EXPECT_GE(after.first_mask_ms(), after.serving_ms());
+  EXPECT_EQ(after.serving_ms(), before.serving_ms());
+  ASSERT_TRUE(m.Segment(ByImage(Encoded(32, 24, 2), {Click(3, 3)})).ok());
+  EXPECT_EQ(m.Info().startup().first_mask_ms(), after.first_mask_ms());
+}
+
 TEST(ServerService, EmbedThenSegmentByImageId) {
   MaskdOnFakeEngines m({});
   const v1::Image image = Encoded(64, 48, 1);

@@ -34,6 +34,14 @@ namespace maskd {
 // Where the engine's log lines go. The server routes them to spdlog; the default writes to stderr.
 using LogFn = std::function<void(LogLevel, std::string_view)>;
 
+// Start-up milestones of Engine::Create, for the server's cold-start timings (GetInfo.startup).
+enum class StartupPhase {
+  kCheckpointRead,  // checkpoint read and its tensors in the (CPU) model; the demo: weights made
+  kWeightsReady,    // converted to the serving precision and placed on the device, fast path built
+  kWarmedUp,        // warm-up done (CUDA graphs captured); reported also when warm-up is off
+};
+using StartupPhaseFn = std::function<void(StartupPhase)>;
+
 // Encoder/decoder optimisations. Each can be switched on its own (maskbench's waterfall does); the
 // CUDA-only ones are ignored on CPU, which always runs the exact original arithmetic in fp32 unless
 // asked otherwise.
@@ -119,6 +127,8 @@ struct EngineOptions {
   // Run one warm-up pass of each prepared shape in Create (so that the first request is not slow).
   bool warmup = true;
   LogFn log;
+  // Told each StartupPhase once, in order, on the thread running Create; may be empty.
+  StartupPhaseFn on_startup_phase;
 };
 
 // The model's shape, as read from the checkpoint.
