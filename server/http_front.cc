@@ -13,6 +13,7 @@
 
 #include "maskd/v1/maskd.grpc.pb.h"
 #include "server/logging.h"
+#include "server/security.h"
 
 namespace maskd::server {
 
@@ -111,10 +112,14 @@ struct HttpFront::Impl {
   // One unary call: JSON body -> Request, the stub's method, Response -> JSON.
   template <typename Request, typename Response, typename Method>
   void Unary(const httplib::Request& req, httplib::Response& res, const char* what, Method method) {
-    if (options.authorize && !options.authorize(req.get_header_value("Authorization"))) {
-      res.set_header("WWW-Authenticate", "Bearer");
-      Send(Error(grpc::StatusCode::UNAUTHENTICATED, ""), res);
-      return;
+    std::optional<std::string> scope;
+    if (options.authorize) {
+      scope = options.authorize(req.get_header_value("Authorization"));
+      if (!scope) {
+        res.set_header("WWW-Authenticate", "Bearer");
+        Send(Error(grpc::StatusCode::UNAUTHENTICATED, ""), res);
+        return;
+      }
     }
     Request request;
     if (!req.body.empty()) {
@@ -133,6 +138,7 @@ struct HttpFront::Impl {
     ctx.set_deadline(std::chrono::system_clock::now() + options.call_timeout);
     // The service validates the id (and makes one when it is missing or unusable).
     if (req.has_header("x-request-id")) ctx.AddMetadata("x-request-id", req.get_header_value("x-request-id"));
+    if (scope && !scope->empty()) ctx.AddMetadata(kInProcessScopeMetadata, *scope);
     Response response;
     const grpc::Status s = (stub.get()->*method)(&ctx, request, &response);
     const auto& md = ctx.GetServerInitialMetadata();

@@ -41,6 +41,9 @@ struct ServiceOptions {
   // --auth-tokens: calls over TLS need a token TokenAuthProcessor accepted (server/security.h);
   // others get UNAUTHENTICATED with an empty message before anything else is looked at.
   bool require_token = false;
+  // --auth-tokens without --auth-shared-cache: each call sees only the embeddings and results of
+  // its token's scope (server/security.h, CallScope).
+  bool scoped_cache = false;
 };
 
 // What the service needs once the model is loaded.
