@@ -1,5 +1,7 @@
 #include "client/client.h"
 
+#include <algorithm>
+
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/wire_format_lite.h>
@@ -269,7 +271,11 @@ std::optional<std::string> AffinityKey(std::string_view model_identity, const v1
 
 std::optional<std::string> AffinityKey(std::string_view model_identity, const v1::SegmentRequest& request) {
   if (request.has_image()) return AffinityKey(model_identity, request.image());
-  if (!request.image_id().empty()) return request.image_id();
+  // Only what a header may carry: gRPC aborts the process on a header value with a control or
+  // non-ASCII character (hardening_corpus_test sends one); the server refuses such an id anyway.
+  const std::string& id = request.image_id();
+  const bool printable = std::all_of(id.begin(), id.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+  if (!id.empty() && printable) return id;
   return std::nullopt;
 }
 

@@ -31,6 +31,9 @@ target_link_libraries(maskd_fake PRIVATE maskd_server maskd_fake_engine)
 maskd_add_test(hardening_server_test SOURCES hardening_server_test.cc
                LIBS maskd_server maskd_client maskd_fake_engine)
 add_dependencies(hardening_server_test maskd maskd_fake)
+# Issue #14: the bad-input corpus (one table, >= 150 cases across every RPC; a good request after each).
+maskd_add_test(hardening_corpus_test SOURCES hardening_corpus_test.cc
+               LIBS maskd_server maskd_client maskd_fake_engine)
 maskd_add_test(hardening_config_test SOURCES hardening_config_test.cc
                LIBS maskd_server maskd_fake_engine)
 # Issue #14 hardening with the real engine (the built-in demo model; needs no golden data).
