@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "maskd/v1/maskd.grpc.pb.h"
+#include "proto/grpc_code_name.h"
 #include "server/logging.h"
 #include "server/security.h"
 
@@ -24,29 +25,6 @@ extern const size_t kIndexHtmlSize;
 namespace {
 
 namespace pbu = google::protobuf::util;
-
-const char* CodeName(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED: return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
-  }
-}
 
 std::string ToJson(const google::protobuf::Message& m) {
   pbu::JsonPrintOptions o;
@@ -63,7 +41,7 @@ HttpReply Error(int http_status, grpc::StatusCode code, const std::string& messa
   google::protobuf::Struct body;
   google::protobuf::Struct* e = (*body.mutable_fields())["error"].mutable_struct_value();
   (*e->mutable_fields())["code"].set_number_value(http_status);
-  (*e->mutable_fields())["status"].set_string_value(CodeName(code));
+  (*e->mutable_fields())["status"].set_string_value(GrpcCodeName(code));
   (*e->mutable_fields())["message"].set_string_value(message);
   HttpReply r;
   r.status = http_status;

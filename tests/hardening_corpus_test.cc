@@ -25,6 +25,7 @@
 
 #include "model/io/image_codec.h"
 #include "model/io/image_id.h"
+#include "proto/grpc_code_name.h"
 #include "tests/server_fixture.h"
 
 namespace maskd::server {
@@ -762,8 +763,8 @@ TEST(HardeningCorpus, EveryBadInputGetsItsStatusAndTheServerKeepsServing) {
     SCOPED_TRACE(c.name);
     EXPECT_TRUE(names.insert(c.name).second) << "two cases named " << c.name;
     const Outcome o = c.run(corpus);
-    by_code[StatusCodeName(static_cast<maskd::StatusCode>(o.code))]++;
-    EXPECT_EQ(o.code, c.code) << c.name << ": got " << StatusCodeName(static_cast<maskd::StatusCode>(o.code))
+    by_code[GrpcCodeName(o.code)]++;
+    EXPECT_EQ(o.code, c.code) << c.name << ": got " << GrpcCodeName(o.code)
                               << " \"" << o.message << "\"";
     if (c.code != StatusCode::OK) {
       EXPECT_FALSE(o.message.empty()) << c.name;
