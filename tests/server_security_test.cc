@@ -202,7 +202,8 @@ TEST(ServerSecurityConfig, FlagsThatBelongTogether) {
 
 TEST(ServerSecurityConfig, FlagsParse) {
   const char* argv[] = {"maskd", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem",
-                        "--auth-tokens", "t.txt", "--auth-exempt-health", "false", "--reflection", "off"};
+                        "--auth-tokens", "t.txt", "--auth-exempt-health", "false", "--reflection", "off",
+                        "--auth-shared-cache", "true"};
   ConfigParseResult r = ParseConfig(static_cast<int>(std::size(argv)), argv);
   ASSERT_FALSE(r.exit) << r.output;
   EXPECT_EQ(r.config.tls_cert, "c.pem");
@@ -211,14 +212,16 @@ TEST(ServerSecurityConfig, FlagsParse) {
   EXPECT_EQ(r.config.auth_tokens, "t.txt");
   EXPECT_FALSE(r.config.auth_exempt_health);
   EXPECT_FALSE(r.config.reflection);
+  EXPECT_TRUE(r.config.auth_shared_cache);
   const char* defaults[] = {"maskd"};
   ConfigParseResult d = ParseConfig(1, defaults);
   EXPECT_TRUE(d.config.auth_exempt_health);
   EXPECT_TRUE(d.config.reflection);
+  EXPECT_FALSE(d.config.auth_shared_cache);  // scoped per token unless asked
   const char* help[] = {"maskd", "--help"};
   ConfigParseResult h = ParseConfig(2, help);
   for (const char* flag : {"--tls-cert", "--tls-key", "--tls-client-ca", "--auth-tokens",
-                           "--auth-exempt-health", "--reflection"}) {
+                           "--auth-exempt-health", "--reflection", "--auth-shared-cache"}) {
     EXPECT_NE(h.output.find(flag), std::string::npos) << flag;
   }
 }
