@@ -1,5 +1,7 @@
 #include "client/client.h"
 
+#include <algorithm>
+
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/wire_format_lite.h>
@@ -154,29 +156,6 @@ Status ApplySecurityFlags(const SecurityFlags& f, ClientSecurity* sec) {
   return Status::Ok();
 }
 
-const char* GrpcCodeName(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED: return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNRECOGNISED_CODE";
-  }
-}
-
 Status FromGrpcStatus(const grpc::Status& status) {
   // gRPC's own wording when a response is over the channel's receive limit: the server answered,
   // this client refused it. Say which knob that is.
@@ -269,7 +248,11 @@ std::optional<std::string> AffinityKey(std::string_view model_identity, const v1
 
 std::optional<std::string> AffinityKey(std::string_view model_identity, const v1::SegmentRequest& request) {
   if (request.has_image()) return AffinityKey(model_identity, request.image());
-  if (!request.image_id().empty()) return request.image_id();
+  // Only what a header may carry: gRPC aborts the process on a header value with a control or
+  // non-ASCII character (hardening_corpus_test sends one); the server refuses such an id anyway.
+  const std::string& id = request.image_id();
+  const bool printable = std::all_of(id.begin(), id.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+  if (!id.empty() && printable) return id;
   return std::nullopt;
 }
 

@@ -30,6 +30,7 @@
 
 #include "maskd/v1/maskd.grpc.pb.h"
 #include "model/api/status.h"
+#include "proto/grpc_code_name.h"
 
 namespace maskd::client {
 
@@ -94,7 +95,8 @@ std::optional<std::string> AffinityKey(std::string_view model_identity, const v1
 // The grpc::Status -> maskd::Status conversion used for every call (codes are numerically equal; a
 // code maskd::StatusCode does not name becomes INTERNAL with the gRPC code name in the message).
 Status FromGrpcStatus(const grpc::Status& status);
-const char* GrpcCodeName(grpc::StatusCode code);
+// The gRPC code's name (proto/grpc_code_name.h, shared with the server's HTTP front).
+using ::maskd::GrpcCodeName;
 
 // One point of a prompt, in original image pixels.
 struct PointArg {

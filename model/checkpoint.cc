@@ -171,6 +171,23 @@ class Unpickler {
           stack_.push_back(Make(CheckGlobal(g)));
           break;
         }
+        case 'i': {  // INST "module\nname\n": calls that global with the arguments above a MARK
+          Global g;
+          g.module = Line();
+          g.name = Line();
+          throw PickleError("the pickle calls the global '" + g.Qualified() +
+                            "' through INST (opcode 0x69), which a tensor state dict does not use; "
+                            "refusing to load it (a checkpoint is never allowed to run code)");
+        }
+        case 'o':     // OBJ
+        case 0x81:    // NEWOBJ
+        case 0x92: {  // NEWOBJ_EX
+          std::ostringstream os;
+          os << "the pickle creates an object of an arbitrary class (opcode 0x" << std::hex << int(op)
+             << "), which a tensor state dict does not use; refusing to load it (a checkpoint is "
+                "never allowed to run code)";
+          throw PickleError(os.str());
+        }
         case 0x93: {  // STACK_GLOBAL
           ValuePtr name = Pop(), module = Pop();
           stack_.push_back(Make(CheckGlobal(Global{AsStr(module), AsStr(name)})));

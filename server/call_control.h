@@ -20,10 +20,17 @@ class CallControl {
 
   // `is_cancelled` is called under this object's lock and never after MarkFinished(), so it may
   // point into a gRPC context that dies when the call finishes.
-  CallControl(std::string request_id, Clock::time_point deadline, std::function<bool()> is_cancelled)
-      : request_id_(std::move(request_id)), deadline_(deadline), is_cancelled_(std::move(is_cancelled)) {}
+  // `scope`: whose cached embeddings and stored results the call may see (server/security.h,
+  // CallScope); "" is the one shared scope.
+  CallControl(std::string request_id, Clock::time_point deadline, std::function<bool()> is_cancelled,
+              std::string scope = {})
+      : request_id_(std::move(request_id)),
+        deadline_(deadline),
+        scope_(std::move(scope)),
+        is_cancelled_(std::move(is_cancelled)) {}
 
   const std::string& request_id() const { return request_id_; }
+  const std::string& scope() const { return scope_; }
   Clock::time_point deadline() const { return deadline_; }
 
   // OK while the call is alive; DEADLINE_EXCEEDED or CANCELLED once it is not.
@@ -54,6 +61,7 @@ class CallControl {
  private:
   const std::string request_id_;
   const Clock::time_point deadline_;
+  const std::string scope_;
   // Guards finished_ and the calls of is_cancelled_ (see the constructor).
   mutable std::mutex mu_;
   bool finished_ = false;

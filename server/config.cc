@@ -77,8 +77,11 @@ void AddSecurityOptions(CLI::App& app, ServerConfig& c, const CLI::Validator& bo
   env(app.add_option("--auth-tokens", c.auth_tokens,
                      "File of accepted bearer tokens, one per line ('#' comments, blank lines "
                      "skipped), read at start; every call must carry 'authorization: Bearer "
-                     "<token>' or gets UNAUTHENTICATED. Needs --tls-cert (tokens are not sent in "
-                     "plaintext). The HTTP front checks the same tokens")
+                     "<token>' or gets UNAUTHENTICATED. A line may name the token's cache scope: "
+                     "'TOKEN scope=NAME' (NAME: 1..64 of [A-Za-z0-9._-]); a bare TOKEN gets a "
+                     "scope of its own. Embeddings and results are seen only within their scope "
+                     "(NOT_FOUND elsewhere). Needs --tls-cert (tokens are not sent in plaintext). "
+                     "The HTTP front checks the same tokens")
           ->type_name("PATH")
           ->group(g),
       "auth-tokens");
@@ -90,6 +93,15 @@ void AddSecurityOptions(CLI::App& app, ServerConfig& c, const CLI::Validator& bo
           ->capture_default_str()
           ->group(g),
       "auth-exempt-health");
+  env(app.add_option("--auth-shared-cache", c.auth_shared_cache,
+                     "With --auth-tokens: one embedding cache and result store for every token, as "
+                     "without authentication (image_ids and result_ids of one token then work for "
+                     "all; off: per scope, see --auth-tokens)")
+          ->check(boolean_word)
+          ->type_name("BOOL")
+          ->capture_default_str()
+          ->group(g),
+      "auth-shared-cache");
   env(app.add_option("--reflection", c.reflection,
                      "gRPC server reflection (lets grpcurl list and call the API without the .proto)")
           ->check(boolean_word)

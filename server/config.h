@@ -43,6 +43,7 @@ struct ServerConfig {
   std::string tls_cert, tls_key, tls_client_ca;
   std::string auth_tokens;          // file, one token per line; empty: no authentication
   bool auth_exempt_health = true;   // grpc.health.v1 answers without a token (load balancers)
+  bool auth_shared_cache = false;   // with auth_tokens: one cache for every token (else per scope)
   bool reflection = true;           // gRPC server reflection (grpcurl without the .proto)
 
   // Batching (per device).

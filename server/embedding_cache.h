@@ -36,6 +36,8 @@ struct ImageGeometry {
 };
 
 struct CachedEmbedding {
+  // The cache key: the image_id, with the caller's scope when caches are scoped (the pipeline's
+  // CacheKey). The result store ties results to the same key.
   std::string image_id;
   ImageGeometry geometry;
   std::shared_ptr<const Embedding> embedding;

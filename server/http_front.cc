@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "maskd/v1/maskd.grpc.pb.h"
+#include "proto/grpc_code_name.h"
 #include "server/logging.h"
+#include "server/security.h"
 
 namespace maskd::server {
 
@@ -23,29 +25,6 @@ extern const size_t kIndexHtmlSize;
 namespace {
 
 namespace pbu = google::protobuf::util;
-
-const char* CodeName(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED: return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
-  }
-}
 
 std::string ToJson(const google::protobuf::Message& m) {
   pbu::JsonPrintOptions o;
@@ -62,7 +41,7 @@ HttpReply Error(int http_status, grpc::StatusCode code, const std::string& messa
   google::protobuf::Struct body;
   google::protobuf::Struct* e = (*body.mutable_fields())["error"].mutable_struct_value();
   (*e->mutable_fields())["code"].set_number_value(http_status);
-  (*e->mutable_fields())["status"].set_string_value(CodeName(code));
+  (*e->mutable_fields())["status"].set_string_value(GrpcCodeName(code));
   (*e->mutable_fields())["message"].set_string_value(message);
   HttpReply r;
   r.status = http_status;
@@ -111,10 +90,14 @@ struct HttpFront::Impl {
   // One unary call: JSON body -> Request, the stub's method, Response -> JSON.
   template <typename Request, typename Response, typename Method>
   void Unary(const httplib::Request& req, httplib::Response& res, const char* what, Method method) {
-    if (options.authorize && !options.authorize(req.get_header_value("Authorization"))) {
-      res.set_header("WWW-Authenticate", "Bearer");
-      Send(Error(grpc::StatusCode::UNAUTHENTICATED, ""), res);
-      return;
+    std::optional<std::string> scope;
+    if (options.authorize) {
+      scope = options.authorize(req.get_header_value("Authorization"));
+      if (!scope) {
+        res.set_header("WWW-Authenticate", "Bearer");
+        Send(Error(grpc::StatusCode::UNAUTHENTICATED, ""), res);
+        return;
+      }
     }
     Request request;
     if (!req.body.empty()) {
@@ -133,6 +116,7 @@ struct HttpFront::Impl {
     ctx.set_deadline(std::chrono::system_clock::now() + options.call_timeout);
     // The service validates the id (and makes one when it is missing or unusable).
     if (req.has_header("x-request-id")) ctx.AddMetadata("x-request-id", req.get_header_value("x-request-id"));
+    if (scope && !scope->empty()) ctx.AddMetadata(kInProcessScopeMetadata, *scope);
     Response response;
     const grpc::Status s = (stub.get()->*method)(&ctx, request, &response);
     const auto& md = ctx.GetServerInitialMetadata();

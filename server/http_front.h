@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -46,8 +47,10 @@ struct HttpFrontOptions {
   // Threads serving connections (each blocks on its call while the service works).
   int threads = 8;
   // Set (maskd with --auth-tokens): every /v1 route needs an Authorization header it accepts, else
-  // 401 UNAUTHENTICATED with an empty message. The page at / needs none (it holds no data).
-  std::function<bool(std::string_view authorization)> authorize;
+  // 401 UNAUTHENTICATED with an empty message. The page at / needs none (it holds no data). It
+  // returns the caller's cache scope (nullopt: refused); a non-empty one goes to the service as
+  // kInProcessScopeMetadata (server/security.h), whatever headers the HTTP client sent.
+  std::function<std::optional<std::string>(std::string_view authorization)> authorize;
 };
 
 // JSON answers are sent uncompressed. cpp-httplib compresses a reply whose type is exactly

@@ -200,7 +200,8 @@ std::shared_ptr<MaskService::UnaryCall> MaskService::BeginUnary(const char* meth
   context->AddInitialMetadata("x-request-id", request_id);
   call->control = std::make_shared<CallControl>(request_id,
                                                 SteadyDeadline(context->deadline()),
-                                                [context] { return context->IsCancelled(); });
+                                                [context] { return context->IsCancelled(); },
+                                                CallScope(*context, options_.scoped_cache));
   return call;
 }
 

@@ -45,6 +45,9 @@ struct ServiceOptions {
   // Cold-start milestones: GetInfo reports them, the first successful Segment marks kFirstMask.
   // May be null. Must outlive the service.
   StartupTimes* startup = nullptr;
+  // --auth-tokens without --auth-shared-cache: each call sees only the embeddings and results of
+  // its token's scope (server/security.h, CallScope).
+  bool scoped_cache = false;
 };
 
 // Logs (INFO, against the request id) a response over 4 MiB, gRPC clients' default receive limit,

@@ -29,6 +29,9 @@ struct Pipeline::Job {
   // Set once routed (from inside the router's lock, before any waiter can run).
   std::atomic<DeviceWorker*> worker{nullptr};
   CachedEmbeddingPtr entry;
+  // The image's id as clients see it (a content address); entry->image_id is the cache key, which
+  // also names the call's scope (CacheKey).
+  std::string image_id;
   bool cached = false;
   std::atomic<bool> finished{false};
 
@@ -55,6 +58,13 @@ struct Pipeline::Job {
 };
 
 namespace {
+
+// Embeddings and stored results are keyed by scope and image id: a call finds only what calls of its
+// own scope cached, while the id itself stays the content address clients see (same bytes, same
+// id). Image ids are 64 hex digits (ValidateImageId), so no id contains the separator.
+std::string CacheKey(const std::string& scope, const std::string& image_id) {
+  return scope.empty() ? image_id : image_id + "@" + scope;
+}
 
 MaskEncoding EncodingFor(OutputFormat f) {
   switch (f) {
@@ -177,10 +187,12 @@ void Pipeline::Resolve(const JobPtr& job) {
   } else {
     image_id = job->image.image_id;
   }
+  job->image_id = image_id;
+  const std::string key = CacheKey(job->control->scope(), image_id);
 
   const Clock::time_point join_time = Clock::now();
   Router::Routed routed = router_->Acquire(
-      image_id, /*create=*/has_bytes, job->control, [this, job, join_time](DeviceWorker* w) {
+      key, /*create=*/has_bytes, job->control, [this, job, join_time](DeviceWorker* w) {
         job->worker = w;
         w->AddLoad(1);
         return [this, job, w, join_time](StatusOr<CachedEmbeddingPtr> r) {
@@ -203,7 +215,7 @@ void Pipeline::Resolve(const JobPtr& job) {
       return OnResolved(job, routed.worker->cache().Promote(routed.acquired.flight),
                         /*cached=*/true);
     case EmbeddingCache::Outcome::kLeader:
-      return Lead(job, routed.worker, routed.acquired.flight, image_id);
+      return Lead(job, routed.worker, routed.acquired.flight, key);
     case EmbeddingCache::Outcome::kAbsent:
       break;
   }
@@ -216,7 +228,7 @@ void Pipeline::Resolve(const JobPtr& job) {
 
 void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
                     const std::shared_ptr<EmbeddingCache::Flight>& flight,
-                    const std::string& image_id) {
+                    const std::string& cache_key) {
   EmbeddingCache& cache = worker->cache();
   auto fail = [&](Status s) { OnResolved(job, cache.Complete(flight, std::move(s)), false); };
   // Decoding is wasted when the encoder would refuse the image anyway.
@@ -262,17 +274,17 @@ void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
   EncoderBatcher::Request request{*prepared, {}, {}};
   request.alive = [&cache, flight] { return cache.FlightAlive(flight); };
   request.request_id = job->rid();
-  request.done = [this, job, worker, flight, image_id, geometry](
+  request.done = [this, job, worker, flight, cache_key, geometry](
                      StatusOr<std::shared_ptr<const Embedding>> embedding, const EncodeTiming& t) {
     job->encoder_queue_us = t.queue_us;
     job->encoder_compute_us = t.compute_us;
     // Off the encoder's thread: inserting may demote other entries (device-to-host copies).
-    Post([this, job, worker, flight, image_id, geometry, embedding = std::move(embedding)]() mutable {
+    Post([this, job, worker, flight, cache_key, geometry, embedding = std::move(embedding)]() mutable {
       Guarded(job, [&] {
         StatusOr<CachedEmbedding> value = embedding.status();
         if (embedding.ok()) {
           CachedEmbedding v;
-          v.image_id = image_id;
+          v.image_id = cache_key;
           v.geometry = geometry;
           v.bytes = (*embedding)->bytes();
           v.embedding = std::move(*embedding);
@@ -288,7 +300,7 @@ void Pipeline::Lead(const JobPtr& job, DeviceWorker* worker,
 void Pipeline::OnResolved(const JobPtr& job, StatusOr<CachedEmbeddingPtr> entry, bool cached) {
   ReleaseDecodeBytes(*job);  // the decoded and prepared images are gone once the flight completes
   if (entry.ok()) {
-    ReportImage(job, (*entry)->image_id);
+    ReportImage(job, job->image_id);
   } else {
     ReportImage(job, entry.status());
   }
@@ -297,7 +309,7 @@ void Pipeline::OnResolved(const JobPtr& job, StatusOr<CachedEmbeddingPtr> entry,
   job->cached = cached;
   const CachedEmbedding& e = **entry;
   ImageOutcome* out = job->image_out;
-  out->image_id = e.image_id;
+  out->image_id = job->image_id;
   out->width = e.geometry.width;
   out->height = e.geometry.height;
   out->cached = cached;
@@ -319,7 +331,8 @@ Status Pipeline::BuildDecodeItems(const JobPtr& job, std::vector<DecodeItem>* it
     PromptSpec spec = d.spec;
     if (d.mask == PromptDraft::Mask::kResult) {
       const std::string f = field + ".mask_input.result_id";
-      // Scoped to this request's image: another image's result answers like an unknown id.
+      // Scoped to this request's image in this call's scope (the cache key): another image's result,
+      // or another scope's, answers like an unknown id.
       StatusOr<StoredResult> stored = worker->results().Get(d.result_id, f, e.image_id);
       if (!stored.ok()) return stored.status();
       const uint32_t index = d.mask_index ? *d.mask_index : static_cast<uint32_t>(stored->best_index);

@@ -77,21 +77,62 @@ StatusOr<std::string> ReadFileForFlag(const std::string& flag, const std::string
 StatusOr<std::shared_ptr<const TokenSet>> TokenSet::Parse(std::string_view text, const std::string& origin) {
   auto set = std::make_shared<TokenSet>();
   size_t line_no = 0;
+  // Messages name the line, never its token: they go to the log.
+  auto bad_line = [&](const std::string& what) {
+    return InvalidArgument("--auth-tokens = \"" + origin + "\": line " + std::to_string(line_no) + " " +
+                           what + " (expected one token per line, optionally followed by "
+                           "\" scope=NAME\")");
+  };
   while (!text.empty()) {
     const size_t nl = text.find('\n');
     std::string_view line = Trim(text.substr(0, nl));
     text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
     ++line_no;
     if (line.empty() || line.front() == '#') continue;
+    size_t end = 0;
+    while (end < line.size() && line[end] != ' ' && line[end] != '\t') ++end;
+    const std::string_view token = line.substr(0, end);
+    const std::string_view rest = Trim(line.substr(end));
     for (char c : line) {
-      if (c == ' ' || c == '\t' || std::iscntrl(static_cast<unsigned char>(c))) {
-        // The line number, not the token: the message goes to the log.
-        return InvalidArgument("--auth-tokens = \"" + origin + "\": line " + std::to_string(line_no) +
-                               " has a space or control character inside the token (expected one "
-                               "token per line)");
+      if (c != ' ' && c != '\t' && std::iscntrl(static_cast<unsigned char>(c))) {
+        return bad_line("has a control character");
       }
     }
-    set->digests_.push_back(Digest(line));
+    std::string scope;
+    const std::array<unsigned char, 32> digest = Digest(token);
+    if (rest.empty()) {
+      // Named from a digest of the digest: the name is logged, and says nothing usable about the
+      // token (nor is it the value compared at authentication).
+      std::string material = "maskd-scope:";
+      material.append(reinterpret_cast<const char*>(digest.data()), digest.size());
+      const std::array<unsigned char, 32> name = Digest(material);
+      static const char kHex[] = "0123456789abcdef";
+      scope = kDerivedScopePrefix;
+      for (int i = 0; i < 8; ++i) {
+        scope += kHex[name[i] >> 4];
+        scope += kHex[name[i] & 15];
+      }
+    } else {
+      constexpr std::string_view kKey = "scope=";
+      if (rest.substr(0, kKey.size()) != kKey) {
+        return bad_line("has a space inside the token or something other than \"scope=NAME\" after it");
+      }
+      const std::string_view name = rest.substr(kKey.size());
+      bool valid = !name.empty() && name.size() <= kMaxScopeName;
+      for (char c : name) {
+        valid = valid && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+      }
+      if (!valid) {
+        return bad_line("names a scope that is not 1.." + std::to_string(kMaxScopeName) +
+                        " of letters, digits, '.', '_' and '-'");
+      }
+      scope = std::string(name);
+    }
+    for (const auto& known : set->digests_) {
+      if (known == digest) return bad_line("repeats a token of an earlier line");
+    }
+    set->digests_.push_back(digest);
+    set->scopes_.push_back(std::move(scope));
   }
   if (set->digests_.empty()) {
     return InvalidArgument("--auth-tokens = \"" + origin +
@@ -106,22 +147,34 @@ StatusOr<std::shared_ptr<const TokenSet>> TokenSet::Load(const std::string& path
   return Parse(*text, path);
 }
 
-bool TokenSet::Accepts(std::string_view token) const {
-  // Hashing first gives every comparison the same length; every digest is compared so that the
-  // time does not depend on which token (if any) matched.
+std::optional<std::string> TokenSet::ScopeOf(std::string_view token) const {
+  // Hashing first gives every comparison the same length; every digest is compared, and the index
+  // of the match is selected arithmetically, so that the time does not depend on which token (if
+  // any) matched.
   const std::array<unsigned char, 32> d = Digest(token);
-  int matched = 0;
-  for (const auto& known : digests_) matched |= CRYPTO_memcmp(known.data(), d.data(), d.size()) == 0;
-  return matched != 0 && !token.empty();
+  size_t matched = 0, index = 0;
+  for (size_t i = 0; i < digests_.size(); ++i) {
+    const size_t same = static_cast<size_t>(CRYPTO_memcmp(digests_[i].data(), d.data(), d.size()) == 0);
+    matched |= same;
+    index |= i & (size_t{0} - same);  // tokens are distinct (Parse), so at most one contributes
+  }
+  if (matched == 0 || token.empty()) return std::nullopt;
+  return scopes_[index];
+}
+
+bool TokenSet::Accepts(std::string_view token) const { return ScopeOf(token).has_value(); }
+
+std::optional<std::string> TokenSet::ScopeOfAuthorization(std::string_view value) const {
+  constexpr std::string_view kScheme = "bearer ";
+  if (value.size() <= kScheme.size()) return std::nullopt;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(value[i])) != kScheme[i]) return std::nullopt;
+  }
+  return ScopeOf(Trim(value.substr(kScheme.size())));
 }
 
 bool TokenSet::AcceptsAuthorization(std::string_view value) const {
-  constexpr std::string_view kScheme = "bearer ";
-  if (value.size() <= kScheme.size()) return false;
-  for (size_t i = 0; i < kScheme.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(value[i])) != kScheme[i]) return false;
-  }
-  return Accepts(Trim(value.substr(kScheme.size())));
+  return ScopeOfAuthorization(value).has_value();
 }
 
 grpc::Status TokenAuthProcessor::Process(const InputMetadata& md, grpc::AuthContext* context,
@@ -133,12 +186,16 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& md, grpc::AuthCont
     }
   }
   auto auth = md.find("authorization");
-  if (auth != md.end() &&
-      tokens_->AcceptsAuthorization(std::string_view(auth->second.data(), auth->second.size()))) {
+  std::optional<std::string> scope;
+  if (auth != md.end()) {
+    scope = tokens_->ScopeOfAuthorization(std::string_view(auth->second.data(), auth->second.size()));
+  }
+  if (scope) {
     // Consumed: the token does not reach the handlers' client_metadata (nor any log of it).
     consumed->insert(std::make_pair(std::string(auth->first.data(), auth->first.size()),
                                     std::string(auth->second.data(), auth->second.size())));
     context->AddProperty(kTokenAcceptedProperty, "true");
+    context->AddProperty(kScopeProperty, *scope);
     return grpc::Status::OK;
   }
   auto path = md.find(":path");
@@ -202,6 +259,35 @@ bool CallAuthorized(const grpc::ServerContextBase& context) {
     tls = tls || v == "ssl";
   }
   return !tls || !auth->FindPropertyValues(kTokenAcceptedProperty).empty();
+}
+
+namespace {
+
+bool OverTls(const grpc::AuthContext& auth) {
+  for (const grpc::string_ref& v : auth.FindPropertyValues("transport_security_type")) {
+    if (v == "ssl") return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string CallScope(const grpc::ServerContextBase& context, bool scoped) {
+  if (!scoped) return "";
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth && OverTls(*auth)) {
+    // Set by TokenAuthProcessor from the token itself: nothing the client sends besides it counts.
+    const std::vector<grpc::string_ref> v = auth->FindPropertyValues(kScopeProperty);
+    // CallAuthorized refused calls without a token before this is asked; an empty name would be
+    // the shared scope, so a call that somehow has none gets a scope of its own instead.
+    if (v.empty()) return "#tls-without-scope";
+    return std::string(v.front().data(), v.front().size());
+  }
+  // In-process (the HTTP front, which authenticated the caller itself).
+  const auto& md = context.client_metadata();
+  auto it = md.find(kInProcessScopeMetadata);
+  if (it == md.end() || it->second.empty()) return kUnnamedInProcessScope;
+  return std::string(it->second.data(), it->second.size());
 }
 
 bool IsLoopbackHost(const std::string& host) {

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,11 +29,21 @@
 
 namespace maskd::server {
 
+// Caches are scoped per principal (issue #14): with --auth-tokens, an embedding or a stored result is
+// found only by calls in the scope that made it, unless --auth-shared-cache. A scope is a name, never
+// a token: `TOKEN scope=NAME` names it; a bare `TOKEN` gets its own scope, named from a digest of the
+// token (kDerivedScopePrefix + 16 hex digits), so two tokens share a cache only when configured to.
+inline constexpr char kDerivedScopePrefix[] = "token-";
+// Scope names in the file: 1..64 of [A-Za-z0-9._-] (they are logged; no ':' or '#', see below).
+inline constexpr size_t kMaxScopeName = 64;
+
 class TokenSet {
  public:
-  // One token per line; blank lines and lines starting with '#' are skipped, surrounding spaces and
-  // tabs trimmed. INVALID_ARGUMENT naming --auth-tokens and the path (never a token) when the file
-  // cannot be read, holds no token, or a token contains a space (it could not be sent in a header).
+  // One token per line, optionally followed by ` scope=NAME`; blank lines and lines starting with
+  // '#' are skipped, surrounding spaces and tabs trimmed. INVALID_ARGUMENT naming --auth-tokens, the
+  // path and the line number (never a token) when the file cannot be read, holds no token, a line
+  // has anything but a token and one scope=NAME, a scope name is not 1..64 of [A-Za-z0-9._-], or one
+  // token is listed twice.
   static StatusOr<std::shared_ptr<const TokenSet>> Load(const std::string& path);
   // Same rules, from the file's text (tests).
   static StatusOr<std::shared_ptr<const TokenSet>> Parse(std::string_view text, const std::string& origin);
@@ -42,10 +53,30 @@ class TokenSet {
   bool Accepts(std::string_view token) const;
   // An "authorization" header value: "Bearer <token>" (the scheme case-insensitive, RFC 6750).
   bool AcceptsAuthorization(std::string_view header_value) const;
+  // The scope of an accepted token / authorization header value; nullopt when not accepted. Every
+  // digest is compared, and the match picked without a branch on which one it was.
+  std::optional<std::string> ScopeOf(std::string_view token) const;
+  std::optional<std::string> ScopeOfAuthorization(std::string_view header_value) const;
 
  private:
   std::vector<std::array<unsigned char, 32>> digests_;
+  std::vector<std::string> scopes_;  // scopes_[i] belongs to digests_[i]
 };
+
+// The AuthContext property TokenAuthProcessor sets to the accepted token's scope.
+inline constexpr char kScopeProperty[] = "maskd.scope";
+// The metadata key by which the HTTP front tells the service its caller's scope over the in-process
+// channel. Read only from calls without transport security (in-process: with --auth-tokens every
+// network call is TLS), so a client sending it over the network changes nothing.
+inline constexpr char kInProcessScopeMetadata[] = "maskd-internal-scope";
+// The scope of in-process calls that name none (only the HTTP front calls in-process, and it always
+// names one): a name no token file can give (it has a '#').
+inline constexpr char kUnnamedInProcessScope[] = "#in-process";
+
+// The cache scope of a MaskService call: "" (one shared cache) without tokens or with
+// --auth-shared-cache (`scoped` false); else the accepted token's scope for TLS calls, and
+// kInProcessScopeMetadata (or kUnnamedInProcessScope) for in-process calls.
+std::string CallScope(const grpc::ServerContextBase& context, bool scoped);
 
 // The AuthContext property TokenAuthProcessor sets on a call whose token it accepted.
 inline constexpr char kTokenAcceptedProperty[] = "maskd.bearer_token_accepted";

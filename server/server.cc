@@ -69,6 +69,7 @@ Status MaskServer::StartListening() {
   so.metrics = metrics_.get();
   so.require_token = !config_.auth_tokens.empty();
   so.startup = startup_.get();
+  so.scoped_cache = so.require_token && !config_.auth_shared_cache;
   service_ = std::make_unique<MaskService>(so);
   MaskService* service = service_.get();
   metrics_->SetInfoSource([service](v1::GetInfoResponse* info) { service->FillInfo(info); });
@@ -144,9 +145,14 @@ Status MaskServer::StartListening() {
     ho.max_body_bytes = image / 3 * 4 + 4 + prompts * 4 + (uint64_t{1} << 20);
     // The in-process channel skips the gRPC port's TLS and token check, so the front checks the
     // same tokens itself.
+    // It tells the service the caller's scope (kInProcessScopeMetadata: trusted on the in-process
+    // channel only, and set here from the token, never from a client's header).
     if (tokens) {
-      ho.authorize = [tokens](std::string_view authorization) {
-        return tokens->AcceptsAuthorization(authorization);
+      const bool scoped = so.scoped_cache;
+      ho.authorize = [tokens, scoped](std::string_view authorization) -> std::optional<std::string> {
+        std::optional<std::string> scope = tokens->ScopeOfAuthorization(authorization);
+        if (scope && !scoped) scope = std::string();
+        return scope;
       };
     }
     grpc::ChannelArguments args;

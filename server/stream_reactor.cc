@@ -4,6 +4,7 @@
 
 #include "server/grpc_status.h"
 #include "server/logging.h"
+#include "server/security.h"
 
 namespace maskd::server {
 
@@ -15,7 +16,8 @@ StreamReactor::StreamReactor(MaskService* service, grpc::CallbackServerContext* 
       peer_(context->peer()),
       arrival_(Clock::now()),
       deadline_(SteadyDeadline(context->deadline())),
-      cancelled_flag_(std::make_shared<std::atomic<bool>>(false)) {
+      cancelled_flag_(std::make_shared<std::atomic<bool>>(false)),
+      scope_(CallScope(*context, service->options_.scoped_cache)) {
   context_->AddInitialMetadata("x-request-id", rid_);  // before the first response is sent
   if (service_->options_.access_log) {
     LogRequest(spdlog::level::debug, rid_, "SegmentStream opened by {}", LogSafe(peer_));
@@ -136,7 +138,7 @@ StreamReactor::Message* StreamReactor::AcceptLocked(v1::SegmentRequest request) 
   m->arrival = Clock::now();
   m->request = std::move(request);
   auto flag = cancelled_flag_;
-  m->control = std::make_shared<CallControl>(m->rid, deadline_, [flag] { return flag->load(); });
+  m->control = std::make_shared<CallControl>(m->rid, deadline_, [flag] { return flag->load(); }, scope_);
   m->names_image = m->request.image_source_case() != v1::SegmentRequest::IMAGE_SOURCE_NOT_SET;
   if (m->names_image) {
     current_ = std::make_shared<CurrentImage>();

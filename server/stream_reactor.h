@@ -123,6 +123,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   const Clock::time_point arrival_;
   const Clock::time_point deadline_;
   const std::shared_ptr<std::atomic<bool>> cancelled_flag_;
+  const std::string scope_;  // every message's CallControl scope (CallScope)
 
   // Guards everything below, and read_buf_ between reads. gRPC operations are started only after
   // it is released (see Actions).

@@ -1,6 +1,9 @@
 // The client library's pure parts: prompt text, wire requests, status conversion, overlays.
 #include <gtest/gtest.h>
 
+#include <set>
+#include <string>
+
 #include "client/client.h"
 #include "client/mask_codec.h"
 #include "client/overlay.h"
@@ -157,6 +160,22 @@ TEST(ClientOverlay, BlendsMaskAndDrawsPrompt) {
 
   std::vector<uint8_t> wrong(10, 0);
   EXPECT_EQ(DrawOverlay(im, wrong, p).status().code(), StatusCode::kInvalidArgument);
+}
+
+// One mapping (proto/grpc_code_name.h) for the client's messages and the HTTP front's error bodies.
+TEST(GrpcCodeNames, EveryCodeAndAnUnrecognisedOne) {
+  EXPECT_STREQ(GrpcCodeName(grpc::StatusCode::OK), "OK");
+  EXPECT_STREQ(GrpcCodeName(grpc::StatusCode::INVALID_ARGUMENT), "INVALID_ARGUMENT");
+  EXPECT_STREQ(GrpcCodeName(grpc::StatusCode::UNIMPLEMENTED), "UNIMPLEMENTED");
+  EXPECT_STREQ(GrpcCodeName(grpc::StatusCode::UNAUTHENTICATED), "UNAUTHENTICATED");
+  EXPECT_STREQ(GrpcCodeName(static_cast<grpc::StatusCode>(99)), "UNRECOGNISED_CODE");
+  std::set<std::string> names;
+  for (int c = 0; c <= 16; ++c) names.insert(GrpcCodeName(static_cast<grpc::StatusCode>(c)));
+  EXPECT_EQ(names.size(), 17u);
+  EXPECT_EQ(names.count("UNRECOGNISED_CODE"), 0u);
+  // The client folds a code maskd::Status does not name into INTERNAL, naming it.
+  const Status s = FromGrpcStatus(grpc::Status(grpc::StatusCode::DATA_LOSS, "x"));
+  EXPECT_NE(s.message().find("DATA_LOSS"), std::string::npos) << s.ToString();
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "server/result_store.h"
 #include "server/server.h"
 #include "tests/fake_engine.h"
+#include "tests/server_fixture.h"
 
 namespace maskd::server {
 namespace {
@@ -33,67 +34,6 @@ using client::Client;
 using client::ClientOptions;
 using fake::FakeEngine;
 using fake::FakeEngineOptions;
-
-v1::Image EncodedPicture(int w, int h, int seed) {
-  ImageRGB8 im{w, h, std::vector<uint8_t>(static_cast<size_t>(w) * h * 3)};
-  for (size_t i = 0; i < im.pixels.size(); ++i) {
-    im.pixels[i] = static_cast<uint8_t>((i * 13 + static_cast<size_t>(seed) * 57) & 0xff);
-  }
-  v1::Image out;
-  out.set_encoded(*EncodePngRgb(im));
-  return out;
-}
-
-v1::Prompt Point(float x, float y) {
-  v1::Prompt p;
-  auto* pt = p.add_points();
-  pt->set_x(x);
-  pt->set_y(y);
-  pt->set_label(v1::POINT_LABEL_FOREGROUND);
-  return p;
-}
-
-ServerConfig TestConfig() {
-  ServerConfig c;
-  c.listen = "127.0.0.1:0";
-  c.models_dir = "/nonexistent-maskd-test-models";
-  c.device = "cpu:0";
-  c.encoder_queue_delay_us = 0;
-  c.decoder_queue_delay_us = 0;
-  c.decode_threads = 1;
-  c.postprocess_threads = 1;
-  c.shutdown_grace_s = 2;
-  return c;
-}
-
-// `made`, when given, receives the (last) engine made, for tests that read its counters.
-EngineFactory FakeFactory(FakeEngineOptions options = {}, std::atomic<FakeEngine*>* made = nullptr) {
-  return [options, made](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
-    FakeEngineOptions fo = options;
-    fo.device = eo.device;
-    auto engine = std::make_unique<FakeEngine>(fo);
-    if (made) made->store(engine.get());
-    return std::unique_ptr<Engine>(std::move(engine));
-  };
-}
-
-// A loaded server with fake engines and a client connected to it.
-struct TestServer {
-  explicit TestServer(ServerConfig c = TestConfig(), FakeEngineOptions fo = {})
-      : server(c, FakeFactory(fo, &engine), 0) {
-    spdlog::set_level(spdlog::level::err);
-    Status s = server.Start();
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    ClientOptions co;
-    co.target = "127.0.0.1:" + std::to_string(server.port());
-    co.timeout = std::chrono::milliseconds(20000);
-    client = std::make_unique<Client>(co);
-  }
-  ~TestServer() { server.Shutdown(); }
-  std::atomic<FakeEngine*> engine{nullptr};  // before `server`, whose factory writes it
-  MaskServer server;
-  std::unique_ptr<Client> client;
-};
 
 // ---------------------------------------------------------------------------------------------------
 // Finding 1: result ids are unguessable and scoped to their image.
@@ -296,17 +236,6 @@ TEST(HardeningLogSafe, NewlinesInRequestTagAndEchoedIdsStayOnTheirLine) {
 
 // ---------------------------------------------------------------------------------------------------
 // Finding 7: a message that does not parse ends the stream with INVALID_ARGUMENT, not OK.
-
-grpc::ByteBuffer Wire(const std::string& bytes) {
-  grpc::Slice slice(bytes);
-  return grpc::ByteBuffer(&slice, 1);
-}
-
-std::string Serialized(const v1::SegmentRequest& r) {
-  std::string out;
-  EXPECT_TRUE(r.SerializeToString(&out));
-  return out;
-}
 
 TEST(HardeningStream, MalformedThirdOfFourMessagesEndsWithInvalidArgument) {
   TestServer t;

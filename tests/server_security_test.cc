@@ -17,6 +17,7 @@
 
 #include "client/client.h"
 #include "client/maskctl_commands.h"
+#include "model/io/image_codec.h"
 #include "server/config.h"
 #include "server/security.h"
 #include "server/server.h"
@@ -201,7 +202,8 @@ TEST(ServerSecurityConfig, FlagsThatBelongTogether) {
 
 TEST(ServerSecurityConfig, FlagsParse) {
   const char* argv[] = {"maskd", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem",
-                        "--auth-tokens", "t.txt", "--auth-exempt-health", "false", "--reflection", "off"};
+                        "--auth-tokens", "t.txt", "--auth-exempt-health", "false", "--reflection", "off",
+                        "--auth-shared-cache", "true"};
   ConfigParseResult r = ParseConfig(static_cast<int>(std::size(argv)), argv);
   ASSERT_FALSE(r.exit) << r.output;
   EXPECT_EQ(r.config.tls_cert, "c.pem");
@@ -210,14 +212,16 @@ TEST(ServerSecurityConfig, FlagsParse) {
   EXPECT_EQ(r.config.auth_tokens, "t.txt");
   EXPECT_FALSE(r.config.auth_exempt_health);
   EXPECT_FALSE(r.config.reflection);
+  EXPECT_TRUE(r.config.auth_shared_cache);
   const char* defaults[] = {"maskd"};
   ConfigParseResult d = ParseConfig(1, defaults);
   EXPECT_TRUE(d.config.auth_exempt_health);
   EXPECT_TRUE(d.config.reflection);
+  EXPECT_FALSE(d.config.auth_shared_cache);  // scoped per token unless asked
   const char* help[] = {"maskd", "--help"};
   ConfigParseResult h = ParseConfig(2, help);
   for (const char* flag : {"--tls-cert", "--tls-key", "--tls-client-ca", "--auth-tokens",
-                           "--auth-exempt-health", "--reflection"}) {
+                           "--auth-exempt-health", "--reflection", "--auth-shared-cache"}) {
     EXPECT_NE(h.output.find(flag), std::string::npos) << flag;
   }
 }
@@ -590,6 +594,255 @@ TEST_F(ServerSecurity, MaskctlWithTlsCaAndToken) {
   EXPECT_EQ(err.find(kToken), std::string::npos) << err;
   EXPECT_EQ(Maskctl({"--server", r.target(), "--tls-ca", "/nonexistent/ca.pem", "info"}, &out, &err), 1);
   EXPECT_NE(err.find("--tls-ca = \"/nonexistent/ca.pem\" cannot be opened"), std::string::npos) << err;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Per-principal cache scopes (issue #14: with auth on, cached embeddings and results are visible only
+// to the principal that created them, or a configured shared scope).
+
+constexpr char kAlphaToken[] = "alpha-token-one-0123456789abcdef";
+constexpr char kAlphaToken2[] = "alpha-token-two-0123456789abcdef";
+constexpr char kBetaToken[] = "beta-token-with-a-derived-scope-42";
+
+std::string ScopedTokenFile() {
+  const std::string path = Pki::Get().path("scoped-tokens.txt");
+  std::ofstream f(path);
+  f << kAlphaToken << " scope=alpha\n" << kAlphaToken2 << "\tscope=alpha\n" << kBetaToken << "\n";
+  return path;
+}
+
+TEST(ServerSecurityTokens, ScopesFromTheFile) {
+  auto set = TokenSet::Parse("a1 scope=alpha\n a2   scope=alpha \nb\nc scope=x.Y_z-9\n", "t");
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ((*set)->size(), 4u);
+  EXPECT_EQ((*set)->ScopeOf("a1"), std::optional<std::string>("alpha"));
+  EXPECT_EQ((*set)->ScopeOf("a2"), std::optional<std::string>("alpha"));
+  EXPECT_EQ((*set)->ScopeOf("c"), std::optional<std::string>("x.Y_z-9"));
+  EXPECT_EQ((*set)->ScopeOfAuthorization("Bearer c"), std::optional<std::string>("x.Y_z-9"));
+  EXPECT_EQ((*set)->ScopeOf("alpha"), std::nullopt);
+  EXPECT_EQ((*set)->ScopeOf(""), std::nullopt);
+  EXPECT_EQ((*set)->ScopeOfAuthorization("Bearer nope"), std::nullopt);
+  // A bare token gets a scope of its own, named from a digest: not the token, stable, distinct.
+  const std::optional<std::string> b = (*set)->ScopeOf("b");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->rfind(kDerivedScopePrefix, 0), 0u) << *b;
+  EXPECT_EQ(b->size(), std::string(kDerivedScopePrefix).size() + 16) << *b;
+  auto again = TokenSet::Parse("other\nb\n", "t");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->ScopeOf("b"), b);
+  EXPECT_NE((*again)->ScopeOf("other"), b);
+  auto secret = TokenSet::Parse(std::string(kToken) + "\n", "t");
+  ASSERT_TRUE(secret.ok());
+  EXPECT_EQ((*secret)->ScopeOf(kToken)->find(kToken), std::string::npos);
+}
+
+TEST(ServerSecurityTokens, BadScopeLinesNameTheLineNotTheToken) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"ok\nhidden-one scope=\n", "names a scope that is not"},
+      {"ok\nhidden-one scope=has#hash\n", "names a scope that is not"},
+      {"ok\nhidden-one scope=a:b\n", "names a scope that is not"},
+      {"ok\nhidden-one realm=alpha\n", "something other than \"scope=NAME\""},
+      {"ok\nhidden-one scope=a scope=b\n", "names a scope that is not"},
+      {"ok\nhidden-one\nhidden-one scope=b\n", "repeats a token"},
+  };
+  for (const auto& [text, want] : cases) {
+    auto set = TokenSet::Parse(text, "tokens.txt");
+    ASSERT_FALSE(set.ok()) << text;
+    const std::string m = set.status().message();
+    EXPECT_NE(m.find(want), std::string::npos) << text << ": " << m;
+    EXPECT_NE(m.find("line "), std::string::npos) << m;
+    EXPECT_EQ(m.find("hidden-one"), std::string::npos) << m;
+  }
+  auto long_name = TokenSet::Parse("t scope=" + std::string(kMaxScopeName + 1, 'a') + "\n", "t");
+  EXPECT_FALSE(long_name.ok());
+  EXPECT_TRUE(TokenSet::Parse("t scope=" + std::string(kMaxScopeName, 'a') + "\n", "t").ok());
+}
+
+v1::Image ScopeTestImage(int seed) {
+  ImageRGB8 im{40, 30, std::vector<uint8_t>(40 * 30 * 3)};
+  for (size_t i = 0; i < im.pixels.size(); ++i) im.pixels[i] = static_cast<uint8_t>((i * 7 + seed * 31) & 0xff);
+  v1::Image out;
+  out.set_encoded(*EncodePngRgb(im));
+  return out;
+}
+
+v1::SegmentRequest ById(const std::string& image_id, const std::string& result_id = "") {
+  v1::SegmentRequest req;
+  req.set_image_id(image_id);
+  v1::Prompt* p = req.add_prompts();
+  v1::Point* pt = p->add_points();
+  pt->set_x(10);
+  pt->set_y(10);
+  pt->set_label(v1::POINT_LABEL_FOREGROUND);
+  if (!result_id.empty()) p->mutable_mask_input()->set_result_id(result_id);
+  return req;
+}
+
+// A TLS stub with `token` and any extra metadata (the client library sends none of its own).
+struct RawStub {
+  RawStub(const std::string& target, const std::string& token) {
+    grpc::SslCredentialsOptions so;
+    so.pem_root_certs = Pki::Get().read("ca.pem");
+    auto creds = grpc::CompositeChannelCredentials(grpc::SslCredentials(so),
+                                                   grpc::AccessTokenCredentials(token));
+    stub = v1::MaskService::NewStub(grpc::CreateChannel(target, creds));
+  }
+  grpc::Status Segment(const v1::SegmentRequest& req, v1::SegmentResponse* resp,
+                       const std::vector<std::pair<std::string, std::string>>& metadata) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    for (const auto& [k, v] : metadata) ctx.AddMetadata(k, v);
+    return stub->Segment(&ctx, req, resp);
+  }
+  std::unique_ptr<v1::MaskService::Stub> stub;
+};
+
+// NOT_FOUND, and nothing in the message about the scope the id lives in or its other identifiers.
+void ExpectForeignNotFound(const Status& s, const std::vector<std::string>& secrets) {
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  for (const std::string& x : secrets) EXPECT_EQ(s.message().find(x), std::string::npos) << x << ": " << s.message();
+}
+
+std::string HttpSegmentBody(const std::string& image_id) {
+  return "{\"image_id\": \"" + image_id + "\", \"prompts\": [{\"points\": [{\"x\": 10, \"y\": 10, "
+         "\"label\": \"POINT_LABEL_FOREGROUND\"}]}]}";
+}
+
+TEST_F(ServerSecurity, CachesAreScopedPerTokenWithAuthOn) {
+  ServerConfig cfg = TlsConfig();
+  cfg.auth_tokens = ScopedTokenFile();
+  cfg.http_listen = "127.0.0.1:0";
+  Running r(cfg);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  Client alpha(Options(r, TrustingCa(kAlphaToken)));
+  Client alpha2(Options(r, TrustingCa(kAlphaToken2)));
+  Client beta(Options(r, TrustingCa(kBetaToken)));
+
+  v1::EmbedRequest embed;
+  *embed.mutable_image() = ScopeTestImage(1);
+  auto a = alpha.Embed(embed);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const std::string image_id = a->image_id();
+  auto first = alpha.Segment(ById(image_id));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(first->results_size(), 1);
+  const std::string result_id = first->results(0).result_id();
+  // The messages may echo the id the caller sent, nothing else of the other scope.
+  const std::vector<std::string> secrets = {"alpha", kAlphaToken, kBetaToken};
+
+  // Another scope: the image_id is unknown, by unary call and on a stream.
+  ExpectForeignNotFound(beta.Segment(ById(image_id)).status(), secrets);
+  {
+    auto session = beta.OpenSession(std::chrono::milliseconds(5000));
+    ExpectForeignNotFound(session->Send(ById(image_id)).status(), secrets);
+  }
+  // The same bytes give the same id (a content address) but the embedding is its own.
+  auto b = beta.Embed(embed);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->image_id(), image_id);
+  EXPECT_FALSE(b->cached());
+  // Even on the same image, now in beta's cache too, alpha's result is not beta's.
+  ASSERT_TRUE(beta.Segment(ById(image_id)).ok());
+  const Status foreign = beta.Segment(ById(image_id, result_id)).status();
+  ExpectForeignNotFound(foreign, secrets);
+  // ... and reads exactly like an id that was never issued.
+  const std::string never(result_id.size(), '0');
+  std::string as_unknown = foreign.message();
+  const size_t at = as_unknown.find(result_id);
+  ASSERT_NE(at, std::string::npos) << as_unknown;
+  as_unknown.replace(at, result_id.size(), never);
+  EXPECT_EQ(as_unknown, beta.Segment(ById(image_id, never)).status().message());
+
+  // The same scope (another token of it) sees both; alpha's own calls do too.
+  auto same = alpha2.Segment(ById(image_id, result_id));
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  EXPECT_TRUE(same->cached());
+  {
+    auto session = alpha2.OpenSession(std::chrono::milliseconds(5000));
+    auto s = session->Send(ById(image_id, result_id));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+  }
+
+  // A second image only alpha embedded: the scope cannot be forged with the in-process metadata key,
+  // neither over gRPC (TLS calls take their scope from the token) nor through the HTTP front.
+  v1::EmbedRequest embed2;
+  *embed2.mutable_image() = ScopeTestImage(2);
+  auto a2 = alpha.Embed(embed2);
+  ASSERT_TRUE(a2.ok()) << a2.status().ToString();
+  const std::string only_alpha = a2->image_id();
+  RawStub raw(r.target(), kBetaToken);
+  v1::SegmentResponse resp;
+  grpc::Status forged = raw.Segment(ById(only_alpha), &resp, {{kInProcessScopeMetadata, "alpha"}});
+  EXPECT_EQ(forged.error_code(), grpc::StatusCode::NOT_FOUND) << forged.error_message();
+  RawStub raw_alpha(r.target(), kAlphaToken);
+  grpc::Status own = raw_alpha.Segment(ById(only_alpha), &resp, {{kInProcessScopeMetadata, "beta"}});
+  EXPECT_TRUE(own.ok()) << own.error_message();
+
+  httplib::Client http("127.0.0.1", r.server.http_port());
+  auto as_beta = http.Post("/v1/segment",
+                           httplib::Headers{{"Authorization", std::string("Bearer ") + kBetaToken},
+                                            {kInProcessScopeMetadata, "alpha"}},
+                           HttpSegmentBody(only_alpha), "application/json");
+  ASSERT_TRUE(as_beta);
+  EXPECT_EQ(as_beta->status, 404) << as_beta->body;
+  EXPECT_EQ(as_beta->body.find("alpha"), std::string::npos) << as_beta->body;
+  auto as_alpha = http.Post("/v1/segment",
+                            httplib::Headers{{"Authorization", std::string("Bearer ") + kAlphaToken2}},
+                            HttpSegmentBody(only_alpha), "application/json");
+  ASSERT_TRUE(as_alpha);
+  EXPECT_EQ(as_alpha->status, 200) << as_alpha->body;
+  // An image embedded through the HTTP front lands in the caller's scope, not a shared one.
+  auto via_http_beta = http.Post("/v1/segment",
+                                 httplib::Headers{{"Authorization", std::string("Bearer ") + kBetaToken}},
+                                 HttpSegmentBody(image_id), "application/json");
+  ASSERT_TRUE(via_http_beta);
+  EXPECT_EQ(via_http_beta->status, 200) << via_http_beta->body;  // beta embedded it above
+}
+
+TEST_F(ServerSecurity, SharedCacheFlagRestoresOneCache) {
+  ServerConfig cfg = TlsConfig();
+  cfg.auth_tokens = ScopedTokenFile();
+  cfg.auth_shared_cache = true;
+  cfg.http_listen = "127.0.0.1:0";
+  Running r(cfg);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  Client alpha(Options(r, TrustingCa(kAlphaToken)));
+  Client beta(Options(r, TrustingCa(kBetaToken)));
+  v1::EmbedRequest embed;
+  *embed.mutable_image() = ScopeTestImage(3);
+  auto a = alpha.Embed(embed);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto first = alpha.Segment(ById(a->image_id()));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto b = beta.Segment(ById(a->image_id(), first->results(0).result_id()));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_TRUE(b->cached());
+  auto again = beta.Embed(embed);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->cached());
+  httplib::Client http("127.0.0.1", r.server.http_port());
+  auto h = http.Post("/v1/segment", httplib::Headers{{"Authorization", std::string("Bearer ") + kBetaToken}},
+                     HttpSegmentBody(a->image_id()), "application/json");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200) << h->body;
+}
+
+TEST_F(ServerSecurity, WithoutAuthTheScopeMetadataIsIgnored) {
+  Running r(BaseConfig());
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  Client c(Options(r));
+  v1::EmbedRequest embed;
+  *embed.mutable_image() = ScopeTestImage(4);
+  auto a = c.Embed(embed);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto stub = v1::MaskService::NewStub(grpc::CreateChannel(r.target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ctx.AddMetadata(kInProcessScopeMetadata, "someone-else");
+  v1::SegmentResponse resp;
+  grpc::Status s = stub->Segment(&ctx, ById(a->image_id()), &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.cached());
 }
 
 TEST(ServerSecurityClientFlags, ApplySecurityFlagsRules) {

@@ -35,11 +35,21 @@ target_link_libraries(maskd_fake PRIVATE maskd_server maskd_fake_engine)
 maskd_add_test(hardening_server_test SOURCES hardening_server_test.cc
                LIBS maskd_server maskd_client maskd_fake_engine)
 add_dependencies(hardening_server_test maskd maskd_fake)
+# Issue #14: the bad-input corpus (one table, >= 150 cases across every RPC; a good request after each).
+maskd_add_test(hardening_corpus_test SOURCES hardening_corpus_test.cc
+               LIBS maskd_server maskd_client maskd_fake_engine)
 maskd_add_test(hardening_config_test SOURCES hardening_config_test.cc
                LIBS maskd_server maskd_fake_engine)
 # Issue #14 hardening with the real engine (the built-in demo model; needs no golden data).
 maskd_add_test(hardening_e2e_test SOURCES hardening_e2e_test.cc
                LIBS maskd_server maskd_model maskd_client)
+# Issue #14: malicious pickles (os.system, posix.system, builtins.exec, subprocess.Popen, INST,
+# BUILD/__setstate__, nested) crafted at test time, each proven live under Python's pickle, then
+# refused by `maskd --checkpoint` with nothing run.
+add_test(NAME hardening_pickle_test
+         COMMAND ${MASKD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hardening_pickle_test.py
+                 --maskd $<TARGET_FILE:maskd>)
+set_tests_properties(hardening_pickle_test PROPERTIES LABELS cpu TIMEOUT 300)
 # Issue #14 security: TLS, mutual TLS, bearer tokens, health exemption, reflection, maskctl's flags;
 # certificates made at test time by make_test_certs.sh (openssl CLI).
 maskd_add_test(server_security_test SOURCES server_security_test.cc
