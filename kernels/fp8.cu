@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/launchers.h"
+#include "kernels/vec_load.cuh"
 
 namespace maskd::kernels::detail {
 namespace {
@@ -22,10 +23,6 @@ constexpr int kRowsPerBlock = kThreads / 32;
 constexpr float kE4m3Max = 448.0f;
 constexpr float kMinScale = 1.17549435082228750797e-38f;  // FLT_MIN, as in fp8.cc
 
-__device__ __forceinline__ float ToFloat(float v) { return v; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
-
 template <bool kGelu>
 __device__ __forceinline__ float Prepare(float v) {
   if constexpr (kGelu) {
@@ -33,19 +30,6 @@ __device__ __forceinline__ float Prepare(float v) {
     return __fmul_rn(__fmul_rn(v, 0.5f), __fadd_rn(1.0f, erff(__fmul_rn(v, 0.70710678118654752440f))));
   } else {
     return v;
-  }
-}
-
-template <typename T, int kVec>
-__device__ __forceinline__ void Load(const T* p, float (&out)[kVec]) {
-  if constexpr (kVec == 1) {
-    out[0] = ToFloat(p[0]);
-  } else {
-    static_assert(kVec * sizeof(T) == 16, "16-byte vectors");
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) out[i] = ToFloat(e[i]);
   }
 }
 
@@ -69,7 +53,7 @@ __global__ void __launch_bounds__(kThreads)
   float amax = 0.0f;
   for (int64_t c = static_cast<int64_t>(lane) * kVec; c < cols; c += 32 * kVec) {
     float v[kVec];
-    Load<T, kVec>(xr + c, v);
+    LoadWidened<T, kVec>(xr + c, v);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) amax = fmaxf(amax, fabsf(Prepare<kGelu>(v[i])));
   }
@@ -80,7 +64,7 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t c = static_cast<int64_t>(lane) * kVec; c < cols; c += 32 * kVec) {
     float v[kVec];
-    Load<T, kVec>(xr + c, v);
+    LoadWidened<T, kVec>(xr + c, v);
     if constexpr (kVec == 1) {
       qr[c] = ToE4m3(Prepare<kGelu>(v[0]), s);
     } else {

@@ -12,33 +12,13 @@
 
 #include "kernels/float_convert.cuh"
 #include "kernels/launchers.h"
+#include "kernels/vec_load.cuh"
 
 namespace maskd::kernels::detail {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / 32;
-
-template <typename T>
-__device__ __forceinline__ float ToFloat(T v) {
-  return static_cast<float>(v);
-}
-
-// kVec elements per load: 8 for 16-bit types (16 bytes), 4 for float, 1 for unaligned rows.
-template <typename T, int kVec>
-struct VecLoad {
-  static __device__ __forceinline__ void Run(const T* p, float (&out)[kVec]) {
-    if constexpr (kVec == 1) {
-      out[0] = ToFloat(p[0]);
-    } else {
-      static_assert(kVec * sizeof(T) == 16, "16-byte vectors");
-      const uint4 raw = *reinterpret_cast<const uint4*>(p);
-      const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) out[i] = ToFloat(e[i]);
-    }
-  }
-};
 
 __device__ __forceinline__ int8_t Quantize(float x, float s) {
   int q = __float2int_rn(__fdiv_rn(x, s));  // round half to even, as torch.round
@@ -59,7 +39,7 @@ __global__ void __launch_bounds__(kThreads)
   float amax = 0.0f;
   for (int64_t c = static_cast<int64_t>(lane) * kVec; c < cols; c += 32 * kVec) {
     float v[kVec];
-    VecLoad<T, kVec>::Run(xr + c, v);
+    LoadWidened<T, kVec>(xr + c, v);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) amax = fmaxf(amax, fabsf(v[i]));
   }
@@ -71,7 +51,7 @@ __global__ void __launch_bounds__(kThreads)
   // Second read of the row: it was just loaded by this warp and is in L1.
   for (int64_t c = static_cast<int64_t>(lane) * kVec; c < cols; c += 32 * kVec) {
     float v[kVec];
-    VecLoad<T, kVec>::Run(xr + c, v);
+    LoadWidened<T, kVec>(xr + c, v);
     if constexpr (kVec == 1) {
       qr[c] = Quantize(v[0], s);
     } else {
