@@ -252,7 +252,8 @@ class GenerateParity : public ::testing::Test {
 
 TEST_F(GenerateParity, DefaultsKeepWhatTheOriginalKeeps) { CheckCase("defaults"); }
 TEST_F(GenerateParity, LooseThresholds10PerSide) { CheckCase("loose_10"); }
-TEST_F(GenerateParity, OffsetBatchAndNms) { CheckCase("loose_12_offset"); }
+TEST_F(GenerateParity, EveryFilteredMaskWithoutNms) { CheckCase("no_nms_8"); }
+TEST_F(GenerateParity, OffsetBatchAndNms) { CheckCase("offset_batch"); }
 TEST_F(GenerateParity, OneCropLayer) { CheckCase("crop_layer_1"); }
 TEST_F(GenerateParity, MinMaskRegionArea) { CheckCase("min_region_area"); }
 

@@ -28,13 +28,18 @@ from make_golden import build_sam  # noqa: E402
 from segment_anything import SamAutomaticMaskGenerator  # noqa: E402
 
 LOOSE = {"pred_iou_thresh": 0.0, "stability_score_thresh": 0.05}
+# box_nms_thresh 1.0 keeps every mask that passes the filters (no IoU is > 1): the random model's
+# masks mostly cover the whole image, so with NMS only one would survive, which tests little.
 CASES = [
     ("defaults", {}),
     ("loose_10", dict(LOOSE, points_per_side=10)),
-    ("loose_12_offset", dict(LOOSE, points_per_side=12, points_per_batch=50, stability_score_offset=0.5,
-                             box_nms_thresh=0.5, pred_iou_thresh=0.3)),
-    ("crop_layer_1", dict(LOOSE, points_per_side=8, crop_n_layers=1, crop_n_points_downscale_factor=2)),
-    ("min_region_area", dict(LOOSE, points_per_side=8, min_mask_region_area=400)),
+    ("no_nms_8", dict(LOOSE, points_per_side=8, stability_score_thresh=0.03, box_nms_thresh=1.0)),
+    ("offset_batch", dict(LOOSE, points_per_side=6, points_per_batch=10, stability_score_offset=0.5,
+                          pred_iou_thresh=0.3, box_nms_thresh=0.95)),
+    ("crop_layer_1", dict(LOOSE, points_per_side=8, crop_n_layers=1, crop_n_points_downscale_factor=2,
+                          stability_score_thresh=0.03, box_nms_thresh=1.0)),
+    ("min_region_area", dict(LOOSE, points_per_side=8, stability_score_thresh=0.03, box_nms_thresh=0.95,
+                             min_mask_region_area=400)),
 ]
 
 
@@ -42,6 +47,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--golden", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
     with open(os.path.join(args.golden, "manifest.json")) as f:
@@ -57,7 +63,10 @@ def main():
     except ImportError:
         have_cv2 = False
     out = {"image": image_name, "width": int(image.shape[1]), "height": int(image.shape[0]), "cases": []}
+    only = set(filter(None, args.only.split(",")))
     for name, params in CASES:
+        if only and name not in only:
+            continue
         case = {"name": name, "params": params}
         if params.get("min_mask_region_area", 0) > 0 and not have_cv2:
             case["skipped"] = "cv2 (OpenCV) is not importable: the original's remove_small_regions needs it"
