@@ -38,6 +38,11 @@ CASES = [
                           pred_iou_thresh=0.3, box_nms_thresh=0.95)),
     ("crop_layer_1", dict(LOOSE, points_per_side=8, crop_n_layers=1, crop_n_points_downscale_factor=2,
                           stability_score_thresh=0.03, box_nms_thresh=1.0)),
+    # Every crop's masks (no NMS at all): the crop-edge filter, uncropping and crop boxes in full.
+    ("crop_layer_1_all", dict(LOOSE, points_per_side=4, crop_n_layers=1, stability_score_thresh=0.03,
+                              box_nms_thresh=1.0, crop_nms_thresh=1.0)),
+    ("min_region_area_all", dict(LOOSE, points_per_side=6, stability_score_thresh=0.03, box_nms_thresh=1.0,
+                                 min_mask_region_area=2000)),
     ("min_region_area", dict(LOOSE, points_per_side=8, stability_score_thresh=0.03, box_nms_thresh=0.95,
                              min_mask_region_area=400)),
 ]
