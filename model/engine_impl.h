@@ -158,6 +158,9 @@ class EngineImpl final : public Engine {
   std::vector<EncoderBatchCost> encoder_batch_costs() const override;
   StatusOr<std::vector<std::vector<MaskData>>> Postprocess(
       const std::vector<PostprocessItem>& items) override;
+  StatusOr<std::vector<MaskCandidate>> FilterMasks(const MaskFilterRequest& request) override;
+  StatusOr<std::vector<int>> BoxNms(const std::vector<std::array<float, 4>>& boxes,
+                                    const std::vector<float>& scores, float iou_threshold) override;
   StatusOr<std::shared_ptr<const Embedding>> ToHost(const Embedding& e) override;
   StatusOr<std::shared_ptr<const Embedding>> ToDevice(const Embedding& e) override;
   StatusOr<std::shared_ptr<const MaskLogits>> MakeMaskLogits(const float* v, int h, int w) override;

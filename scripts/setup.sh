@@ -115,13 +115,15 @@ if ! "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   "$py" -m pip install -q --upgrade pip
   "$py" -m pip install -q "torch==$TORCH_VERSION"
 fi
-if ! "$py" -c "import grpc_tools, pycocotools, segment_anything, torchvision, pytest, matplotlib, selenium, prometheus_client, grpc_reflection, grpc_health, setuptools.command.bdist_wheel" 2>/dev/null; then
+if ! "$py" -c "import grpc_tools, pycocotools, segment_anything, torchvision, pytest, matplotlib, selenium, prometheus_client, grpc_reflection, grpc_health, setuptools.command.bdist_wheel, cv2" 2>/dev/null; then
   log "installing the Python client's and tests' packages"
   # torchvision only for the test oracle (the original segment_anything); Pillow 9.4 is what the golden
   # data was made with.
   # selenium drives Debian's chromium in the web page's browser test (tests/web/web_page_test.py).
+  # opencv-python-headless: the original generator's min_mask_region_area (remove_small_regions)
+  # imports cv2; the generation parity test (tests/oracle/amg_oracle.py) needs it for that case.
   "$py" -m pip install -q "torchvision==$TORCHVISION_VERSION" "pillow==9.4.0" segment-anything==1.0 \
-    selenium -r client/python/requirements.txt
+    selenium opencv-python-headless -r client/python/requirements.txt
 fi
 torch_prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 

@@ -26,6 +26,7 @@
 
 #include "model/api/enums.h"
 #include "model/api/image.h"
+#include "model/api/mask_generation.h"
 #include "model/api/prompt.h"
 #include "model/api/status.h"
 
@@ -270,6 +271,32 @@ struct ExportedEmbedding {
   std::string data;
 };
 
+// Automatic mask generation's model-side step for one batch of grid points on one crop
+// (model/api/mask_generator.h drives it): the original's _process_batch after the decoder.
+struct MaskFilterRequest {
+  // One multimask result per grid point, in point order.
+  std::vector<DecodedPrompt> decoded;
+  // The crop image the points were decoded on (original_* = the crop's size).
+  ImageGeometry crop;
+  // Where the crop lies in the image, and the image's size.
+  CropBox crop_box{};
+  int image_width = 0, image_height = 0;
+  float pred_iou_thresh = 0, stability_score_thresh = 0, stability_score_offset = 1;
+  float mask_threshold = 0;
+};
+
+// A mask that passed the filters, in the order of the original (point-major, then mask).
+struct MaskCandidate {
+  int prompt = 0, mask = 0;  // indices into MaskFilterRequest::decoded and its masks
+  float predicted_iou = 0, stability_score = 0;
+  // x0, y0, x1, y1 with x1/y1 the last set column/row, in the crop's frame (the original's boxes
+  // before uncrop_boxes_xyxy).
+  std::array<int, 4> box{};
+  uint64_t area = 0;
+  // COCO RLE counts of the mask placed in the whole image (image_width x image_height).
+  std::vector<uint32_t> rle_counts;
+};
+
 struct DeviceMemoryStats {
   uint64_t allocated = 0, peak_allocated = 0, reserved = 0, total = 0;
 };
@@ -332,6 +359,22 @@ class Engine {
   // mask of every item, in order.
   virtual StatusOr<std::vector<std::vector<MaskData>>> Postprocess(
       const std::vector<PostprocessItem>& items) = 0;
+
+  // Upscales a point batch's masks to the crop, keeps those with predicted IoU > pred_iou_thresh
+  // (when > 0) and stability score >= stability_score_thresh (when > 0; the score from the logits
+  // with stability_score_offset), thresholds them, boxes them, drops boxes near a crop edge that is
+  // not an image edge (20 px), and RLE-encodes the survivors in the whole image's frame. On the
+  // engine's device. Engines without it (test fakes) answer FAILED_PRECONDITION.
+  virtual StatusOr<std::vector<MaskCandidate>> FilterMasks(const MaskFilterRequest& request) {
+    (void)request;
+    return FailedPrecondition("this engine cannot generate masks");
+  }
+  // Greedy box NMS (BoxNmsHost's contract: kept indices by descending score, ties in index order).
+  // The real engine runs it on its device; the default runs BoxNmsHost.
+  virtual StatusOr<std::vector<int>> BoxNms(const std::vector<std::array<float, 4>>& boxes,
+                                            const std::vector<float>& scores, float iou_threshold) {
+    return BoxNmsHost(boxes, scores, iou_threshold);
+  }
 
   // Moves an embedding to host memory (pinned where possible) and back to the device.
   virtual StatusOr<std::shared_ptr<const Embedding>> ToHost(const Embedding& e) = 0;
