@@ -18,6 +18,8 @@
 #include "model/io/image_codec.h"
 #include "server/server.h"
 #include "tests/fake_engine.h"
+#include "tests/maskctl_runner.h"
+#include "tests/server_fixture.h"
 
 namespace maskd::client {
 namespace {
@@ -79,45 +81,9 @@ TEST(ClientEmbedding, ParsesDtypeNames) {
       << bad.status().message();
 }
 
-struct Maskctl {
-  std::ostringstream out, err;
-  int Run(std::vector<std::string> args) {
-    CLI::App app;
-    app.require_subcommand(1);
-    MaskctlConfig config;
-    MaskctlRun run;
-    AddClientCommands(app, config, run, out, err);
-    std::vector<const char*> argv = {"maskctl"};
-    for (const std::string& a : args) argv.push_back(a.c_str());
-    try {
-      app.parse(static_cast<int>(argv.size()), const_cast<char**>(argv.data()));
-    } catch (const CLI::ParseError& e) {
-      err << "parse error: " << e.what();
-      return 100;
-    }
-    return run.exit_code;
-  }
-};
-
 TEST(ClientEmbedding, MaskctlWritesTheEmbeddingAsNpy) {
   spdlog::set_level(spdlog::level::err);
-  server::ServerConfig c;
-  c.listen = "127.0.0.1:0";
-  c.models_dir = "/nonexistent-maskd-test-models";
-  c.device = "cpu:0";
-  c.encoder_queue_delay_us = 0;
-  c.decoder_queue_delay_us = 0;
-  c.decode_threads = 1;
-  c.postprocess_threads = 1;
-  c.shutdown_grace_s = 2;
-  server::MaskServer server(
-      c,
-      [](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
-        fake::FakeEngineOptions fo;
-        fo.device = eo.device;
-        return std::unique_ptr<Engine>(std::make_unique<FakeEngine>(fo));
-      },
-      0);
+  server::MaskServer server(server::TestConfig(), server::FakeFactory(), 0);
   ASSERT_TRUE(server.StartListening().ok());
   ASSERT_TRUE(server.LoadAndServe().ok());
   const std::string target = "127.0.0.1:" + std::to_string(server.port());

@@ -15,6 +15,7 @@
 #include "fake_maskd.h"
 #include "model/io/image_codec.h"
 #include "model/io/image_id.h"
+#include "tests/maskctl_runner.h"
 
 namespace maskd::client {
 namespace {
@@ -288,26 +289,7 @@ TEST(ClientFake, FailedIdentityLookupIsNotRepeatedAtOnce) {
   EXPECT_EQ(client.AffinityKeyFor(req), "abc");
 }
 
-// maskctl's real command line, parsed by CLI11 and run against the fake.
-struct Maskctl {
-  std::ostringstream out, err;
-  int Run(std::vector<std::string> args) {
-    CLI::App app;
-    app.require_subcommand(1);
-    MaskctlConfig config;
-    MaskctlRun run;
-    AddClientCommands(app, config, run, out, err);
-    std::vector<const char*> argv = {"maskctl"};
-    for (const std::string& a : args) argv.push_back(a.c_str());
-    try {
-      app.parse(static_cast<int>(argv.size()), const_cast<char**>(argv.data()));
-    } catch (const CLI::ParseError& e) {
-      err << "parse error: " << e.what();
-      return 100;
-    }
-    return run.exit_code;
-  }
-};
+// maskctl's real command line (tests/maskctl_runner.h) is run against the fake.
 
 class MaskctlFake : public ::testing::Test {
  protected:

@@ -19,6 +19,7 @@
 #include "model/io/image_codec.h"
 #include "server/server.h"
 #include "tests/fake_engine.h"
+#include "tests/server_fixture.h"
 
 namespace maskd::server {
 namespace {
@@ -29,24 +30,9 @@ using std::chrono::milliseconds;
 struct Maskd {
   Maskd() {
     spdlog::set_level(spdlog::level::err);
-    ServerConfig c;
-    c.listen = "127.0.0.1:0";
+    ServerConfig c = TestConfig(/*threads=*/2);
     c.http_listen = "127.0.0.1:0";
-    c.models_dir = "/nonexistent-maskd-test-models";
-    c.device = "cpu:0";
-    c.encoder_queue_delay_us = 0;
-    c.decoder_queue_delay_us = 0;
-    c.decode_threads = 2;
-    c.postprocess_threads = 2;
-    c.shutdown_grace_s = 2;
-    server = std::make_unique<MaskServer>(
-        c,
-        [](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
-          fake::FakeEngineOptions fo;
-          fo.device = eo.device;
-          return std::unique_ptr<Engine>(std::make_unique<FakeEngine>(fo));
-        },
-        0);
+    server = std::make_unique<MaskServer>(c, FakeFactory(), 0);
     Status s = server->StartListening();
     EXPECT_TRUE(s.ok()) << s.ToString();
     s = server->LoadAndServe();

@@ -1,6 +1,7 @@
-// The shared fixture of the hardening suites (hardening_server_test, hardening_corpus_test): a whole
-// maskd (MaskServer) on fake engines on an ephemeral loopback port, a client connected to it, and
-// small request builders. Everything goes through real gRPC.
+// The shared fixture of the in-process server tests (hardening_server_test, hardening_corpus_test,
+// server_service_test, server_embedding_test, server_http_front_test, server_security_test,
+// client_embedding_test): a whole maskd (MaskServer) on fake engines on an ephemeral loopback port,
+// a client connected to it, and small request builders. Everything goes through real gRPC.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -45,16 +46,17 @@ inline v1::Prompt Point(float x, float y) {
   return p;
 }
 
-inline ServerConfig TestConfig() {
+// `threads` decode and postprocess threads each; `shutdown_grace_s` as the config field.
+inline ServerConfig TestConfig(int threads = 1, int shutdown_grace_s = 2) {
   ServerConfig c;
   c.listen = "127.0.0.1:0";
   c.models_dir = "/nonexistent-maskd-test-models";
   c.device = "cpu:0";
   c.encoder_queue_delay_us = 0;
   c.decoder_queue_delay_us = 0;
-  c.decode_threads = 1;
-  c.postprocess_threads = 1;
-  c.shutdown_grace_s = 2;
+  c.decode_threads = threads;
+  c.postprocess_threads = threads;
+  c.shutdown_grace_s = shutdown_grace_s;
   return c;
 }
 

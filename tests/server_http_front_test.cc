@@ -14,6 +14,7 @@
 #include "server/http_front.h"
 #include "server/server.h"
 #include "tests/fake_engine.h"
+#include "tests/server_fixture.h"
 
 namespace maskd::server {
 namespace {
@@ -23,24 +24,9 @@ using std::chrono::milliseconds;
 struct Maskd {
   explicit Maskd(bool load = true, std::string http_listen = "127.0.0.1:0") {
     spdlog::set_level(spdlog::level::err);
-    ServerConfig c;
-    c.listen = "127.0.0.1:0";
+    ServerConfig c = TestConfig(/*threads=*/2);
     c.http_listen = std::move(http_listen);
-    c.models_dir = "/nonexistent-maskd-test-models";
-    c.device = "cpu:0";
-    c.encoder_queue_delay_us = 0;
-    c.decoder_queue_delay_us = 0;
-    c.decode_threads = 2;
-    c.postprocess_threads = 2;
-    c.shutdown_grace_s = 2;
-    server = std::make_unique<MaskServer>(
-        c,
-        [](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
-          fake::FakeEngineOptions fo;
-          fo.device = eo.device;
-          return std::unique_ptr<Engine>(std::make_unique<fake::FakeEngine>(fo));
-        },
-        0);
+    server = std::make_unique<MaskServer>(c, FakeFactory(), 0);
     listening = server->StartListening();
     if (listening.ok() && load) loaded = server->LoadAndServe();
   }

@@ -22,6 +22,7 @@
 #include "server/security.h"
 #include "server/server.h"
 #include "tests/fake_engine.h"
+#include "tests/server_fixture.h"
 
 namespace maskd::server {
 namespace {
@@ -72,26 +73,7 @@ class Pki {
   bool ok_ = false;
 };
 
-EngineFactory FakeFactory() {
-  return [](const EngineOptions& eo) -> StatusOr<std::unique_ptr<Engine>> {
-    fake::FakeEngineOptions fo;
-    fo.device = eo.device;
-    return std::unique_ptr<Engine>(std::make_unique<fake::FakeEngine>(fo));
-  };
-}
-
-ServerConfig BaseConfig() {
-  ServerConfig c;
-  c.listen = "127.0.0.1:0";
-  c.models_dir = "/nonexistent-maskd-test-models";
-  c.device = "cpu:0";
-  c.encoder_queue_delay_us = 0;
-  c.decoder_queue_delay_us = 0;
-  c.decode_threads = 1;
-  c.postprocess_threads = 1;
-  c.shutdown_grace_s = 1;
-  return c;
-}
+ServerConfig BaseConfig() { return TestConfig(/*threads=*/1, /*shutdown_grace_s=*/1); }
 
 ServerConfig TlsConfig() {
   const Pki& pki = Pki::Get();

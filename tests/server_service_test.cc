@@ -17,6 +17,7 @@
 #include "model/io/polygon.h"
 #include "server/server.h"
 #include "tests/fake_engine.h"
+#include "tests/server_fixture.h"
 
 namespace maskd::server {
 namespace {
@@ -88,14 +89,7 @@ class MaskdOnFakeEngines {
 
   explicit MaskdOnFakeEngines(Options o) : o_(std::move(o)) {
     spdlog::set_level(spdlog::level::err);
-    ServerConfig c;
-    c.listen = "127.0.0.1:0";
-    c.models_dir = "/nonexistent-maskd-test-models";
-    c.encoder_queue_delay_us = 0;
-    c.decoder_queue_delay_us = 0;
-    c.decode_threads = 2;
-    c.postprocess_threads = 2;
-    c.shutdown_grace_s = 5;
+    ServerConfig c = TestConfig(/*threads=*/2, /*shutdown_grace_s=*/5);
     std::string devices;
     for (int i = 0; i < o_.devices; ++i) {
       devices += (i ? "," : "") + std::string(o_.cuda ? "cuda:" : "cpu:") + std::to_string(i);

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 
+from checks import Checks
 from maskd_run import REPO, Maskd, maskd_client, test_png
 
 N_IMAGES = 12
@@ -42,12 +43,7 @@ def main():
     if not haproxy:
         print("haproxy not installed (apt-get install haproxy)")
         return 1 if os.environ.get("CI") == "true" else 77
-    failures = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what, flush=True)
-        if not cond:
-            failures.append(what)
+    check = Checks()
 
     with tempfile.TemporaryDirectory(prefix="maskd-haproxy-") as tmp:
         bindir = os.path.join(tmp, "bin")
@@ -161,11 +157,7 @@ def main():
                 print("haproxy log (tail):\n" + "".join(open(os.path.join(tmp, "haproxy.log")).readlines()[-15:]))
             except OSError:
                 pass
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return check.verdict()
 
 
 if __name__ == "__main__":

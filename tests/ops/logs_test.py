@@ -10,6 +10,7 @@ import re
 import sys
 import time
 
+from checks import Checks
 from maskd_run import Maskd, maskd_client, test_png
 
 pb = maskd_client.maskd_pb2
@@ -36,12 +37,7 @@ def wait_for(m, pred, timeout=10.0):
 
 def main():
     binary = sys.argv[1]
-    failures = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what)
-        if not cond:
-            failures.append(what)
+    check = Checks()
 
     # text: "[id] message"; a batch line lists the ids of its requests "[a,b] ".
     rid = "ops-text-1"
@@ -92,11 +88,7 @@ def main():
                              ("decoder batch line", "decoder batch of 1 prompt")):
             check(any(needle in o["msg"] for o in mine), f"json: the {what} has request_id {rid!r}")
         check(not any(rid in o["msg"] for o in mine), "json: the id is a field, not in msg")
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return check.verdict()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import urllib.request
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from checks import Checks
 from maskd_run import Maskd, maskd_client, test_png
 
 
@@ -34,12 +35,7 @@ def value(samples, name, **labels):
 
 def main():
     binary = sys.argv[1]
-    failures = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what)
-        if not cond:
-            failures.append(what)
+    check = Checks()
 
     with Maskd(binary, ["--metrics-listen", "127.0.0.1:0"], want_metrics=True) as m:
         _, before = scrape(m.metrics_port)
@@ -125,11 +121,7 @@ def main():
               f"method labels are the service's methods only: {sorted(methods)}")
         code = m.stop()
         check(code == 0, f"maskd exited 0 on SIGTERM (got {code})")
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return check.verdict()
 
 
 if __name__ == "__main__":

@@ -12,17 +12,13 @@ from google.protobuf import descriptor_pool, message_factory
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import \
     ProtoReflectionDescriptorDatabase
 
+from checks import Checks
 from maskd_run import Maskd
 
 
 def main():
     binary = sys.argv[1]
-    failures = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what)
-        if not cond:
-            failures.append(what)
+    check = Checks()
 
     with Maskd(binary) as m:
         channel = grpc.insecure_channel(m.target)
@@ -65,11 +61,7 @@ def main():
         except (grpc.RpcError, KeyError) as e:
             check(False, f"maskd.v1.MaskService/GetInfo by reflection: {e}")
         channel.close()
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return check.verdict()
 
 
 if __name__ == "__main__":

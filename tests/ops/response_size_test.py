@@ -10,17 +10,13 @@ import re
 import sys
 import time
 
+from checks import Checks
 from maskd_run import Maskd, maskd_client, test_png
 
 
 def main():
     binary = sys.argv[1]
-    failures = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what)
-        if not cond:
-            failures.append(what)
+    check = Checks()
 
     png = test_png(seed=3)
     prompts = [maskd_client.client.build_prompt(points=[(20 + 6 * i, 30, 1)], multimask=True)
@@ -58,11 +54,7 @@ def main():
         check(over is not None and over.group(1) in stream_rids,
               f"the stream's line carries a stream message's request id: {lines[-1].strip()[:160]}")
         check(m.stop() == 0, "maskd exited 0")
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return check.verdict()
 
 
 if __name__ == "__main__":

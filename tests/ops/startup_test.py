@@ -14,6 +14,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from checks import Checks
 from maskd_run import Maskd, test_png
 
 ORDER = ["main_ms", "listening_ms", "checkpoint_read_ms", "weights_ready_ms", "warmed_up_ms",
@@ -35,12 +36,7 @@ def scrape(port):
 
 def main():
     maskd, maskctl = sys.argv[1], sys.argv[2]
-    failures = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what)
-        if not cond:
-            failures.append(what)
+    check = Checks()
 
     t_launch = time.time()
     with Maskd(maskd, ["--metrics-listen", "127.0.0.1:0"], want_metrics=True) as m:
@@ -92,11 +88,7 @@ def main():
     for p in PHASES:
         n = len(re.findall(rf"startup: {p} at [0-9.]+ ms after process start", log))
         check(n == 1, f"'startup: {p}' logged once (got {n})")
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return check.verdict()
 
 
 if __name__ == "__main__":
