@@ -9,12 +9,6 @@
 namespace maskd {
 
 namespace {
-std::string Num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
 // Points per side of layer i's generated grid (the original's int(n / scale**i)).
 int LayerSide(int points_per_side, int factor, int layer) {
   return static_cast<int>(points_per_side / std::pow(static_cast<double>(factor), layer));
@@ -28,7 +22,7 @@ Status ValidateMaskGenerationParams(const MaskGenerationParams& p, std::string_v
     return InvalidArgument(f + "." + field + " " + m);
   };
   auto unit = [&](const std::string& field, double v) -> Status {
-    if (!std::isfinite(v) || v < 0 || v > 1) return bad(field, "= " + Num(v) + " must be in [0, 1]");
+    if (!std::isfinite(v) || v < 0 || v > 1) return bad(field, "= " + FormatNumber(v) + " must be in [0, 1]");
     return Status::Ok();
   };
   if (p.crop_n_layers < 0 || p.crop_n_layers > lim.max_crop_n_layers)
@@ -76,7 +70,7 @@ Status ValidateMaskGenerationParams(const MaskGenerationParams& p, std::string_v
         const auto& pt = grid[i];
         if (!std::isfinite(pt.x) || !std::isfinite(pt.y) || pt.x < 0 || pt.x > 1 || pt.y < 0 || pt.y > 1)
           return bad(gname + ".points[" + std::to_string(i) + "]",
-                     "= (" + Num(pt.x) + ", " + Num(pt.y) + ") must be in [0, 1] x [0, 1]");
+                     "= (" + FormatNumber(pt.x) + ", " + FormatNumber(pt.y) + ") must be in [0, 1] x [0, 1]");
       }
     }
     if (total > lim.max_grid_points)
@@ -89,11 +83,11 @@ Status ValidateMaskGenerationParams(const MaskGenerationParams& p, std::string_v
   MASKD_RETURN_IF_ERROR(unit("pred_iou_thresh", p.pred_iou_thresh));
   MASKD_RETURN_IF_ERROR(unit("stability_score_thresh", p.stability_score_thresh));
   if (!std::isfinite(p.stability_score_offset) || p.stability_score_offset < 0)
-    return bad("stability_score_offset", "= " + Num(p.stability_score_offset) + " must be finite and >= 0");
+    return bad("stability_score_offset", "= " + FormatNumber(p.stability_score_offset) + " must be finite and >= 0");
   MASKD_RETURN_IF_ERROR(unit("box_nms_thresh", p.box_nms_thresh));
   MASKD_RETURN_IF_ERROR(unit("crop_nms_thresh", p.crop_nms_thresh));
   if (!std::isfinite(p.crop_overlap_ratio) || p.crop_overlap_ratio < 0 || p.crop_overlap_ratio >= 1)
-    return bad("crop_overlap_ratio", "= " + Num(p.crop_overlap_ratio) + " must be in [0, 1)");
+    return bad("crop_overlap_ratio", "= " + FormatNumber(p.crop_overlap_ratio) + " must be in [0, 1)");
   if (p.min_mask_region_area < 0)
     return bad("min_mask_region_area", "= " + std::to_string(p.min_mask_region_area) + " must be >= 0");
   return Status::Ok();

@@ -8,15 +8,6 @@
 
 namespace maskd {
 
-namespace {
-// Coordinates in messages as a person writes them: 700.5, not 700.500000.
-std::string Num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-}  // namespace
-
 Status ValidatePrompt(const PromptSpec& p, int w, int h, std::string_view prefix, const Limits& limits) {
   const std::string f(prefix);
   auto bad = [&](const std::string& m) { return InvalidArgument(m); };
@@ -31,10 +22,10 @@ Status ValidatePrompt(const PromptSpec& p, int w, int h, std::string_view prefix
     if (!std::isfinite(pt.x) || !std::isfinite(pt.y))
       return bad(n + " has a non-finite coordinate");
     if (pt.x < 0 || pt.x > w)
-      return bad(n + ".x = " + Num(pt.x) + " is outside the image width [0, " +
+      return bad(n + ".x = " + FormatNumber(pt.x) + " is outside the image width [0, " +
                  std::to_string(w) + "]");
     if (pt.y < 0 || pt.y > h)
-      return bad(n + ".y = " + Num(pt.y) + " is outside the image height [0, " +
+      return bad(n + ".y = " + FormatNumber(pt.y) + " is outside the image height [0, " +
                  std::to_string(h) + "]");
     if (pt.label != 0 && pt.label != 1)
       return bad(n + ".label = " + std::to_string(pt.label) + " must be 0 (background) or 1 (foreground)");
@@ -45,12 +36,12 @@ Status ValidatePrompt(const PromptSpec& p, int w, int h, std::string_view prefix
     if (!std::isfinite(b.x0) || !std::isfinite(b.y0) || !std::isfinite(b.x1) || !std::isfinite(b.y1))
       return bad(n + " has a non-finite coordinate");
     if (b.x0 > b.x1 || b.y0 > b.y1)
-      return bad(n + " = (" + Num(b.x0) + ", " + Num(b.y0) + ", " +
-                 Num(b.x1) + ", " + Num(b.y1) +
+      return bad(n + " = (" + FormatNumber(b.x0) + ", " + FormatNumber(b.y0) + ", " +
+                 FormatNumber(b.x1) + ", " + FormatNumber(b.y1) +
                  ") must have x0 <= x1 and y0 <= y1");
     if (b.x0 < 0 || b.y0 < 0 || b.x1 > w || b.y1 > h)
-      return bad(n + " = (" + Num(b.x0) + ", " + Num(b.y0) + ", " +
-                 Num(b.x1) + ", " + Num(b.y1) + ") is outside the image " +
+      return bad(n + " = (" + FormatNumber(b.x0) + ", " + FormatNumber(b.y0) + ", " +
+                 FormatNumber(b.x1) + ", " + FormatNumber(b.y1) + ") is outside the image " +
                  std::to_string(w) + "x" + std::to_string(h));
   }
   if (p.mask_input) {

@@ -90,6 +90,9 @@ class [[nodiscard]] StatusOr {
   std::optional<T> value_;
 };
 
+// A number in an error message as a person writes it (%g): 700.5, not 700.500000.
+std::string FormatNumber(double v);
+
 }  // namespace maskd
 
 #define MASKD_RETURN_IF_ERROR(expr)          \
