@@ -22,65 +22,84 @@ at::Tensor EngineImpl::Upload(const at::Tensor& host) const {
   return host.pin_memory().to(device_, /*non_blocking=*/true);
 }
 
-std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(
-    const at::Tensor& image_side, bool per_prompt, const at::Tensor& sparse,
-    const std::function<MaskDecoderImpl::Output(const at::Tensor&, const at::Tensor&)>& run) {
+std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(const at::Tensor& image_side, bool per_prompt,
+                                                                      const at::Tensor& sparse,
+                                                                      const at::Tensor& group_of,
+                                                                      const DecoderPassFn& run) {
 #ifdef MASKD_WITH_CUDA
   const int64_t G = sparse.size(0), T = sparse.size(1);
   if (!device_.is_cuda() || !options_.fast.cuda_graphs || T > kMaxGraphTokens) return std::nullopt;
-  int64_t bucket = 0;
-  for (int64_t b : kDecoderGraphBuckets)
-    if (b >= G) {
-      bucket = b;
-      break;
-    }
+  auto bucket_of = [](int64_t n) -> int64_t {
+    for (int64_t b : kDecoderGraphBuckets)
+      if (b >= n) return b;
+    return 0;
+  };
+  const int64_t bucket = bucket_of(G);
   if (bucket == 0) return std::nullopt;
+  // Several images: their keys padded to an image bucket (rows past the real ones are never
+  // selected by a real prompt's group index, and every operation on them is per row).
+  const bool grouped = group_of.defined();
+  const int64_t images = grouped ? image_side.size(0) : 0;
+  const int64_t image_bucket = grouped ? bucket_of(images) : 0;
+  if (grouped && image_bucket == 0) return std::nullopt;
   std::lock_guard<std::mutex> lock(decoder_graph_mu_);
-  auto it = decoder_graphs_.find({bucket, T});
+  const auto key = std::make_tuple(bucket, T, image_bucket);
+  auto it = decoder_graphs_.find(key);
   if (it == decoder_graphs_.end() && decoder_graphs_.size() < kMaxDecoderGraphs) {
     DecoderGraph g;
     std::vector<int64_t> shape = image_side.sizes().vec();
     if (per_prompt) shape[0] = bucket;
-    g.src = at::zeros(shape, image_side.options());
+    if (grouped) shape[0] = image_bucket;
+    // Graphs of one input shape share their static input (replays are serialised by the mutex), so
+    // the graphs of many (prompt, token) buckets do not each hold up to 64 images' keys.
+    auto [in, fresh] = decoder_graph_inputs_.try_emplace(shape);
+    if (fresh) in->second = at::zeros(shape, image_side.options());
+    g.src = in->second;
     g.sparse = at::zeros({bucket, T, sparse.size(2)}, sparse.options());
-    run(g.src, g.sparse);  // warm-up outside the capture
+    if (grouped) g.group_of = at::zeros({bucket}, group_of.options());
+    run(g.src, g.group_of, g.sparse);  // warm-up outside the capture
     c10::cuda::getCurrentCUDAStream().synchronize();
     if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
     g.graph = std::make_unique<at::cuda::CUDAGraph>();
     g.graph->capture_begin(*decoder_pool_, cudaStreamCaptureModeThreadLocal);
-    auto out = run(g.src, g.sparse);
+    auto out = run(g.src, g.group_of, g.sparse);
     g.graph->capture_end();
     g.masks = out.masks;
     g.iou = out.iou_predictions;
-    it = decoder_graphs_.emplace(std::make_pair(bucket, T), std::move(g)).first;
+    it = decoder_graphs_.emplace(key, std::move(g)).first;
   }
   if (it == decoder_graphs_.end()) return std::nullopt;
   DecoderGraph& g = it->second;
-  // Rows past G keep whatever they held: every decoder operation is per prompt row.
-  if (per_prompt) g.src.narrow(0, 0, G).copy_(image_side);
+  // Rows past G (and past the real images) keep whatever they held: every decoder operation is per
+  // prompt row, and a padded prompt's group index is one this graph was given before (or 0).
+  if (per_prompt || grouped) g.src.narrow(0, 0, image_side.size(0)).copy_(image_side);
   else g.src.copy_(image_side);
   g.sparse.narrow(0, 0, G).copy_(sparse);
+  if (grouped) g.group_of.narrow(0, 0, G).copy_(group_of);
   g.graph->replay();
   return MaskDecoderImpl::Output{g.masks.narrow(0, 0, G).clone(), g.iou.narrow(0, 0, G).clone()};
 #else
-  (void)image_side, (void)per_prompt, (void)sparse, (void)run;
+  (void)image_side, (void)per_prompt, (void)sparse, (void)group_of, (void)run;
   return std::nullopt;
 #endif
 }
 
 MaskDecoderImpl::Output EngineImpl::RunDecoder(const at::Tensor& src, const at::Tensor& sparse) {
-  auto run = [this](const at::Tensor& s, const at::Tensor& sp) { return sam_->mask_decoder->forward(s, dense_pe_, sp); };
-  if (auto out = ReplayDecoderGraph(src, /*per_prompt=*/true, sparse, run)) return std::move(*out);
-  return run(src, sparse);
+  auto run = [this](const at::Tensor& s, const at::Tensor&, const at::Tensor& sp) {
+    return sam_->mask_decoder->forward(s, dense_pe_, sp);
+  };
+  if (auto out = ReplayDecoderGraph(src, /*per_prompt=*/true, sparse, at::Tensor(), run)) return std::move(*out);
+  return run(src, at::Tensor(), sparse);
 }
 
 MaskDecoderImpl::Output EngineImpl::RunSharedDecoder(const at::Tensor& keys, const at::Tensor& group_of,
                                                      const at::Tensor& sparse) {
-  if (keys.size(0) == 1) {
-    auto run = [this](const at::Tensor& k, const at::Tensor& sp) { return shared_dec_->ForwardKeys(k, {}, sp); };
-    if (auto out = ReplayDecoderGraph(keys, /*per_prompt=*/false, sparse, run)) return std::move(*out);
-  }
-  return shared_dec_->ForwardKeys(keys, group_of, sparse);
+  auto run = [this](const at::Tensor& k, const at::Tensor& groups, const at::Tensor& sp) {
+    return shared_dec_->ForwardKeys(k, groups, sp);
+  };
+  const at::Tensor groups = keys.size(0) > 1 ? group_of : at::Tensor();
+  if (auto out = ReplayDecoderGraph(keys, /*per_prompt=*/false, sparse, groups, run)) return std::move(*out);
+  return run(keys, groups, sparse);
 }
 
 Status EngineImpl::CheckDecodeItem(const DecodeItem& item, size_t i) const {
@@ -108,7 +127,7 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
   }
   return Guarded("running the mask decoder", [&]() -> StatusOr<std::vector<StatusOr<DecodedPrompt>>> {
     torch::NoGradGuard no_grad;
-    CallStream cs(device_);
+    CallStream cs(device_, decoder_priority_);
     std::vector<StatusOr<DecodedPrompt>> out = checked;
     // Bucket by sparse token count: the decoder attends over every token without a mask, so only
     // prompts with equal counts can share a pass (the original's padding token is part of a
