@@ -15,6 +15,13 @@ constexpr int64_t kDecoderGraphBuckets[] = {1, 2, 4, 8, 16, 32, 64};
 constexpr int64_t kMaxGraphTokens = 16;
 constexpr size_t kMaxDecoderGraphs = 64;
 
+// The smallest graph bucket that holds n (0: none does).
+int64_t GraphBucket(int64_t n) {
+  for (int64_t b : kDecoderGraphBuckets)
+    if (b >= n) return b;
+  return 0;
+}
+
 at::Tensor EngineImpl::Upload(const at::Tensor& host) const {
   if (!device_.is_cuda()) return host.to(device_);
   // pin_memory() copies into a block of the caching host allocator, which keeps it until the
@@ -29,21 +36,16 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(const at::
 #ifdef MASKD_WITH_CUDA
   const int64_t G = sparse.size(0), T = sparse.size(1);
   if (!device_.is_cuda() || !options_.fast.cuda_graphs || T > kMaxGraphTokens) return std::nullopt;
-  auto bucket_of = [](int64_t n) -> int64_t {
-    for (int64_t b : kDecoderGraphBuckets)
-      if (b >= n) return b;
-    return 0;
-  };
-  const int64_t bucket = bucket_of(G);
+  const int64_t bucket = GraphBucket(G);
   if (bucket == 0) return std::nullopt;
   // Several images: their keys padded to an image bucket (rows past the real ones are never
   // selected by a real prompt's group index, and every operation on them is per row).
   const bool grouped = group_of.defined();
   const int64_t images = grouped ? image_side.size(0) : 0;
-  const int64_t image_bucket = grouped ? bucket_of(images) : 0;
+  const int64_t image_bucket = grouped ? GraphBucket(images) : 0;
   if (grouped && image_bucket == 0) return std::nullopt;
   std::lock_guard<std::mutex> lock(decoder_graph_mu_);
-  const auto key = std::make_tuple(bucket, T, image_bucket);
+  const auto key = std::make_tuple(bucket, T, image_bucket, false);
   auto it = decoder_graphs_.find(key);
   if (it == decoder_graphs_.end() && decoder_graphs_.size() < kMaxDecoderGraphs) {
     DecoderGraph g;
@@ -80,6 +82,62 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(const at::
   return MaskDecoderImpl::Output{g.masks.narrow(0, 0, G).clone(), g.iou.narrow(0, 0, G).clone()};
 #else
   (void)image_side, (void)per_prompt, (void)sparse, (void)group_of, (void)run;
+  return std::nullopt;
+#endif
+}
+
+std::optional<MaskDecoderImpl::Output> EngineImpl::ReplaySharedPromptGraph(const std::vector<at::Tensor>& images,
+                                                                           const std::vector<float>& packed,
+                                                                           int64_t G, int64_t T) {
+#ifdef MASKD_WITH_CUDA
+  if (!device_.is_cuda() || !options_.fast.cuda_graphs || !shared_dec_ || T > kMaxGraphTokens) return std::nullopt;
+  const int64_t ng = static_cast<int64_t>(images.size()), width = 3 * T + 1;
+  const int64_t bucket = GraphBucket(G), image_bucket = ng > 1 ? GraphBucket(ng) : 0;
+  if (bucket == 0 || ng == 0 || (ng > 1 && image_bucket == 0)) return std::nullopt;
+  TORCH_CHECK(static_cast<int64_t>(packed.size()) == G * width, "packed prompts: expected ", G * width, " values");
+  // Packed on the host into one pinned buffer: one upload for coordinates, labels and groups.
+  const at::Tensor host = at::from_blob(const_cast<float*>(packed.data()), {G, width}, at::kFloat).pin_memory();
+  std::lock_guard<std::mutex> lock(decoder_graph_mu_);
+  const auto key = std::make_tuple(bucket, T, image_bucket, true);
+  auto it = decoder_graphs_.find(key);
+  if (it == decoder_graphs_.end() && decoder_graphs_.size() < kMaxDecoderGraphs) {
+    DecoderGraph g;
+    std::vector<int64_t> shape = images[0].sizes().vec();  // [C, h, w]
+    shape.insert(shape.begin(), std::max<int64_t>(image_bucket, 1));
+    auto [in, fresh] = decoder_graph_inputs_.try_emplace(shape);
+    if (fresh) in->second = at::zeros(shape, images[0].options());
+    g.src = in->second;
+    // Padding rows: a "not a point" token on image row 0 (any valid values would do: every
+    // operation is per prompt row).
+    g.packed = at::zeros({bucket, width}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    g.packed.narrow(1, 2 * T, T).fill_(-1);
+    auto run = [&]() {
+      const at::Tensor coords = g.packed.narrow(1, 0, 2 * T).view({bucket, T, 2});
+      const at::Tensor labels = g.packed.narrow(1, 2 * T, T).to(at::kLong);
+      const at::Tensor sparse = sam_->prompt_encoder->EmbedTokens(coords, labels).to(dtype_);
+      const at::Tensor keys = SharedImageDecoder::GroupKeys(g.src + no_mask_);
+      const at::Tensor groups = image_bucket > 0 ? g.packed.select(1, 3 * T).to(at::kLong) : at::Tensor();
+      return shared_dec_->ForwardKeys(keys, groups, sparse);
+    };
+    run();  // warm-up outside the capture
+    c10::cuda::getCurrentCUDAStream().synchronize();
+    if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
+    g.graph = std::make_unique<at::cuda::CUDAGraph>();
+    g.graph->capture_begin(*decoder_pool_, cudaStreamCaptureModeThreadLocal);
+    auto out = run();
+    g.graph->capture_end();
+    g.masks = out.masks;
+    g.iou = out.iou_predictions;
+    it = decoder_graphs_.emplace(key, std::move(g)).first;
+  }
+  if (it == decoder_graphs_.end()) return std::nullopt;
+  DecoderGraph& g = it->second;
+  for (int64_t i = 0; i < ng; ++i) g.src[i].copy_(images[static_cast<size_t>(i)]);
+  g.packed.narrow(0, 0, G).copy_(host, /*non_blocking=*/true);
+  g.graph->replay();
+  return MaskDecoderImpl::Output{g.masks.narrow(0, 0, G).clone(), g.iou.narrow(0, 0, G).clone()};
+#else
+  (void)images, (void)packed, (void)G, (void)T;
   return std::nullopt;
 #endif
 }
@@ -180,9 +238,11 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
           mask_inputs.push_back(PayloadOf(*item.prompt.mask_input).tensor[item.prompt.mask_input_index]);
         }
       }
-      const at::Tensor c = Upload(at::from_blob(coords.data(), {G, T, 2}, at::kFloat));
-      const at::Tensor l = Upload(at::from_blob(labels.data(), {G, T}, at::kLong));
-      const at::Tensor sparse = sam_->prompt_encoder->EmbedTokens(c, l).to(dtype_);
+      auto encode_prompts = [&]() {
+        const at::Tensor c = Upload(at::from_blob(coords.data(), {G, T, 2}, at::kFloat));
+        const at::Tensor l = Upload(at::from_blob(labels.data(), {G, T}, at::kLong));
+        return sam_->prompt_encoder->EmbedTokens(c, l).to(dtype_);
+      };
       if (shared_dec_) {
         // Groups of prompts with one image side: the prompts of one embedding without a mask input;
         // a prompt with a mask input is a group of its own (its dense embedding is its own).
@@ -205,6 +265,21 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
           group_of[g] = it->second;
         }
         const int64_t ng = static_cast<int64_t>(group_src.size());
+        if (mask_groups.empty()) {
+          // Per prompt: T x/y pairs, T labels, its group (exact in float: labels -1..3, groups < 64).
+          std::vector<float> packed(static_cast<size_t>(G * (3 * T + 1)));
+          for (int64_t g = 0; g < G; ++g) {
+            float* row = packed.data() + g * (3 * T + 1);
+            std::copy_n(coords.data() + g * T * 2, 2 * T, row);
+            for (int64_t t = 0; t < T; ++t) row[2 * T + t] = static_cast<float>(labels[static_cast<size_t>(g * T + t)]);
+            row[3 * T] = static_cast<float>(group_of[static_cast<size_t>(g)]);
+          }
+          if (auto dec = ReplaySharedPromptGraph(group_src, packed, G, T)) {
+            pending.push_back({dec->iou_predictions, dec->masks, idx});
+            continue;
+          }
+        }
+        const at::Tensor sparse = encode_prompts();
         at::Tensor src = at::stack(group_src);
         if (mask_groups.empty()) {
           src = src + no_mask_;
@@ -220,6 +295,7 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
         pending.push_back({dec.iou_predictions, dec.masks, idx});
         continue;
       }
+      const at::Tensor sparse = encode_prompts();
       at::Tensor src = at::stack(embs);
       if (mask_rows.empty()) {
         src = src + no_mask_;

@@ -200,6 +200,15 @@ class EngineImpl final : public Engine {
   std::optional<MaskDecoderImpl::Output> ReplayDecoderGraph(const at::Tensor& image_side, bool per_prompt,
                                                             const at::Tensor& sparse, const at::Tensor& group_of,
                                                             const DecoderPassFn& run);
+  // The shared-image decoder's whole pass for prompts without mask inputs in one graph: the raw
+  // embeddings (one per image), the prompts' points as packed host values (for each prompt, T
+  // x/y pairs in the input frame, T labels and its image's row, all as float) go in, and the
+  // graph adds the no-mask embedding, lays out the keys, encodes the prompts and decodes, so a
+  // click pays two copies in and a replay instead of ~20 eager launches. nullopt: no graph for
+  // this shape.
+  std::optional<MaskDecoderImpl::Output> ReplaySharedPromptGraph(const std::vector<at::Tensor>& images,
+                                                                 const std::vector<float>& packed, int64_t G,
+                                                                 int64_t T);
   Status PrepareFastPath();
   Status CaptureEncoderGraphs();
   std::string Identity() const;
@@ -251,9 +260,12 @@ class EngineImpl final : public Engine {
     // images' group keys [image bucket or 1, HW, D] (a configuration uses one kind: Reconfigure
     // clears the graphs); group_of [bucket] (int64) with several images: each prompt's image row.
     at::Tensor src, sparse, group_of, masks, iou;
+    // ReplaySharedPromptGraph's packed prompts [bucket, 3T + 1] (float, device).
+    at::Tensor packed;
   };
   std::mutex decoder_graph_mu_;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, DecoderGraph> decoder_graphs_;
+  // The key's last element: the graph encodes the prompts itself (ReplaySharedPromptGraph).
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, DecoderGraph> decoder_graphs_;
   // The graphs' static image-side inputs by shape, shared by every graph of that shape.
   std::map<std::vector<int64_t>, at::Tensor> decoder_graph_inputs_;
   std::optional<c10::MempoolId_t> decoder_pool_;
