@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/functional/upsampling.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/kernels.h"
@@ -60,12 +61,28 @@ at::Tensor FlatLinear(torch::nn::Linear& linear, const std::shared_ptr<FastLinea
 }
 }  // namespace
 
-at::Tensor MlpBlockImpl::ForwardFused(const at::Tensor& x, bool gelu_epilogue) {
+at::Tensor MlpBlockImpl::ForwardFused(const at::Tensor& x, bool gelu_epilogue, int64_t max_hidden_bytes) {
   if (!gelu_epilogue || lin1_fast || lin2_fast) return forward(x);
   std::vector<int64_t> shape = x.sizes().vec();
   const at::Tensor x2 = x.reshape({-1, shape.back()});
-  const at::Tensor h = at::_addmm_activation(lin1->bias, x2, lin1->weight.t(), 1, 1, /*use_gelu=*/true);
-  const at::Tensor y = at::addmm(lin2->bias, h, lin2->weight.t());
+  const int64_t rows = x2.size(0), hidden = lin1->weight.size(0);
+  const int64_t row_bytes = hidden * static_cast<int64_t>(x2.element_size());
+  // Whole multiples of 64 rows per chunk (GEMM tiles), at least one tile.
+  const int64_t chunk = std::max<int64_t>(64, max_hidden_bytes / std::max<int64_t>(row_bytes, 1) / 64 * 64);
+  at::Tensor y;
+  if (rows <= chunk) {
+    const at::Tensor h = at::_addmm_activation(lin1->bias, x2, lin1->weight.t(), 1, 1, /*use_gelu=*/true);
+    y = at::addmm(lin2->bias, h, lin2->weight.t());
+  } else {
+    y = at::empty({rows, lin2->weight.size(0)}, x2.options());
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, rows - r0);
+      const at::Tensor h =
+          at::_addmm_activation(lin1->bias, x2.narrow(0, r0, n), lin1->weight.t(), 1, 1, /*use_gelu=*/true);
+      at::Tensor out = y.narrow(0, r0, n);
+      at::addmm_out(out, lin2->bias, h, lin2->weight.t());
+    }
+  }
   shape.back() = y.size(1);
   return y.view(shape);
 }

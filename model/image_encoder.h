@@ -40,8 +40,11 @@ struct MlpBlockImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   // The fused path: with gelu_epilogue (and no int8/2:4 replacement), fc1's bias + GELU run in the
   // cuBLASLt epilogue (its tanh approximation of GELU) and fc2's bias in its epilogue; otherwise
-  // the same as forward.
-  at::Tensor ForwardFused(const at::Tensor& x, bool gelu_epilogue);
+  // the same as forward. The hidden activation is made and consumed in row chunks of at most
+  // max_hidden_bytes (vit_h at batch 32: 1.3 GB in one piece, the encoder's largest tensor), each
+  // chunk's fc2 writing its rows of the output in place; every output row is the same two GEMM rows.
+  at::Tensor ForwardFused(const at::Tensor& x, bool gelu_epilogue, int64_t max_hidden_bytes = kMaxHiddenBytes);
+  static constexpr int64_t kMaxHiddenBytes = int64_t{256} << 20;
   torch::nn::Linear lin1{nullptr}, lin2{nullptr};
   std::shared_ptr<FastLinear> lin1_fast, lin2_fast;
 };

@@ -73,5 +73,20 @@ TEST(EncoderFusion, GeluEpilogueMlpIsTheMlp) {
   EXPECT_LT(MaxAbs(mlp->ForwardFused(x, false), mlp->forward(x)), 1e-7);
 }
 
+TEST(EncoderFusion, MlpInRowChunksIsTheWholeMlp) {
+  // 3 x 40 x 40 tokens = 4800 rows of a 32-wide hidden layer: a 64-row tile is 8 KiB in fp32, so a
+  // 40 KiB budget gives chunks of 320 rows and a last, partial one.
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(17);
+  MlpBlock mlp(16, 32);
+  const at::Tensor x = torch::randn({3, 40, 40, 16});
+  const at::Tensor whole = mlp->ForwardFused(x, true);
+  const at::Tensor chunked = mlp->ForwardFused(x, true, 40 << 10);
+  ASSERT_EQ(chunked.sizes(), whole.sizes());
+  EXPECT_LT(MaxAbs(chunked, whole), 1e-6);
+  // A budget under one tile still makes progress (64-row chunks).
+  EXPECT_LT(MaxAbs(mlp->ForwardFused(x, true, 1), whole), 1e-6);
+}
+
 }  // namespace
 }  // namespace maskd
