@@ -230,7 +230,7 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
            "bytes (default: on with the fast path)");
   tristate("decoder-priority", &c.decoder_priority,
            "Run mask decoding and post-processing on high-priority CUDA streams, the encoder on normal "
-           "ones, so clicks do not queue behind encoder batches (default: on with the fast path)");
+           "ones (default: off; measured slower for batch throughput, see BENCHMARKS.md run 14)");
   for (const char* n : {"cuda-graphs", "int8", "sparse24", "fp8", "gpu-preprocess", "gpu-postprocess",
                         "gpu-rle-string", "decoder-priority"}) {
     app.get_option(std::string("--") + n)->group(g_dev);

@@ -299,7 +299,14 @@ TEST(ServerConfig, EngineOptionsPerDeviceKind) {
   EXPECT_TRUE(gpu->fast.windows_in_kernel);
   EXPECT_FALSE(gpu->fast.fp8);  // opt-in
   EXPECT_TRUE(gpu->fast.gpu_rle_string);
-  EXPECT_TRUE(gpu->fast.decoder_priority);
+  EXPECT_FALSE(gpu->fast.decoder_priority);  // opt-in (BENCHMARKS.md, run 14)
+  {
+    auto on = Parse({"--decoder-priority=1"});
+    ASSERT_FALSE(on.exit) << on.output;
+    auto o = MakeEngineOptions(on.config, DeviceSpec{"cuda:0", "cuda:0", true}, ck);
+    ASSERT_TRUE(o.ok());
+    EXPECT_TRUE(o->fast.decoder_priority);
+  }
   {
     auto off = Parse({"--decoder-priority=0", "--gpu-rle-string", "off"});
     ASSERT_FALSE(off.exit) << off.output;

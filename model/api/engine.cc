@@ -9,7 +9,6 @@ FastPathOptions FastPathOptions::Fast() {
   f.gpu_preprocess = true;
   f.gpu_postprocess = true;
   f.gpu_rle_string = true;
-  f.decoder_priority = true;
   f.fuse_encoder_ops = true;
   f.gelu_epilogue = true;
   f.shared_image_decoder = true;
