@@ -120,6 +120,12 @@ void PrintInfo(std::ostream& out, const v1::GetInfoResponse& info) {
   out << "limits: image " << Mib(l.max_image_bytes()) << ", " << l.max_image_pixels()
       << " pixels, " << l.max_prompts_per_request() << " prompts/request, "
       << l.max_points_per_prompt() << " points/prompt\n";
+  if (l.has_generation()) {
+    const v1::GenerationLimits& g = l.generation();
+    out << "generation limits: " << g.max_points_per_side() << " points/side, " << g.max_grid_points()
+        << " grid points, " << g.max_points_per_batch() << " points/batch, " << g.max_crop_n_layers()
+        << " crop layers, downscale factor " << g.max_crop_n_points_downscale_factor() << "\n";
+  }
   out << "calls: " << info.calls();
   for (const auto& [code, n] : info.calls_by_status()) out << ", " << code << " " << n;
   out << "\n";

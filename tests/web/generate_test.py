@@ -145,3 +145,9 @@ def test_http_generate_is_the_grpc_call(request, maskd, folder, tmp_path):
     assert "params.crop_overlap_ratio = 1.5" in err["error"]["message"]
     status, err = post(maskd, "/v1/generate", {"image_id": "0" * 64})
     assert status == 404 and err["error"]["status"] == "NOT_FOUND"
+
+
+def test_info_shows_the_generation_limits(request, maskd):
+    r = maskctl(request, maskd, "info")
+    assert "generation limits: 128 points/side, 16384 grid points, 1024 points/batch, 3 crop layers" in r.stdout, \
+        r.stdout
