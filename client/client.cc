@@ -317,6 +317,14 @@ void Client::AddAffinity(grpc::ClientContext& context, const Request& request) {
   std::optional<std::string> key;
   if constexpr (std::is_same_v<Request, v1::EmbedRequest>) {
     key = AffinityKeyFor(request.image());
+  } else if constexpr (std::is_same_v<Request, v1::GenerateMasksRequest>) {
+    if (request.has_image()) {
+      key = AffinityKeyFor(request.image());
+    } else if (options_.affinity_header) {
+      v1::SegmentRequest by_id;  // the same header rules for an id as Segment's
+      by_id.set_image_id(request.image_id());
+      key = AffinityKey("", by_id);
+    }
   } else {
     key = AffinityKeyFor(request);
   }
@@ -349,6 +357,16 @@ StatusOr<v1::SegmentResponse> Client::Segment(const v1::SegmentRequest& request)
   SetDeadline(context);
   v1::SegmentResponse response;
   Status status = FromGrpcStatus(stub_->Segment(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+StatusOr<v1::GenerateMasksResponse> Client::GenerateMasks(const v1::GenerateMasksRequest& request) {
+  grpc::ClientContext context;
+  AddAffinity(context, request);
+  SetDeadline(context);
+  v1::GenerateMasksResponse response;
+  Status status = FromGrpcStatus(stub_->GenerateMasks(&context, request, &response));
   if (!status.ok()) return status;
   return response;
 }

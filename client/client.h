@@ -158,6 +158,9 @@ class Client {
   StatusOr<v1::EmbedResponse> Embed(const v1::EmbedRequest& request);
   StatusOr<v1::SegmentResponse> Segment(const SegmentArgs& args);
   StatusOr<v1::SegmentResponse> Segment(const v1::SegmentRequest& request);
+  // Automatic mask generation ("segment everything") on one image; carries the affinity header like
+  // Segment. A generation on a large grid takes longer than a click: ClientOptions::timeout applies.
+  StatusOr<v1::GenerateMasksResponse> GenerateMasks(const v1::GenerateMasksRequest& request);
   StatusOr<v1::GetInfoResponse> GetInfo();
   // grpc.health.v1.Health/Check for `service` ("" = the whole server).
   StatusOr<ServingStatus> Health(const std::string& service = "maskd.v1.MaskService");

@@ -43,13 +43,69 @@ StatusOr<json> Segmentation(const v1::MaskResult& m, int width, int height) {
   return InvalidArgument("COCO export: a mask result has no data (expected rle, png or polygons)");
 }
 
-}  // namespace
-
-StatusOr<std::string> CocoAnnotationsJson(const std::vector<CocoImage>& images) {
+json Header(const char* description) {
   json out;
-  out["info"] = {{"description", "maskd Segment results"}, {"version", "1.0"}};
+  out["info"] = {{"description", description}, {"version", "1.0"}};
   out["licenses"] = json::array();
   out["categories"] = json::array({{{"id", 1}, {"name", "object"}, {"supercategory", "object"}}});
+  return out;
+}
+
+// A generated mask's segmentation as the MaskResult Segmentation() reads (the same oneof forms).
+v1::MaskResult AsMaskResult(const v1::GeneratedMask& g) {
+  v1::MaskResult m;
+  switch (g.segmentation_case()) {
+    case v1::GeneratedMask::kRle: *m.mutable_rle() = g.rle(); break;
+    case v1::GeneratedMask::kPng: m.set_png(g.png()); break;
+    case v1::GeneratedMask::kPolygons: *m.mutable_polygons() = g.polygons(); break;
+    case v1::GeneratedMask::SEGMENTATION_NOT_SET: break;
+  }
+  return m;
+}
+
+}  // namespace
+
+StatusOr<std::string> CocoGeneratedAnnotationsJson(const std::vector<CocoGeneratedImage>& images) {
+  json out = Header("maskd GenerateMasks results");
+  json jimages = json::array(), annotations = json::array();
+  int64_t ann_id = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const v1::GenerateMasksResponse& r = images[i].response;
+    const int w = static_cast<int>(r.width()), h = static_cast<int>(r.height());
+    const int64_t image_id = static_cast<int64_t>(i) + 1;
+    jimages.push_back({{"id", image_id},
+                       {"file_name", images[i].file_name},
+                       {"width", w},
+                       {"height", h},
+                       {"maskd_image_id", r.image_id()}});
+    for (const v1::GeneratedMask& g : r.masks()) {
+      StatusOr<json> seg = Segmentation(AsMaskResult(g), w, h);
+      if (!seg.ok()) return seg.status();
+      const v1::BoundingBox& b = g.bbox();
+      const v1::BoundingBox& c = g.crop_box();
+      json points = json::array();
+      for (const v1::PointXY& p : g.point_coords()) points.push_back({p.x(), p.y()});
+      annotations.push_back({{"id", ++ann_id},
+                             {"image_id", image_id},
+                             {"category_id", 1},
+                             {"segmentation", std::move(*seg)},
+                             {"area", g.area()},
+                             {"bbox", {b.x(), b.y(), b.width(), b.height()}},
+                             {"iscrowd", 0},
+                             {"score", g.predicted_iou()},
+                             {"predicted_iou", g.predicted_iou()},
+                             {"stability_score", g.stability_score()},
+                             {"point_coords", std::move(points)},
+                             {"crop_box", {c.x(), c.y(), c.width(), c.height()}}});
+    }
+  }
+  out["images"] = std::move(jimages);
+  out["annotations"] = std::move(annotations);
+  return out.dump();
+}
+
+StatusOr<std::string> CocoAnnotationsJson(const std::vector<CocoImage>& images) {
+  json out = Header("maskd Segment results");
   json jimages = json::array(), annotations = json::array();
   int64_t ann_id = 0;
   for (size_t i = 0; i < images.size(); ++i) {

@@ -27,4 +27,16 @@ struct CocoImage {
 // data that does not decode.
 StatusOr<std::string> CocoAnnotationsJson(const std::vector<CocoImage>& images);
 
+// One image's GenerateMasks answer and the file name it is listed under.
+struct CocoGeneratedImage {
+  std::string file_name;
+  v1::GenerateMasksResponse response;
+};
+
+// GenerateMasks results as the same kind of file: every generated mask is one annotation of
+// category 1 "object" with segmentation (as above), area, bbox [x, y, w, h] (the original's XYWH),
+// score (its predicted IoU), iscrowd 0, and the original's other record fields as extra keys
+// (predicted_iou, stability_score, point_coords [[x, y]], crop_box [x, y, w, h]).
+StatusOr<std::string> CocoGeneratedAnnotationsJson(const std::vector<CocoGeneratedImage>& images);
+
 }  // namespace maskd::client

@@ -2,7 +2,10 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <iomanip>
 #include <ostream>
 #include <sstream>
@@ -117,6 +120,12 @@ void PrintInfo(std::ostream& out, const v1::GetInfoResponse& info) {
   out << "limits: image " << Mib(l.max_image_bytes()) << ", " << l.max_image_pixels()
       << " pixels, " << l.max_prompts_per_request() << " prompts/request, "
       << l.max_points_per_prompt() << " points/prompt\n";
+  if (l.has_generation()) {
+    const v1::GenerationLimits& g = l.generation();
+    out << "generation limits: " << g.max_points_per_side() << " points/side, " << g.max_grid_points()
+        << " grid points, " << g.max_points_per_batch() << " points/batch, " << g.max_crop_n_layers()
+        << " crop layers, downscale factor " << g.max_crop_n_points_downscale_factor() << "\n";
+  }
   out << "calls: " << info.calls();
   for (const auto& [code, n] : info.calls_by_status()) out << ", " << code << " " << n;
   out << "\n";
@@ -282,6 +291,144 @@ int RunSegment(const MaskctlConfig& config, const SegmentFlags& f, std::ostream&
   return 0;
 }
 
+// `maskctl everything`: the generator's parameters as flags; only those given are sent (the server
+// applies the original's defaults to the rest).
+struct EverythingFlags {
+  std::string input;  // an image file or a folder of them
+  std::string format = "rle";
+  float polygon_tolerance = 0;
+  std::string out_coco, out_json, tag;
+  int points_per_side = 32, points_per_batch = 64, crop_n_layers = 0;
+  int crop_n_points_downscale_factor = 1, min_mask_region_area = 0;
+  float pred_iou_thresh = 0.88f, stability_score_thresh = 0.95f, stability_score_offset = 1.0f;
+  float box_nms_thresh = 0.7f, crop_nms_thresh = 0.7f;
+  double crop_overlap_ratio = 512.0 / 1500.0;
+  // The options whose values were given (CLI::Option::count() after parsing).
+  std::vector<std::pair<std::string, CLI::Option*>> given;
+  bool Given(const std::string& name) const {
+    for (const auto& [n, o] : given)
+      if (n == name) return o->count() > 0;
+    return false;
+  }
+};
+
+bool IsImageFile(const std::filesystem::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".webp";
+}
+
+StatusOr<std::vector<std::string>> EverythingInputs(const std::string& input) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(input, ec)) {
+    if (!fs::is_regular_file(input, ec)) {
+      return InvalidArgument("everything: IMAGE_OR_FOLDER = \"" + input +
+                             "\" is neither a file nor a folder");
+    }
+    return std::vector<std::string>{input};
+  }
+  std::vector<std::string> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(input, ec)) {
+    if (e.is_regular_file() && IsImageFile(e.path())) files.push_back(e.path().string());
+  }
+  if (ec) return InvalidArgument("everything: cannot list \"" + input + "\": " + ec.message());
+  std::sort(files.begin(), files.end());
+  if (files.empty()) {
+    return InvalidArgument("everything: the folder \"" + input +
+                           "\" holds no .jpg, .jpeg, .png or .webp files");
+  }
+  return files;
+}
+
+v1::GenerateMasksRequest BuildGenerateRequest(const EverythingFlags& f, v1::OutputFormat format) {
+  v1::GenerateMasksRequest r;
+  r.set_output_format(format);
+  r.set_polygon_tolerance(f.polygon_tolerance);
+  r.set_request_tag(f.tag);
+  v1::MaskGenerationParams* p = r.mutable_params();
+  if (f.Given("points-per-side")) p->set_points_per_side(f.points_per_side);
+  if (f.Given("points-per-batch")) p->set_points_per_batch(f.points_per_batch);
+  if (f.Given("pred-iou-thresh")) p->set_pred_iou_thresh(f.pred_iou_thresh);
+  if (f.Given("stability-score-thresh")) p->set_stability_score_thresh(f.stability_score_thresh);
+  if (f.Given("stability-score-offset")) p->set_stability_score_offset(f.stability_score_offset);
+  if (f.Given("box-nms-thresh")) p->set_box_nms_thresh(f.box_nms_thresh);
+  if (f.Given("crop-n-layers")) p->set_crop_n_layers(f.crop_n_layers);
+  if (f.Given("crop-nms-thresh")) p->set_crop_nms_thresh(f.crop_nms_thresh);
+  if (f.Given("crop-overlap-ratio")) p->set_crop_overlap_ratio(f.crop_overlap_ratio);
+  if (f.Given("crop-n-points-downscale-factor")) {
+    p->set_crop_n_points_downscale_factor(f.crop_n_points_downscale_factor);
+  }
+  if (f.Given("min-mask-region-area")) p->set_min_mask_region_area(f.min_mask_region_area);
+  return r;
+}
+
+int RunEverything(const MaskctlConfig& config, const EverythingFlags& f, std::ostream& out,
+                  std::ostream& err) {
+  StatusOr<v1::OutputFormat> format = ParseOutputFormat(f.format);
+  if (!format.ok()) return Fail(err, format.status());
+  StatusOr<std::vector<std::string>> files = EverythingInputs(f.input);
+  if (!files.ok()) return Fail(err, files.status());
+  StatusOr<std::unique_ptr<Client>> client = ConnectFrom(config);
+  if (!client.ok()) return Fail(err, client.status());
+  const v1::GenerateMasksRequest base = BuildGenerateRequest(f, *format);
+  std::vector<CocoGeneratedImage> done;
+  int failed = 0;
+  const size_t n = files->size();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& path = (*files)[i];
+    // Progress: one line per image, "[i/n]" when the input is a folder.
+    const std::string prefix = n > 1 ? "[" + std::to_string(i + 1) + "/" + std::to_string(n) + "] " : "";
+    StatusOr<std::string> bytes = ReadFileBytes(path);
+    if (!bytes.ok()) {
+      ++failed;
+      err << "maskctl: " << prefix << path << ": " << bytes.status().ToString() << "\n";
+      continue;
+    }
+    v1::GenerateMasksRequest request = base;
+    request.mutable_image()->set_encoded(std::move(*bytes));
+    StatusOr<v1::GenerateMasksResponse> r = (*client)->GenerateMasks(request);
+    if (!r.ok()) {
+      ++failed;
+      err << "maskctl: " << prefix << path << ": " << r.status().ToString() << "\n";
+      continue;
+    }
+    const v1::GenerationStats& st = r->stats();
+    out << prefix << path << ": " << r->masks_size() << " masks (" << r->width() << "x" << r->height()
+        << ", " << st.crops() << " crop(s), " << st.points() << " points, " << st.candidates()
+        << " candidates) in " << Ms(r->timing().total_us()) << (r->cached() ? ", cached embedding" : "")
+        << "\n";
+    out.flush();
+    done.push_back({path, std::move(*r)});
+  }
+  if (!f.out_json.empty()) {
+    // One GenerateMasksResponse per line (JSON Lines), in input order.
+    std::string lines;
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    for (const CocoGeneratedImage& d : done) {
+      std::string line;
+      (void)google::protobuf::util::MessageToJsonString(d.response, &line, options);
+      lines += line + "\n";
+    }
+    if (Status s = WriteFileBytes(f.out_json, lines); !s.ok()) return Fail(err, s);
+    out << "wrote " << f.out_json << "\n";
+  }
+  if (!f.out_coco.empty()) {
+    StatusOr<std::string> coco = CocoGeneratedAnnotationsJson(done);
+    if (!coco.ok()) return Fail(err, coco.status());
+    if (Status s = WriteFileBytes(f.out_coco, *coco + "\n"); !s.ok()) return Fail(err, s);
+    size_t masks = 0;
+    for (const CocoGeneratedImage& d : done) masks += static_cast<size_t>(d.response.masks_size());
+    out << "wrote " << f.out_coco << " (" << done.size() << " images, " << masks << " annotations)\n";
+  }
+  if (failed > 0) {
+    err << "maskctl: everything: " << failed << " of " << n << " images failed\n";
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, std::ostream& out,
@@ -416,6 +563,50 @@ void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, st
       }
       run.exit_code = RunSegment(config, *f, out, err);
     });
+  }
+
+  // everything
+  {
+    auto f = std::make_shared<EverythingFlags>();
+    CLI::App* ev = app.add_subcommand(
+        "everything",
+        "Automatic mask generation (\"segment everything\", the original SamAutomaticMaskGenerator) on "
+        "an image or every image of a folder, with progress; parameters not given take the "
+        "original's defaults");
+    ev->add_option("IMAGE_OR_FOLDER", f->input, "JPEG, PNG or WebP file, or a folder of them")->required();
+    ev->add_option("--format", f->format, "mask format: rle (COCO RLE), png, polygons")
+        ->check(CLI::IsMember({"rle", "png", "polygons"}))
+        ->capture_default_str();
+    ev->add_option("--polygon-tolerance", f->polygon_tolerance,
+                   "--format polygons: Douglas-Peucker tolerance in pixels (0 = exact pixel outline)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    ev->add_option("--out-coco", f->out_coco,
+                   "write every image's masks as one COCO annotations JSON to FILE (images, "
+                   "annotations with segmentation, area, bbox, score; categories), readable by "
+                   "pycocotools");
+    ev->add_option("--out-json", f->out_json,
+                   "write each image's GenerateMasksResponse as one JSON line to FILE");
+    ev->add_option("--tag", f->tag, "request tag echoed by the server and shown in its logs");
+    auto param = [&](const std::string& name, auto* target, const std::string& help) {
+      CLI::Option* o = ev->add_option("--" + name, *target, help)->capture_default_str();
+      f->given.emplace_back(name, o);
+    };
+    param("points-per-side", &f->points_per_side, "grid points per side of the whole image");
+    param("points-per-batch", &f->points_per_batch, "grid points decoded together");
+    param("pred-iou-thresh", &f->pred_iou_thresh, "keep masks whose predicted IoU is > this");
+    param("stability-score-thresh", &f->stability_score_thresh,
+          "keep masks whose stability score is >= this");
+    param("stability-score-offset", &f->stability_score_offset, "logit offset of the stability score");
+    param("box-nms-thresh", &f->box_nms_thresh, "box IoU of the NMS within a crop");
+    param("crop-n-layers", &f->crop_n_layers, "crop layers (layer i: 2^i x 2^i crops, each encoded)");
+    param("crop-nms-thresh", &f->crop_nms_thresh, "box IoU of the NMS between crops");
+    param("crop-overlap-ratio", &f->crop_overlap_ratio, "overlap of neighbouring crops");
+    param("crop-n-points-downscale-factor", &f->crop_n_points_downscale_factor,
+          "layer i's grid has points-per-side / factor^i points per side");
+    param("min-mask-region-area", &f->min_mask_region_area,
+          "fill holes and remove islands smaller than this many pixels");
+    ev->callback([&config, &run, &out, &err, f] { run.exit_code = RunEverything(config, *f, out, err); });
   }
 
   // info

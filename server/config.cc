@@ -372,6 +372,20 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->group(g_thr),
       "postprocess-threads");
 
+  env(app.add_option("--generate-threads", c.generate_threads,
+                     "GenerateMasks calls running at once (each runs the generator loop and waits for "
+                     "its point batches in the shared decoder batches)")
+          ->check(CLI::Range(1, 1024))
+          ->capture_default_str()
+          ->group(g_thr),
+      "generate-threads");
+  env(app.add_option("--generate-queue-capacity", c.generate_queue_capacity,
+                     "GenerateMasks calls waiting for a generation thread before RESOURCE_EXHAUSTED")
+          ->check(CLI::Range(1, 1'000'000))
+          ->capture_default_str()
+          ->group(g_thr),
+      "generate-queue-capacity");
+
   auto* g_lim = "Request limits";
   bytes("max-image-bytes", &c.max_image_bytes, "Largest encoded image accepted");
   app.get_option("--max-image-bytes")->group(g_lim);
@@ -391,6 +405,37 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_lim),
       "max-points-per-prompt");
+  env(app.add_option("--max-generate-points-per-side", c.max_generate_points_per_side,
+                     "GenerateMasks: largest params.points_per_side")
+          ->check(CLI::Range(1, 1024))
+          ->capture_default_str()
+          ->group(g_lim),
+      "max-generate-points-per-side");
+  env(app.add_option("--max-generate-grid-points", c.max_generate_grid_points,
+                     "GenerateMasks: most grid points over all crop layers (points_per_side^2 per "
+                     "layer, or the explicit point_grids)")
+          ->check(CLI::Range(1, 1'048'576))
+          ->capture_default_str()
+          ->group(g_lim),
+      "max-generate-grid-points");
+  env(app.add_option("--max-generate-points-per-batch", c.max_generate_points_per_batch,
+                     "GenerateMasks: largest params.points_per_batch")
+          ->check(CLI::Range(1, 65536))
+          ->capture_default_str()
+          ->group(g_lim),
+      "max-generate-points-per-batch");
+  env(app.add_option("--max-generate-crop-layers", c.max_generate_crop_layers,
+                     "GenerateMasks: largest params.crop_n_layers (layer i encodes 4^i crops)")
+          ->check(CLI::Range(0, 8))
+          ->capture_default_str()
+          ->group(g_lim),
+      "max-generate-crop-layers");
+  env(app.add_option("--max-generate-downscale-factor", c.max_generate_downscale_factor,
+                     "GenerateMasks: largest params.crop_n_points_downscale_factor")
+          ->check(CLI::Range(1, 64))
+          ->capture_default_str()
+          ->group(g_lim),
+      "max-generate-downscale-factor");
 
   auto* g_log = "Logging and lifecycle";
   env(app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error, critical or off")

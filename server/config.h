@@ -12,6 +12,7 @@
 
 #include "model/api/engine.h"
 #include "model/api/limits.h"
+#include "model/api/mask_generation.h"
 #include "model/api/status.h"
 
 namespace maskd::server {
@@ -73,12 +74,31 @@ struct ServerConfig {
   int decode_threads = 0;
   int decode_queue_capacity = 256;
   int postprocess_threads = 0;
+  // GenerateMasks: generator loops running at once (each waits for its decoder batches, so they
+  // also bound how many generations share the decoders), and calls waiting for one.
+  int generate_threads = 2;
+  int generate_queue_capacity = 16;
 
   // Request limits (reported in GetInfo.limits); the defaults are the api's (model/api/limits.h).
   uint64_t max_image_bytes = Limits{}.max_image_bytes;
   uint64_t max_image_pixels = Limits{}.max_image_pixels;
   uint32_t max_prompts_per_request = Limits{}.max_prompts_per_request;
   uint32_t max_points_per_prompt = Limits{}.max_points_per_prompt;
+  // GenerateMasks' parameter bounds; defaults from the api (model/api/mask_generation.h).
+  int max_generate_points_per_side = MaskGenerationLimits{}.max_points_per_side;
+  int max_generate_grid_points = MaskGenerationLimits{}.max_grid_points;
+  int max_generate_points_per_batch = MaskGenerationLimits{}.max_points_per_batch;
+  int max_generate_crop_layers = MaskGenerationLimits{}.max_crop_n_layers;
+  int max_generate_downscale_factor = MaskGenerationLimits{}.max_crop_n_points_downscale_factor;
+  MaskGenerationLimits generation_limits() const {
+    MaskGenerationLimits l;
+    l.max_points_per_side = max_generate_points_per_side;
+    l.max_grid_points = max_generate_grid_points;
+    l.max_points_per_batch = max_generate_points_per_batch;
+    l.max_crop_n_layers = max_generate_crop_layers;
+    l.max_crop_n_points_downscale_factor = max_generate_downscale_factor;
+    return l;
+  }
   // The limits above as the api's struct (the rest at their defaults).
   Limits limits() const {
     Limits l;

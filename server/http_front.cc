@@ -163,6 +163,10 @@ HttpFront::HttpFront(HttpFrontOptions options, std::shared_ptr<grpc::Channel> ch
     impl->Unary<v1::SegmentRequest, v1::SegmentResponse>(req, res, "SegmentRequest",
                                                           &v1::MaskService::Stub::Segment);
   });
+  http.Post("/v1/generate", [impl](const httplib::Request& req, httplib::Response& res) {
+    impl->Unary<v1::GenerateMasksRequest, v1::GenerateMasksResponse>(
+        req, res, "GenerateMasksRequest", &v1::MaskService::Stub::GenerateMasks);
+  });
   http.Get("/v1/info", [impl](const httplib::Request& req, httplib::Response& res) {
     impl->Unary<v1::GetInfoRequest, v1::GetInfoResponse>(req, res, "GetInfoRequest",
                                                           &v1::MaskService::Stub::GetInfo);
@@ -178,6 +182,7 @@ HttpFront::HttpFront(HttpFrontOptions options, std::shared_ptr<grpc::Channel> ch
   };
   http.Get("/v1/embed", wrong_method("POST"));
   http.Get("/v1/segment", wrong_method("POST"));
+  http.Get("/v1/generate", wrong_method("POST"));
   http.Post("/v1/info", wrong_method("GET"));
   http.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(std::string(kIndexHtml, kIndexHtmlSize), "text/html; charset=utf-8");
@@ -191,7 +196,8 @@ HttpFront::HttpFront(HttpFrontOptions options, std::shared_ptr<grpc::Channel> ch
     if (res.status == 404) {
       code = grpc::StatusCode::NOT_FOUND;
       message = req.method + " " + req.path +
-                ": no such route (expected POST /v1/embed, POST /v1/segment, GET /v1/info or GET /)";
+                ": no such route (expected POST /v1/embed, POST /v1/segment, POST /v1/generate, GET "
+                "/v1/info or GET /)";
     } else if (res.status == 413) {
       code = grpc::StatusCode::RESOURCE_EXHAUSTED;
       message = "request body is larger than this server accepts (the image limit in base64 plus "

@@ -9,6 +9,7 @@
 //
 //   POST /v1/embed     EmbedRequest   -> EmbedResponse
 //   POST /v1/segment   SegmentRequest -> SegmentResponse
+//   POST /v1/generate  GenerateMasksRequest -> GenerateMasksResponse
 //   GET  /v1/info                     -> GetInfoResponse
 //   GET  /                            the page (server/web/index.html, compiled into the binary)
 //

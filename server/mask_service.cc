@@ -310,6 +310,67 @@ grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* cont
   return call->reactor;
 }
 
+grpc::ServerUnaryReactor* MaskService::GenerateMasks(grpc::CallbackServerContext* context,
+                                                     const v1::GenerateMasksRequest* request,
+                                                     v1::GenerateMasksResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = RefuseUnauthenticated("GenerateMasks", context)) return refused;
+  std::shared_ptr<UnaryCall> call = BeginUnary("GenerateMasks", context);
+  const std::string tag = request->request_tag().substr(0, 128);
+  try {
+    Backend backend;
+    if (Status s = Admit(&backend); !s.ok()) {
+      call->Finish(s, 1, 0, false, tag);
+      return call->reactor;
+    }
+    response->set_request_tag(request->request_tag());
+    StatusOr<GenerationSpec> spec =
+        ValidateGenerateRequest(*request, options_.limits, options_.generation_limits);
+    if (!spec.ok()) {
+      call->Finish(spec.status(), 1, 0, false, tag);
+      return call->reactor;
+    }
+    Status valid;
+    ImageInput target;
+    switch (request->image_source_case()) {
+      case v1::GenerateMasksRequest::kImage:
+        valid = ValidateImage(request->image(), options_.limits, "image");
+        target = ImageInputFrom(request->image());
+        break;
+      case v1::GenerateMasksRequest::kImageId:
+        valid = ValidateImageId(request->image_id(), "image_id");
+        target = ImageInputFromId(request->image_id());
+        // Checked before any lookup: crops are encoded from pixels the cache does not keep.
+        if (valid.ok() && spec->params.crop_n_layers > 0) {
+          valid = FailedPrecondition("params.crop_n_layers = " + std::to_string(spec->params.crop_n_layers) +
+                                     " needs the image's pixels (each crop is encoded): send image, "
+                                     "not image_id");
+        }
+        break;
+      case v1::GenerateMasksRequest::IMAGE_SOURCE_NOT_SET:
+        valid = InvalidArgument("image_source: neither image nor image_id is set (expected exactly one)");
+        break;
+    }
+    if (!valid.ok()) {
+      call->Finish(valid, 1, 0, false, tag);
+      return call->reactor;
+    }
+    auto out = std::make_shared<GenerateOutcome>();
+    backend.pipeline->Generate(std::move(target), std::move(*spec), call->control, call->arrival,
+                               out.get(), [call, out, response, tag](Status s) {
+                                 ToProto(*out, s, response);
+                                 WarnIfOverDefaultReceiveLimit(*call->control, *response);
+                                 // The access log's "prompts" of a generation: its grid points.
+                                 call->Finish(s, 1, out->stats.points, out->image.cached, tag);
+                               });
+  } catch (const std::exception& e) {
+    call->Finish(Internal(std::string("unexpected exception in GenerateMasks: ") + e.what()), 1, 0,
+                 false, tag);
+  } catch (...) {
+    call->Finish(Internal("unexpected non-standard exception in GenerateMasks"), 1, 0, false, tag);
+  }
+  return call->reactor;
+}
+
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MaskService::SegmentStream(
     grpc::CallbackServerContext* context) {
   if (options_.require_token && !CallAuthorized(*context)) {
@@ -440,6 +501,7 @@ void MaskService::FillInfo(v1::GetInfoResponse* info) const {
   l->set_max_image_pixels(options_.limits.max_image_pixels);
   l->set_max_prompts_per_request(options_.limits.max_prompts_per_request);
   l->set_max_points_per_prompt(options_.limits.max_points_per_prompt);
+  ToProto(options_.generation_limits, l->mutable_generation());
   {
     std::lock_guard<std::mutex> lock(counters_mu_);
     info->set_calls(calls_);

@@ -32,6 +32,8 @@ class StreamReactor;
 
 struct ServiceOptions {
   RequestLimits limits;
+  // GenerateMasks' parameter bounds (--max-generate-*).
+  MaskGenerationLimits generation_limits;
   bool access_log = true;
   // Messages of one SegmentStream being worked on at once; further reads wait.
   int max_stream_in_flight = 32;
@@ -65,7 +67,8 @@ struct Backend {
 // the messages silently dropped. The reactor parses each message itself instead.
 using MaskServiceBase = v1::MaskService::WithCallbackMethod_Embed<
     v1::MaskService::WithCallbackMethod_Segment<v1::MaskService::WithRawCallbackMethod_SegmentStream<
-        v1::MaskService::WithCallbackMethod_GetInfo<v1::MaskService::Service>>>>;
+        v1::MaskService::WithCallbackMethod_GetInfo<
+        v1::MaskService::WithCallbackMethod_GenerateMasks<v1::MaskService::Service>>>>>;
 
 class MaskService final : public MaskServiceBase {
  public:
@@ -87,6 +90,9 @@ class MaskService final : public MaskServiceBase {
   grpc::ServerUnaryReactor* Segment(grpc::CallbackServerContext* context,
                                     const v1::SegmentRequest* request,
                                     v1::SegmentResponse* response) override;
+  grpc::ServerUnaryReactor* GenerateMasks(grpc::CallbackServerContext* context,
+                                          const v1::GenerateMasksRequest* request,
+                                          v1::GenerateMasksResponse* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SegmentStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 
 #include <spdlog/spdlog.h>
@@ -20,6 +21,8 @@ struct Pipeline::Job {
   ImageInput image;
   ImageOutcome* image_out = nullptr;   // Embed's outcome, or the image part of Segment's
   SegmentOutcome* segment = nullptr;   // null for Embed
+  GenerateOutcome* generate = nullptr;  // GenerateMasks only
+  GenerationSpec generation;            // GenerateMasks only
   OutputSpec output;
   std::optional<Precision> export_dtype;  // Embed's return_embedding
   std::vector<PromptDraft> drafts;
@@ -79,12 +82,13 @@ MaskEncoding EncodingFor(OutputFormat f) {
 }  // namespace
 
 Pipeline::Pipeline(PipelineOptions options, std::string model_identity, Router* router,
-                   ThreadPool* decode_pool, ThreadPool* post_pool)
+                   ThreadPool* decode_pool, ThreadPool* post_pool, ThreadPool* generate_pool)
     : options_(std::move(options)),
       identity_(std::move(model_identity)),
       router_(router),
       decode_pool_(decode_pool),
       post_pool_(post_pool),
+      generate_pool_(generate_pool),
       inflight_(options_.max_inflight_bytes, "--max-inflight-bytes") {}
 
 void Pipeline::Embed(ImageInput image, CallControlPtr control, Clock::time_point arrival,
@@ -112,6 +116,20 @@ void Pipeline::Segment(ImageInput image, std::vector<PromptDraft> drafts, Output
   out->format = output.format;
   job->drafts = std::move(drafts);
   job->on_image = std::move(on_image);
+  job->done = std::move(done);
+  Start(job);
+}
+
+void Pipeline::Generate(ImageInput image, GenerationSpec spec, CallControlPtr control,
+                        Clock::time_point arrival, GenerateOutcome* out, Done done) {
+  auto job = std::make_shared<Job>();
+  job->control = std::move(control);
+  job->arrival = arrival;
+  job->image = std::move(image);
+  job->generate = out;
+  job->image_out = &out->image;
+  out->format = spec.output.format;
+  job->generation = std::move(spec);
   job->done = std::move(done);
   Start(job);
 }
@@ -313,6 +331,7 @@ void Pipeline::OnResolved(const JobPtr& job, StatusOr<CachedEmbeddingPtr> entry,
   out->width = e.geometry.width;
   out->height = e.geometry.height;
   out->cached = cached;
+  if (job->generate != nullptr) return StartGeneration(job);
   if (job->segment == nullptr) {
     if (job->export_dtype) return ExportEmbedding(job);
     return Finish(job, Status::Ok());
@@ -573,6 +592,175 @@ void Pipeline::ChunkDone(const JobPtr& job, const Status& status) {
   Finish(job, s);
 }
 
+void Pipeline::StartGeneration(const JobPtr& job) {
+  if (Status alive = job->control->Check(); !alive.ok()) return Finish(job, alive);
+  if (generate_pool_ == nullptr) {
+    return Finish(job, Unavailable("this server runs no mask generation threads (--generate-threads)"));
+  }
+  job->enqueued = Clock::now();
+  if (!generate_pool_->TrySubmit([this, job] { Guarded(job, [&] { RunGeneration(job); }); })) {
+    Finish(job, ResourceExhausted("the mask generation queue is full (" +
+                                  std::to_string(generate_pool_->depth()) + " of " +
+                                  std::to_string(generate_pool_->capacity()) +
+                                  " generations waiting): retry with backoff"));
+  }
+}
+
+StatusOr<std::vector<StatusOr<DecodedPrompt>>> Pipeline::DecodeGenerationBatch(
+    const JobPtr& job, DeviceWorker* worker, const std::vector<DecodeItem>& items) {
+  // A cancelled or expired call stops here, before its next batch of points.
+  if (Status alive = job->control->Check(); !alive.ok()) return alive;
+  if (items.empty()) return std::vector<StatusOr<DecodedPrompt>>{};
+  DecoderBatcher& decoder = worker->decoder();
+  const size_t chunk = std::max<size_t>(1, decoder.max_part_prompts());
+  const size_t n_parts = (items.size() + chunk - 1) / chunk;
+  // Filled by the batcher's thread, read by this one once `left` is 0.
+  struct Wait {
+    std::mutex mu;  // guards everything below
+    std::condition_variable cv;
+    size_t left = 0;
+    Status error;
+    std::vector<std::optional<DecodedPrompt>> decoded;
+    uint64_t compute_us = 0;  // the decoder batches' compute, summed over the parts
+  };
+  const Clock::time_point t0 = Clock::now();
+  auto wait = std::make_shared<Wait>();
+  wait->left = n_parts;
+  wait->decoded.resize(items.size());
+  for (size_t c = 0; c < n_parts; ++c) {
+    const size_t first = c * chunk;
+    const size_t last = std::min(items.size(), first + chunk);
+    DecoderBatcher::Request request;
+    request.prompts.assign(items.begin() + first, items.begin() + last);
+    // One group for the whole generation: the batcher gives it at most max_part_prompts per batch.
+    request.group = job.get();
+    CallControlPtr control = job->control;
+    request.alive = [control] { return control->Check(); };
+    request.request_id = job->rid();
+    request.done = [wait, first](StatusOr<std::vector<DecodedPrompt>> decoded, const DecodeTiming& t) {
+      std::lock_guard<std::mutex> lock(wait->mu);
+      wait->compute_us += t.compute_us;
+      if (decoded.ok()) {
+        for (size_t k = 0; k < decoded->size() && first + k < wait->decoded.size(); ++k) {
+          wait->decoded[first + k] = std::move((*decoded)[k]);
+        }
+      } else if (wait->error.ok()) {
+        wait->error = decoded.status();
+      }
+      if (--wait->left == 0) wait->cv.notify_all();
+    };
+    if (Status s = decoder.Submit(std::move(request)); !s.ok()) {
+      // This part and the ones after it never run; earlier parts report as usual.
+      std::lock_guard<std::mutex> lock(wait->mu);
+      if (wait->error.ok()) wait->error = s;
+      wait->left -= n_parts - c;
+      break;
+    }
+  }
+  std::unique_lock<std::mutex> lock(wait->mu);
+  wait->cv.wait(lock, [&] { return wait->left == 0; });
+  // The parts queue side by side, so their queue times overlap: what the generation waited is the
+  // wall time of the batch less the decoder's compute.
+  const uint64_t wall = MicrosSince(t0);
+  job->decoder_compute_us += wait->compute_us;
+  job->decoder_queue_us += wall > wait->compute_us ? wall - wait->compute_us : 0;
+  if (!wait->error.ok()) return wait->error;
+  std::vector<StatusOr<DecodedPrompt>> out;
+  out.reserve(items.size());
+  for (auto& d : wait->decoded) {
+    if (!d) return Internal("the decoder batcher returned fewer prompts than a generation batch sent");
+    out.emplace_back(std::move(*d));
+  }
+  return out;
+}
+
+void Pipeline::RunGeneration(const JobPtr& job) {
+  const uint64_t queued_us = MicrosSince(job->enqueued);
+  if (Status alive = job->control->Check(); !alive.ok()) return Finish(job, alive);
+  DeviceWorker* worker = job->worker.load();
+  const CachedEmbedding& e = *job->entry;
+  const MaskGenerationParams& params = job->generation.params;
+  const Clock::time_point t0 = Clock::now();
+  MaskGenerationInput input;
+  input.embedding = e.embedding;
+  input.width = e.geometry.width;
+  input.height = e.geometry.height;
+  // Crops are cut from the pixels, which the cache does not keep: decode the image again (held in
+  // the byte budget while the generator runs). With only an image_id the generator answers
+  // FAILED_PRECONDITION naming params.crop_n_layers.
+  std::optional<ImageRGB8> pixels;
+  if (params.crop_n_layers > 0 && job->image.has_bytes()) {
+    const uint64_t bytes = DecodeBytes(*job);
+    if (Status s = inflight_.TryReserve(bytes, job->request_bytes); !s.ok()) return Finish(job, s);
+    job->decode_bytes = bytes;
+    ImageLimits limits;
+    limits.max_bytes = options_.limits.max_image_bytes;
+    limits.max_pixels = options_.limits.max_image_pixels;
+    limits.max_side = options_.limits.max_image_side;
+    const ImageInput& im = job->image;
+    StatusOr<ImageRGB8> decoded =
+        im.kind == ImageInput::Kind::kRaw ? ImageFromRaw(im.width, im.height, im.bytes, limits, "image.raw")
+                                          : DecodeImage(im.bytes, limits, "image.encoded");
+    job->decode_us += MicrosSince(t0);
+    if (!decoded.ok()) return Finish(job, decoded.status());
+    pixels = std::move(*decoded);
+    input.image = &*pixels;
+  }
+  const GenerationDecodeFn decode = [this, job, worker](const std::vector<DecodeItem>& items) {
+    return DecodeGenerationBatch(job, worker, items);
+  };
+  MaskGenerationStats stats;
+  StatusOr<std::vector<GeneratedMask>> masks =
+      GenerateMasks(worker->engine(), input, params, decode, &stats, options_.generation_limits);
+  pixels.reset();
+  ReleaseDecodeBytes(*job);
+  if (!masks.ok()) return Finish(job, masks.status());
+  job->generate->stats = stats;
+  if (Status s = FormatGenerated(job, std::move(*masks)); !s.ok()) return Finish(job, s);
+  const uint64_t total = MicrosSince(t0);
+  const uint64_t decoder = job->decoder_queue_us + job->decoder_compute_us;
+  job->postprocess_us = total > decoder ? total - decoder : 0;
+  LogRequest(spdlog::level::debug, job->rid(),
+             "generated {} masks: {} crops, {} points in {} batches, {} candidates; waited {} us for a "
+             "generation thread, ran {} us",
+             job->generate->masks.size(), stats.crops, stats.points, stats.decoder_batches,
+             stats.candidates, queued_us, total);
+  Finish(job, Status::Ok());
+}
+
+Status Pipeline::FormatGenerated(const JobPtr& job, std::vector<GeneratedMask> masks) {
+  const int w = job->image_out->width, h = job->image_out->height;
+  const OutputSpec& output = job->generation.output;
+  std::vector<GeneratedMaskResult>& out = job->generate->masks;
+  out.clear();
+  out.reserve(masks.size());
+  for (GeneratedMask& m : masks) {
+    GeneratedMaskResult r;
+    r.area = m.area;
+    r.bbox = m.bbox;
+    r.crop_box = m.crop_box;
+    r.predicted_iou = m.predicted_iou;
+    r.stability_score = m.stability_score;
+    r.point_x = m.point_x;
+    r.point_y = m.point_y;
+    if (output.format == OutputFormat::kRle) {
+      r.rle_counts = RleCountsToString(m.rle_counts);
+    } else {
+      StatusOr<std::vector<uint8_t>> bits = RleDecode(m.rle_counts, w, h);
+      if (!bits.ok()) return Internal("a generated mask does not decode: " + bits.status().message());
+      if (output.format == OutputFormat::kPolygons) {
+        r.polygons = MaskToPolygons(bits->data(), w, h, output.polygon_tolerance);
+      } else {
+        StatusOr<std::string> png = EncodePngMask(bits->data(), w, h, options_.png);
+        if (!png.ok()) return png.status();
+        r.png = std::move(*png);
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  return Status::Ok();
+}
+
 void Pipeline::ReportImage(const JobPtr& job, StatusOr<std::string> image_id) {
   if (job->image_reported.exchange(true) || !job->on_image) return;
   job->on_image(std::move(image_id));
@@ -595,11 +783,13 @@ void Pipeline::Finish(const JobPtr& job, Status status) {
   t.postprocess_us = job->postprocess_us;
   t.total_us = total_us;
   if (job->segment && !status.ok()) job->segment->results.clear();
+  if (job->generate && !status.ok()) job->generate->masks.clear();
   ReleaseDecodeBytes(*job);
   if (job->request_bytes > 0) inflight_.Release(job->request_bytes);
   if (DeviceWorker* w = job->worker.load()) {
     w->stages()[Stage::kDecodeQueue].Add(job->decode_queue_us);
-    w->stages()[Stage::kTotal].Add(total_us);
+    // A generation's seconds would hide the clicks' latency in the total stage's window.
+    if (job->generate == nullptr) w->stages()[Stage::kTotal].Add(total_us);
     w->AddLoad(-1);
   }
   // A stream waits for this job's image before running its next messages: never leave it waiting.

@@ -9,6 +9,12 @@
 //           --> post-processing pool: Engine::Postprocess, RLE strings / PNGs / logits, result ids
 //           --> done(status)
 //
+// GenerateMasks shares the first half (hash, cache, encoder), then runs the generator loop
+// (model/api/mask_generator.h) on a generation pool thread: each batch of grid points goes through
+// the device's decoder batcher like any request's prompts (parts of max_part_prompts in one group,
+// so a generation takes a bounded share of each decoder batch), and the thread waits for it there,
+// never on a gRPC or batcher thread.
+//
 // Every entry point returns at once; `done` is called exactly once, from some pool thread. It
 // speaks values only (server/values.h): the handlers convert messages with server/wire.h.
 #pragma once
@@ -38,6 +44,8 @@ struct PipelineOptions {
   // prepared (resized, normalised) image costs the engine.
   uint64_t max_inflight_bytes = uint64_t{2} << 30;
   uint64_t prepared_image_bytes = uint64_t{1024} * 1024 * 3 * 4;
+  // GenerateMasks' parameter bounds (the handler validates with them too).
+  MaskGenerationLimits generation_limits;
 };
 
 class Pipeline {
@@ -48,8 +56,10 @@ class Pipeline {
   using OnImage = std::function<void(StatusOr<std::string>)>;
 
   // All engines of the router's workers must share `model_identity` (part of every image_id).
+  // `generate_pool` runs GenerateMasks' generator loops (which wait for their decoder batches);
+  // null: GenerateMasks answers UNAVAILABLE.
   Pipeline(PipelineOptions options, std::string model_identity, Router* router,
-           ThreadPool* decode_pool, ThreadPool* post_pool);
+           ThreadPool* decode_pool, ThreadPool* post_pool, ThreadPool* generate_pool = nullptr);
 
   // `image`'s views and `out` must stay valid until `done` runs; `out` is complete when it does.
   // With `return_embedding`, out->embedding gets the embedding in that dtype (converted by the
@@ -60,6 +70,11 @@ class Pipeline {
   void Segment(ImageInput image, std::vector<PromptDraft> drafts, OutputSpec output,
                CallControlPtr control, Clock::time_point arrival, SegmentOutcome* out,
                OnImage on_image, Done done);
+
+  // `spec` comes from ValidateGenerateRequest. `image`'s views and `out` must stay valid until
+  // `done` runs.
+  void Generate(ImageInput image, GenerationSpec spec, CallControlPtr control,
+                Clock::time_point arrival, GenerateOutcome* out, Done done);
 
   const PipelineOptions& options() const { return options_; }
   const ByteBudget& inflight() const { return inflight_; }
@@ -88,6 +103,16 @@ class Pipeline {
                    Clock::time_point queued);
   Status PostprocessChunk(const JobPtr& job, size_t first, const std::vector<DecodedPrompt>& decoded);
   void ChunkDone(const JobPtr& job, const Status& status);
+  // GenerateMasks after its embedding is resolved: queue the generator on the generation pool.
+  void StartGeneration(const JobPtr& job);
+  // The generator loop, on a generation pool thread; finishes the job.
+  void RunGeneration(const JobPtr& job);
+  // GenerationDecodeFn: one batch of grid points through the worker's decoder batcher; blocks the
+  // (generation pool) thread until every part is decoded or failed.
+  StatusOr<std::vector<StatusOr<DecodedPrompt>>> DecodeGenerationBatch(
+      const JobPtr& job, DeviceWorker* worker, const std::vector<DecodeItem>& items);
+  // The generated masks in the requested form.
+  Status FormatGenerated(const JobPtr& job, std::vector<GeneratedMask> masks);
   void Finish(const JobPtr& job, Status status);
   // Calls the job's OnImage once.
   void ReportImage(const JobPtr& job, StatusOr<std::string> image_id);
@@ -101,6 +126,7 @@ class Pipeline {
   Router* const router_;
   ThreadPool* const decode_pool_;
   ThreadPool* const post_pool_;
+  ThreadPool* const generate_pool_;
   ByteBudget inflight_;
 };
 

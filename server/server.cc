@@ -63,6 +63,7 @@ Status MaskServer::StartListening() {
 
   ServiceOptions so;
   so.limits = config_.limits();
+  so.generation_limits = config_.generation_limits();
   so.access_log = config_.access_log;
   so.version = std::string(MASKD_VERSION) + " (" + MASKD_GIT_REVISION + ")";
   so.checkpoint_label = checkpoint_.demo() ? "builtin-demo" : checkpoint_.path;
@@ -313,14 +314,17 @@ Status MaskServer::Load() {
                                               static_cast<size_t>(config_.decode_queue_capacity));
   post_pool_ = std::make_unique<ThreadPool>("postprocess",
                                             ResolvedThreads(config_.postprocess_threads), 0);
+  generate_pool_ = std::make_unique<ThreadPool>("generate", config_.generate_threads,
+                                                static_cast<size_t>(config_.generate_queue_capacity));
   PipelineOptions po;
   po.limits = config_.limits();
+  po.generation_limits = config_.generation_limits();
   po.max_inflight_bytes = config_.max_inflight_bytes;
   // The engine's input, at fp32 (the widest precision): an upper bound for every device.
   const uint64_t side = static_cast<uint64_t>(std::max(1, workers_[0]->engine().description().image_size));
   po.prepared_image_bytes = side * side * 3 * sizeof(float);
   pipeline_ = std::make_unique<Pipeline>(po, identity, router_.get(), decode_pool_.get(),
-                                         post_pool_.get());
+                                         post_pool_.get(), generate_pool_.get());
   return Status::Ok();
 }
 
@@ -360,6 +364,8 @@ void MaskServer::Shutdown() {
     for (auto& w : workers_) w->Stop();
     if (decode_pool_) decode_pool_->Stop();
     if (post_pool_) post_pool_->Stop();
+    // After the workers: a generator waiting for a decoder batch gets the batcher's UNAVAILABLE.
+    if (generate_pool_) generate_pool_->Stop();
   }
   if (grpc_server_) grpc_server_->Wait();
   // Its scrapes read the workers (FillInfo), which the destructor frees after this.

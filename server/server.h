@@ -90,7 +90,7 @@ class MaskServer {
   int port_ = 0;
   std::string address_;
 
-  std::unique_ptr<ThreadPool> decode_pool_, post_pool_;
+  std::unique_ptr<ThreadPool> decode_pool_, post_pool_, generate_pool_;
   std::vector<std::unique_ptr<DeviceWorker>> workers_;
   std::unique_ptr<Router> router_;
   std::unique_ptr<Pipeline> pipeline_;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/api/engine.h"
+#include "model/api/mask_generator.h"
 #include "model/io/polygon.h"
 
 namespace maskd::server {
@@ -82,6 +83,32 @@ struct SegmentOutcome {
   ImageOutcome image;
   OutputFormat format = OutputFormat::kRle;
   std::vector<PromptResult> results;  // one per prompt, in order; empty on failure
+};
+
+// What a GenerateMasks call asks for: the generator's parameters (validated) and the output form
+// (kRle, kPng or kPolygons).
+struct GenerationSpec {
+  MaskGenerationParams params;
+  OutputSpec output;
+};
+
+// One generated mask in the requested form (maskd.v1.GeneratedMask).
+struct GeneratedMaskResult {
+  uint64_t area = 0;
+  std::array<int, 4> bbox{};      // x, y, x1 - x0, y1 - y0 (the original's XYWH)
+  std::array<int, 4> crop_box{};  // x, y, width, height
+  float predicted_iou = 0, stability_score = 0;
+  double point_x = 0, point_y = 0;
+  std::string rle_counts;         // kRle
+  std::string png;                // kPng
+  std::vector<Contour> polygons;  // kPolygons
+};
+
+struct GenerateOutcome {
+  ImageOutcome image;
+  OutputFormat format = OutputFormat::kRle;
+  std::vector<GeneratedMaskResult> masks;  // empty on failure
+  MaskGenerationStats stats;
 };
 
 }  // namespace maskd::server

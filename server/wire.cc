@@ -174,6 +174,19 @@ StatusOr<std::vector<PromptDraft>> ValidatePrompts(
   return drafts;
 }
 
+namespace {
+
+// The polygon tolerance check shared by Segment and GenerateMasks.
+Status ValidateTolerance(float tol) {
+  if (!std::isfinite(tol) || tol < 0) {
+    return InvalidArgument("polygon_tolerance = " + std::to_string(tol) +
+                           " (expected a finite number of pixels >= 0)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ValidateSegmentOptions(const v1::SegmentRequest& request, const RequestLimits& limits) {
   if (!v1::OutputFormat_IsValid(request.output_format())) {
     return InvalidArgument("output_format = " + std::to_string(static_cast<int>(request.output_format())) +
@@ -181,17 +194,66 @@ Status ValidateSegmentOptions(const v1::SegmentRequest& request, const RequestLi
                            "OUTPUT_FORMAT_PNG, 3 OUTPUT_FORMAT_LOW_RES_LOGITS or 4 "
                            "OUTPUT_FORMAT_POLYGONS)");
   }
-  const float tol = request.polygon_tolerance();
-  if (!std::isfinite(tol) || tol < 0) {
-    return InvalidArgument("polygon_tolerance = " + std::to_string(tol) +
-                           " (expected a finite number of pixels >= 0)");
-  }
+  MASKD_RETURN_IF_ERROR(ValidateTolerance(request.polygon_tolerance()));
   if (request.request_tag().size() > limits.max_request_tag_bytes) {
     return InvalidArgument("request_tag is " + std::to_string(request.request_tag().size()) +
                            " bytes (expected at most " + std::to_string(limits.max_request_tag_bytes) +
                            ")");
   }
   return Status::Ok();
+}
+
+StatusOr<GenerationSpec> ValidateGenerateRequest(const v1::GenerateMasksRequest& request,
+                                                 const RequestLimits& request_limits,
+                                                 const MaskGenerationLimits& limits) {
+  GenerationSpec spec;
+  switch (request.output_format()) {
+    case v1::OUTPUT_FORMAT_UNSPECIFIED:
+    case v1::OUTPUT_FORMAT_COCO_RLE: spec.output.format = OutputFormat::kRle; break;
+    case v1::OUTPUT_FORMAT_PNG: spec.output.format = OutputFormat::kPng; break;
+    case v1::OUTPUT_FORMAT_POLYGONS: spec.output.format = OutputFormat::kPolygons; break;
+    default:
+      return InvalidArgument("output_format = " + std::to_string(static_cast<int>(request.output_format())) +
+                             " (expected 0 OUTPUT_FORMAT_UNSPECIFIED, 1 OUTPUT_FORMAT_COCO_RLE, 2 "
+                             "OUTPUT_FORMAT_PNG or 4 OUTPUT_FORMAT_POLYGONS: generated masks have no "
+                             "single low-res logits frame)");
+  }
+  MASKD_RETURN_IF_ERROR(ValidateTolerance(request.polygon_tolerance()));
+  spec.output.polygon_tolerance = request.polygon_tolerance();
+  if (request.request_tag().size() > request_limits.max_request_tag_bytes) {
+    return InvalidArgument("request_tag is " + std::to_string(request.request_tag().size()) +
+                           " bytes (expected at most " +
+                           std::to_string(request_limits.max_request_tag_bytes) + ")");
+  }
+  const v1::MaskGenerationParams& p = request.params();
+  MaskGenerationParams& q = spec.params;
+  // Counted before anything is copied: a request may carry many more points than any grid allows.
+  int64_t total = 0;
+  for (const v1::PointGrid& g : p.point_grids()) total += g.points_size();
+  if (total > limits.max_grid_points) {
+    return InvalidArgument("params.point_grids have " + std::to_string(total) +
+                           " points (expected at most " + std::to_string(limits.max_grid_points) +
+                           ": limits.generation.max_grid_points)");
+  }
+  for (const v1::PointGrid& g : p.point_grids()) {
+    std::vector<NormalizedPoint>& grid = q.point_grids.emplace_back();
+    grid.reserve(static_cast<size_t>(g.points_size()));
+    for (const v1::PointXY& pt : g.points()) grid.push_back({pt.x(), pt.y()});
+  }
+  // With explicit grids the original ignores points_per_side (it must be None there).
+  q.points_per_side = p.has_points_per_side() ? p.points_per_side() : (q.point_grids.empty() ? 32 : 0);
+  if (p.has_points_per_batch()) q.points_per_batch = p.points_per_batch();
+  if (p.has_pred_iou_thresh()) q.pred_iou_thresh = p.pred_iou_thresh();
+  if (p.has_stability_score_thresh()) q.stability_score_thresh = p.stability_score_thresh();
+  if (p.has_stability_score_offset()) q.stability_score_offset = p.stability_score_offset();
+  if (p.has_box_nms_thresh()) q.box_nms_thresh = p.box_nms_thresh();
+  if (p.has_crop_n_layers()) q.crop_n_layers = p.crop_n_layers();
+  if (p.has_crop_nms_thresh()) q.crop_nms_thresh = p.crop_nms_thresh();
+  if (p.has_crop_overlap_ratio()) q.crop_overlap_ratio = p.crop_overlap_ratio();
+  if (p.has_crop_n_points_downscale_factor()) q.crop_n_points_downscale_factor = p.crop_n_points_downscale_factor();
+  if (p.has_min_mask_region_area()) q.min_mask_region_area = p.min_mask_region_area();
+  MASKD_RETURN_IF_ERROR(ValidateMaskGenerationParams(q, "params", limits));
+  return spec;
 }
 
 ImageInput ImageInputFrom(const v1::Image& image) {
@@ -327,6 +389,66 @@ void ToProto(const SegmentOutcome& o, const Status& status, v1::SegmentResponse*
       }
     }
   }
+}
+
+void ToProto(const GenerateOutcome& o, const Status& status, v1::GenerateMasksResponse* r) {
+  r->set_image_id(o.image.image_id);
+  r->set_width(o.image.width);
+  r->set_height(o.image.height);
+  r->set_cached(o.image.cached);
+  TimingToProto(o.image.timing, r->mutable_timing());
+  r->clear_masks();
+  if (!status.ok()) return;
+  v1::GenerationStats* st = r->mutable_stats();
+  st->set_crops(static_cast<uint32_t>(o.stats.crops));
+  st->set_points(static_cast<uint32_t>(o.stats.points));
+  st->set_point_batches(static_cast<uint32_t>(o.stats.decoder_batches));
+  st->set_candidates(static_cast<uint32_t>(o.stats.candidates));
+  auto box = [](const std::array<int, 4>& b, v1::BoundingBox* out) {
+    out->set_x(static_cast<uint32_t>(b[0]));
+    out->set_y(static_cast<uint32_t>(b[1]));
+    out->set_width(static_cast<uint32_t>(b[2]));
+    out->set_height(static_cast<uint32_t>(b[3]));
+  };
+  r->mutable_masks()->Reserve(static_cast<int>(o.masks.size()));
+  for (const GeneratedMaskResult& m : o.masks) {
+    v1::GeneratedMask* g = r->add_masks();
+    switch (o.format) {
+      case OutputFormat::kPng: g->set_png(m.png); break;
+      case OutputFormat::kPolygons: {
+        v1::Polygons* ps = g->mutable_polygons();
+        for (const Contour& c : m.polygons) {
+          v1::Polygon* p = ps->add_polygons();
+          p->mutable_points()->Add(c.xy.begin(), c.xy.end());
+          p->set_hole(c.hole);
+          p->set_parent(c.parent);
+        }
+        break;
+      }
+      default: {
+        v1::CocoRle* rle = g->mutable_rle();
+        rle->add_size(static_cast<uint32_t>(o.image.height));
+        rle->add_size(static_cast<uint32_t>(o.image.width));
+        rle->set_counts(m.rle_counts);
+      }
+    }
+    g->set_area(m.area);
+    box(m.bbox, g->mutable_bbox());
+    g->set_predicted_iou(m.predicted_iou);
+    v1::PointXY* pt = g->add_point_coords();
+    pt->set_x(m.point_x);
+    pt->set_y(m.point_y);
+    g->set_stability_score(m.stability_score);
+    box(m.crop_box, g->mutable_crop_box());
+  }
+}
+
+void ToProto(const MaskGenerationLimits& l, v1::GenerationLimits* out) {
+  out->set_max_points_per_side(static_cast<uint32_t>(l.max_points_per_side));
+  out->set_max_grid_points(static_cast<uint32_t>(l.max_grid_points));
+  out->set_max_points_per_batch(static_cast<uint32_t>(l.max_points_per_batch));
+  out->set_max_crop_n_layers(static_cast<uint32_t>(l.max_crop_n_layers));
+  out->set_max_crop_n_points_downscale_factor(static_cast<uint32_t>(l.max_crop_n_points_downscale_factor));
 }
 
 }  // namespace maskd::server

@@ -37,6 +37,13 @@ StatusOr<std::vector<PromptDraft>> ValidatePrompts(
 // output_format, polygon_tolerance and request_tag.
 Status ValidateSegmentOptions(const v1::SegmentRequest& request, const RequestLimits& limits);
 
+// GenerateMasks: output_format (rle, png or polygons), polygon_tolerance, request_tag, and the
+// parameters (ValidateMaskGenerationParams with `limits`, fields named "params.NAME"); unset
+// optional parameters take the original's defaults. INVALID_ARGUMENT naming the field otherwise.
+StatusOr<GenerationSpec> ValidateGenerateRequest(const v1::GenerateMasksRequest& request,
+                                                 const RequestLimits& request_limits,
+                                                 const MaskGenerationLimits& limits);
+
 // Requests to values (after the checks above). The views point into the message.
 ImageInput ImageInputFrom(const v1::Image& image);
 ImageInput ImageInputFromId(const std::string& image_id);
@@ -46,5 +53,8 @@ OutputSpec OutputSpecFrom(const v1::SegmentRequest& request);
 // Values to responses. Results are written only when `status` is OK (a failed call has none).
 void ToProto(const ImageOutcome& outcome, v1::EmbedResponse* response);
 void ToProto(const SegmentOutcome& outcome, const Status& status, v1::SegmentResponse* response);
+void ToProto(const GenerateOutcome& outcome, const Status& status, v1::GenerateMasksResponse* response);
+// GetInfoResponse.limits.generation.
+void ToProto(const MaskGenerationLimits& limits, v1::GenerationLimits* out);
 
 }  // namespace maskd::server

@@ -277,6 +277,17 @@ struct Corpus {
     auto out = t->client->Segment(r);
     return out.ok() ? Outcome{} : From(out.status());
   }
+  Outcome Generate(const v1::GenerateMasksRequest& r) const {
+    auto out = t->client->GenerateMasks(r);
+    return out.ok() ? Outcome{} : From(out.status());
+  }
+  // GenerateMasks on the corpus image by id, its parameters set by `edit`.
+  v1::GenerateMasksRequest GenerateOnImage(const std::function<void(v1::MaskGenerationParams*)>& edit) const {
+    v1::GenerateMasksRequest r;
+    r.set_image_id(image_id);
+    edit(r.mutable_params());
+    return r;
+  }
   Outcome SegmentImage(const v1::Image& im) const {
     v1::SegmentRequest r;
     *r.mutable_image() = im;
@@ -690,7 +701,7 @@ std::vector<Case> BuildCorpus() {
   // --- Unparsable bytes and unknown fields, per method.
   const std::string truncated("\x0a\x64garbage", 9);  // field 1, length 100, 7 bytes follow
   const std::string bad_utf8_tag = std::string("\x2a\x03\xff\xfe\n", 5);
-  for (const std::string method : {"Embed", "Segment", "GetInfo"}) {
+  for (const std::string method : {"Embed", "Segment", "GetInfo", "GenerateMasks"}) {
     cases.push_back({method + "/unparsable (truncated field)",
                      [method, truncated](const Corpus& c) { return c.RawUnary(method, truncated); }, kInvalid,
                      method});
@@ -738,6 +749,117 @@ std::vector<Case> BuildCorpus() {
   cases.push_back({"Embed/raw at max_image_pixels", [](const Corpus& c) {
                      return c.EmbedImage(Raw(1000, 1000, 1000 * 1000 * 3));
                    }, StatusCode::OK, ""});
+
+  // --- GenerateMasks (issue #15): every parameter out of its range, huge and malformed grids, the
+  // output forms it has no use for, unknown and malformed ids. The parameters are checked on the
+  // handler thread, before any lookup or model work.
+  using Params = v1::MaskGenerationParams;
+  const std::vector<std::tuple<std::string, std::function<void(Params*)>, std::string>> params = {
+      {"points_per_side 0", [](Params* p) { p->set_points_per_side(0); }, "params.points_per_side"},
+      {"points_per_side -3", [](Params* p) { p->set_points_per_side(-3); }, "params.points_per_side"},
+      {"points_per_side 100000", [](Params* p) { p->set_points_per_side(100000); }, "params.points_per_side"},
+      {"points_per_side 129 (over the limit)", [](Params* p) { p->set_points_per_side(129); },
+       "params.points_per_side"},
+      {"points_per_side 128 with 3 crop layers (grid points over the limit)",
+       [](Params* p) { p->set_points_per_side(128); p->set_crop_n_layers(3); }, "grid points"},
+      {"points_per_batch 0", [](Params* p) { p->set_points_per_batch(0); }, "params.points_per_batch"},
+      {"points_per_batch 1000000", [](Params* p) { p->set_points_per_batch(1000000); }, "params.points_per_batch"},
+      {"pred_iou_thresh NaN", [](Params* p) { p->set_pred_iou_thresh(kNaN); }, "params.pred_iou_thresh"},
+      {"pred_iou_thresh 2", [](Params* p) { p->set_pred_iou_thresh(2); }, "params.pred_iou_thresh"},
+      {"stability_score_thresh -1", [](Params* p) { p->set_stability_score_thresh(-1); },
+       "params.stability_score_thresh"},
+      {"stability_score_offset inf", [](Params* p) { p->set_stability_score_offset(kInf); },
+       "params.stability_score_offset"},
+      {"stability_score_offset -0.5", [](Params* p) { p->set_stability_score_offset(-0.5f); },
+       "params.stability_score_offset"},
+      {"box_nms_thresh NaN", [](Params* p) { p->set_box_nms_thresh(kNaN); }, "params.box_nms_thresh"},
+      {"crop_nms_thresh 1.5", [](Params* p) { p->set_crop_nms_thresh(1.5f); }, "params.crop_nms_thresh"},
+      {"crop_n_layers -1", [](Params* p) { p->set_crop_n_layers(-1); }, "params.crop_n_layers"},
+      {"crop_n_layers 99", [](Params* p) { p->set_crop_n_layers(99); }, "params.crop_n_layers"},
+      {"crop_overlap_ratio 1", [](Params* p) { p->set_crop_overlap_ratio(1.0); }, "params.crop_overlap_ratio"},
+      {"crop_overlap_ratio NaN", [](Params* p) { p->set_crop_overlap_ratio(std::nan("")); },
+       "params.crop_overlap_ratio"},
+      {"crop_n_points_downscale_factor 0", [](Params* p) { p->set_crop_n_points_downscale_factor(0); },
+       "params.crop_n_points_downscale_factor"},
+      {"downscale leaves a layer without points",
+       [](Params* p) { p->set_points_per_side(4); p->set_crop_n_layers(2); p->set_crop_n_points_downscale_factor(16); },
+       "params.crop_n_points_downscale_factor"},
+      {"min_mask_region_area -1", [](Params* p) { p->set_min_mask_region_area(-1); }, "params.min_mask_region_area"},
+      {"point_grids and points_per_side",
+       [](Params* p) { p->set_points_per_side(8); p->add_point_grids()->add_points()->set_x(0.5); },
+       "params.points_per_side"},
+      {"point_grids: two grids for no crop layer",
+       [](Params* p) { p->add_point_grids()->add_points(); p->add_point_grids()->add_points(); }, "params.point_grids"},
+      {"point_grids: an empty grid", [](Params* p) { p->add_point_grids(); }, "params.point_grids[0]"},
+      {"point_grids: a point at x 1.5",
+       [](Params* p) { v1::PointXY* q = p->add_point_grids()->add_points(); q->set_x(1.5); q->set_y(0.5); },
+       "params.point_grids[0].points[0]"},
+      {"point_grids: a NaN point",
+       [](Params* p) { v1::PointXY* q = p->add_point_grids()->add_points(); q->set_x(std::nan("")); },
+       "params.point_grids[0].points[0]"},
+      {"point_grids: 20000 points (over the limit)",
+       [](Params* p) {
+         v1::PointGrid* g = p->add_point_grids();
+         for (int i = 0; i < 20000; ++i) g->add_points()->set_x(0.5);
+       },
+       "params.point_grids"},
+  };
+  for (const auto& [name, edit, mention] : params) {
+    cases.push_back({"GenerateMasks/" + name, [edit](const Corpus& c) { return c.Generate(c.GenerateOnImage(edit)); },
+                     kInvalid, mention});
+  }
+  cases.push_back({"GenerateMasks/empty request", [](const Corpus& c) {
+                     return c.Generate(v1::GenerateMasksRequest());
+                   }, kInvalid, "image_source"});
+  cases.push_back({"GenerateMasks/output_format LOW_RES_LOGITS", [](const Corpus& c) {
+                     v1::GenerateMasksRequest r = c.GenerateOnImage([](Params*) {});
+                     r.set_output_format(v1::OUTPUT_FORMAT_LOW_RES_LOGITS);
+                     return c.Generate(r);
+                   }, kInvalid, "output_format"});
+  cases.push_back({"GenerateMasks/output_format 99", [](const Corpus& c) {
+                     v1::GenerateMasksRequest r = c.GenerateOnImage([](Params*) {});
+                     r.set_output_format(static_cast<v1::OutputFormat>(99));
+                     return c.Generate(r);
+                   }, kInvalid, "output_format"});
+  cases.push_back({"GenerateMasks/polygon_tolerance NaN", [](const Corpus& c) {
+                     v1::GenerateMasksRequest r = c.GenerateOnImage([](Params*) {});
+                     r.set_output_format(v1::OUTPUT_FORMAT_POLYGONS);
+                     r.set_polygon_tolerance(kNaN);
+                     return c.Generate(r);
+                   }, kInvalid, "polygon_tolerance"});
+  cases.push_back({"GenerateMasks/request_tag of 129 bytes", [](const Corpus& c) {
+                     v1::GenerateMasksRequest r = c.GenerateOnImage([](Params*) {});
+                     r.set_request_tag(std::string(129, 't'));
+                     return c.Generate(r);
+                   }, kInvalid, "request_tag"});
+  cases.push_back({"GenerateMasks/malformed image_id", [](const Corpus& c) {
+                     v1::GenerateMasksRequest r;
+                     r.set_image_id("../../etc/passwd");
+                     return c.Generate(r);
+                   }, kInvalid, "image_id"});
+  cases.push_back({"GenerateMasks/unknown image_id", [](const Corpus& c) {
+                     v1::GenerateMasksRequest r;
+                     r.set_image_id(c.other_id);
+                     return c.Generate(r);
+                   }, kNotFound, "is not cached"});
+  cases.push_back({"GenerateMasks/crop layers on an image_id", [](const Corpus& c) {
+                     return c.Generate(c.GenerateOnImage([](Params* p) { p->set_crop_n_layers(1); }));
+                   }, StatusCode::FAILED_PRECONDITION, "params.crop_n_layers"});
+  cases.push_back({"GenerateMasks/garbage image bytes", [](const Corpus& c) {
+                     v1::GenerateMasksRequest r;
+                     *r.mutable_image() = Encoded("not an image");
+                     return c.Generate(r);
+                   }, kInvalid, "image.encoded"});
+  cases.push_back({"GenerateMasks/raw image of the wrong size", [](const Corpus& c) {
+                     v1::GenerateMasksRequest r;
+                     *r.mutable_image() = Raw(8, 8, 10);
+                     return c.Generate(r);
+                   }, kInvalid, "image.raw.rgb"});
+  // The fake engine has no model-side filtering: a well-formed request gets the engine's own
+  // answer through the whole pipeline (not INTERNAL, and the server keeps serving).
+  cases.push_back({"GenerateMasks/well-formed on an engine that cannot generate", [](const Corpus& c) {
+                     return c.Generate(c.GenerateOnImage([](Params* p) { p->set_points_per_side(4); }));
+                   }, StatusCode::FAILED_PRECONDITION, "cannot generate masks"});
   return cases;
 }
 

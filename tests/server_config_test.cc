@@ -345,5 +345,37 @@ TEST(ServerConfig, EngineOptionsPerDeviceKind) {
   EXPECT_EQ(off->fast.attention, AttentionImpl::kMath);
 }
 
+// Issue #15: GenerateMasks' threads and parameter limits are flags, documented in --help with their
+// environment variables, and reach MaskGenerationLimits.
+TEST(ServerConfig, GenerationFlags) {
+  auto help = Parse({"--help"});
+  for (const char* flag : {"--generate-threads", "--generate-queue-capacity", "--max-generate-points-per-side",
+                           "--max-generate-grid-points", "--max-generate-points-per-batch",
+                           "--max-generate-crop-layers", "--max-generate-downscale-factor",
+                           "MASKD_MAX_GENERATE_GRID_POINTS"}) {
+    EXPECT_NE(help.output.find(flag), std::string::npos) << flag << " missing from --help";
+  }
+  const MaskGenerationLimits defaults = Parse({}).config.generation_limits();
+  EXPECT_EQ(defaults.max_points_per_side, MaskGenerationLimits{}.max_points_per_side);
+  EXPECT_EQ(defaults.max_grid_points, MaskGenerationLimits{}.max_grid_points);
+  EXPECT_EQ(Parse({}).config.generate_threads, 2);
+  auto r = Parse({"--max-generate-points-per-side", "64", "--max-generate-grid-points", "5000",
+                  "--max-generate-points-per-batch", "256", "--max-generate-crop-layers", "1",
+                  "--max-generate-downscale-factor", "4", "--generate-threads", "3"});
+  ASSERT_FALSE(r.exit) << r.output;
+  const MaskGenerationLimits l = r.config.generation_limits();
+  EXPECT_EQ(l.max_points_per_side, 64);
+  EXPECT_EQ(l.max_grid_points, 5000);
+  EXPECT_EQ(l.max_points_per_batch, 256);
+  EXPECT_EQ(l.max_crop_n_layers, 1);
+  EXPECT_EQ(l.max_crop_n_points_downscale_factor, 4);
+  EXPECT_EQ(r.config.generate_threads, 3);
+  auto bad = Parse({"--max-generate-crop-layers", "9"});
+  EXPECT_TRUE(bad.exit);
+  EXPECT_NE(bad.output.find("--max-generate-crop-layers"), std::string::npos) << bad.output;
+  auto zero_threads = Parse({"--generate-threads", "0"});
+  EXPECT_TRUE(zero_threads.exit);
+}
+
 }  // namespace
 }  // namespace maskd::server

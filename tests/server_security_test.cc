@@ -781,6 +781,46 @@ TEST_F(ServerSecurity, CachesAreScopedPerTokenWithAuthOn) {
   EXPECT_EQ(via_http_beta->status, 200) << via_http_beta->body;  // beta embedded it above
 }
 
+// GenerateMasks by image_id (issue #15) looks the embedding up in the caller's scope like Segment:
+// another scope's id is NOT_FOUND over gRPC and through POST /v1/generate, and the same scope finds it
+// (the fake engine then answers that it cannot generate: the lookup succeeded).
+TEST_F(ServerSecurity, GenerateMasksByIdIsScopedToo) {
+  ServerConfig cfg = TlsConfig();
+  cfg.auth_tokens = ScopedTokenFile();
+  cfg.http_listen = "127.0.0.1:0";
+  Running r(cfg);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  Client alpha(Options(r, TrustingCa(kAlphaToken)));
+  Client alpha2(Options(r, TrustingCa(kAlphaToken2)));
+  Client beta(Options(r, TrustingCa(kBetaToken)));
+  v1::EmbedRequest embed;
+  *embed.mutable_image() = ScopeTestImage(3);
+  auto a = alpha.Embed(embed);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  v1::GenerateMasksRequest gen;
+  gen.set_image_id(a->image_id());
+  gen.mutable_params()->set_points_per_side(4);
+  ExpectForeignNotFound(beta.GenerateMasks(gen).status(), {"alpha", kAlphaToken, kBetaToken});
+  const Status same_scope = alpha2.GenerateMasks(gen).status();
+  EXPECT_EQ(same_scope.code(), StatusCode::kFailedPrecondition) << same_scope.ToString();
+  EXPECT_NE(same_scope.message().find("cannot generate masks"), std::string::npos) << same_scope.message();
+
+  httplib::Client http("127.0.0.1", r.server.http_port());
+  const std::string body = "{\"image_id\": \"" + a->image_id() + "\", \"params\": {\"points_per_side\": 4}}";
+  auto as_beta = http.Post("/v1/generate", httplib::Headers{{"Authorization", std::string("Bearer ") + kBetaToken}},
+                           body, "application/json");
+  ASSERT_TRUE(as_beta);
+  EXPECT_EQ(as_beta->status, 404) << as_beta->body;
+  EXPECT_EQ(as_beta->body.find("alpha"), std::string::npos) << as_beta->body;
+  auto as_alpha = http.Post("/v1/generate", httplib::Headers{{"Authorization", std::string("Bearer ") + kAlphaToken}},
+                            body, "application/json");
+  ASSERT_TRUE(as_alpha);
+  EXPECT_EQ(as_alpha->status, 400) << as_alpha->body;  // FAILED_PRECONDITION from the fake engine
+  auto unauthenticated = http.Post("/v1/generate", body, "application/json");
+  ASSERT_TRUE(unauthenticated);
+  EXPECT_EQ(unauthenticated->status, 401);
+}
+
 TEST_F(ServerSecurity, SharedCacheFlagRestoresOneCache) {
   ServerConfig cfg = TlsConfig();
   cfg.auth_tokens = ScopedTokenFile();

@@ -1040,5 +1040,52 @@ TEST(ServerService, ReflectionListsTheServices) {
   }
 }
 
+// GenerateMasks (issue #15) on fake engines: the generator runs on the generation pool, whose queue is
+// bounded (--generate-queue-capacity): with one thread busy and one call waiting, the next is refused
+// at once with RESOURCE_EXHAUSTED naming the queue; the others get the engine's own answer (the fake
+// cannot filter masks: FAILED_PRECONDITION), after their grid points went through the decoder batcher.
+TEST(ServerService, GenerationQueueIsBoundedAndRefusesAtOnce) {
+  ServerConfig c = TestConfig();
+  c.generate_threads = 1;
+  c.generate_queue_capacity = 1;
+  FakeEngineOptions fo;
+  fo.decode_delay = std::chrono::milliseconds(1500);
+  TestServer t(c, fo);
+  v1::EmbedRequest e;
+  *e.mutable_image() = EncodedPicture(40, 30, 7);
+  auto embedded = t.client->Embed(e);
+  ASSERT_TRUE(embedded.ok()) << embedded.status().ToString();
+  v1::GenerateMasksRequest gen;
+  gen.set_image_id(embedded->image_id());
+  gen.mutable_params()->set_points_per_side(3);
+  auto running = std::async(std::launch::async, [&] { return t.client->GenerateMasks(gen).status(); });
+  // The first generation holds the only generation thread (its points are being decoded).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (t.engine.load()->decode_calls.load() == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_GT(t.engine.load()->decode_calls.load(), 0);
+  auto second = std::async(std::launch::async, [&] { return t.client->GenerateMasks(gen).status(); });
+  auto third = std::async(std::launch::async, [&] { return t.client->GenerateMasks(gen).status(); });
+  std::vector<Status> later = {second.get(), third.get()};
+  const Status first = running.get();
+  EXPECT_EQ(first.code(), StatusCode::kFailedPrecondition) << first.ToString();
+  EXPECT_NE(first.message().find("cannot generate masks"), std::string::npos) << first.message();
+  int refused = 0, answered = 0;
+  for (const Status& s : later) {
+    if (s.code() == StatusCode::kResourceExhausted) {
+      ++refused;
+      EXPECT_NE(s.message().find("the mask generation queue is full (1 of 1"), std::string::npos) << s.message();
+    } else {
+      ++answered;
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    }
+  }
+  EXPECT_EQ(refused, 1);
+  EXPECT_EQ(answered, 1);
+  // 9 grid points per generation that ran, as multimask prompts through the decoder.
+  EXPECT_EQ(t.engine.load()->decoded_prompts.load(), 2 * 9);
+}
+
 }  // namespace
 }  // namespace maskd::server

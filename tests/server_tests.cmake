@@ -28,6 +28,14 @@ maskd_add_test(server_e2e_test SOURCES server_e2e_test.cc
                LIBS maskd_server maskd_model maskd_client nlohmann_json::nlohmann_json)
 add_dependencies(server_e2e_test maskd)
 
+# Issue #15: GenerateMasks end to end with the real engine on the golden tiny model (the generator's
+# parity model): the RPC against the engine-side generator (and the original's records when
+# model_generate_test's oracle file is there), formats, by-id, validation, fairness with clicks,
+# expiry mid-generation, POST /v1/generate.
+maskd_add_test(server_generate_test SOURCES server_generate_test.cc
+               LIBS maskd_server maskd_model maskd_client maskd_generate nlohmann_json::nlohmann_json
+                    PkgConfig::HTTPLIB)
+
 # Issue #14 hardening: server-facing findings through real gRPC (fake engines).
 # maskd around the fake engine, for tests that signal a real process mid-load or mid-batch.
 add_executable(maskd_fake fake_maskd_main.cc)

@@ -15,6 +15,15 @@ if(TARGET maskd AND TARGET maskctl)
            WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/web)
   set_tests_properties(web_http_front_test PROPERTIES LABELS cpu TIMEOUT 600)
 endif()
+# GenerateMasks from the outside: maskctl everything (a folder, progress, --out-coco loaded by
+# pycocotools, polygons) and POST /v1/generate.
+if(TARGET maskd AND TARGET maskctl)
+  add_test(NAME web_generate_test
+           COMMAND ${MASKD_PYTHON} -m pytest -v -p no:cacheprovider -W ignore::DeprecationWarning
+                   generate_test.py --maskd $<TARGET_FILE:maskd> --maskctl $<TARGET_FILE:maskctl>
+           WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/web)
+  set_tests_properties(web_generate_test PROPERTIES LABELS cpu TIMEOUT 600)
+endif()
 # The page in headless Chromium (Debian's chromium + chromium-driver, Selenium from PyPI): screenshots
 # and the click -> overlay timings stay in BUILD/web_artefacts. Labelled cpu like the rest, so CI
 # (scripts/setup.sh test: the whole suite) runs it; `ctest -L browser` picks it alone.

@@ -262,3 +262,108 @@ def test_click_to_overlay_is_the_model_plus_at_most_30_ms():
     assert len(TIMINGS) == 3, TIMINGS
     beyond = sorted(t["clickToOverlayMs"] - t["serverMs"] for t in TIMINGS)
     assert beyond[1] <= 30.0, beyond
+
+
+# --- "Everything" (automatic mask generation, POST /v1/generate) -----------------------------------
+
+def overlay_rgba(browser):
+    """The overlay canvas as a row-major H x W x 4 array."""
+    b64 = browser.execute_script("""
+        const c = document.getElementById('overlay');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let s = '';
+        for (let i = 0; i < d.length; i += 0x8000) s += String.fromCharCode.apply(null, d.subarray(i, i + 0x8000));
+        return btoa(s);""")
+    return np.frombuffer(base64.b64decode(b64), np.uint8).reshape(HEIGHT, WIDTH, 4)
+
+
+# The demo model has random weights: its predicted IoUs and stability scores are low, so the page's
+# thresholds are loosened to keep masks (the defaults keep none).
+# Box NMS 1.0 keeps every mask that passes (this model's masks overlap a lot).
+EVERYTHING_PARAMS = {"points-per-side": 4, "pred-iou-thresh": 0, "stability-score-thresh": 0.02,
+                     "box-nms-thresh": 1.0}
+
+
+def decode_rle(m):
+    return mask_util.decode({"size": m["rle"]["size"], "counts": m["rle"]["counts"].encode()})
+
+
+def test_everything_draws_every_generated_mask(page, maskd, artefacts):
+    page.find_element(By.ID, "clear").click()
+    wait_state(page, "ready")
+    for name, value in EVERYTHING_PARAMS.items():
+        page.execute_script("document.getElementById(arguments[0]).value = arguments[1]", name, str(value))
+    seq = page.execute_script("return window.maskd.seq")
+    t0 = time.time()
+    page.find_element(By.ID, "everything").click()
+    wait_until(lambda: page.execute_script("return window.maskd.seq") > seq, 10, "the button to register")
+    wait_state(page, "everything", 300)
+    elapsed = time.time() - t0
+    page.save_screenshot(os.path.join(artefacts, "web_page_everything.png"))
+    page.find_element(By.ID, "stage").screenshot(os.path.join(artefacts, "web_page_everything_stage.png"))
+    r = page.execute_script("return window.maskd.generated")
+    drawn = page.execute_script("return window.maskd.everything")
+    masks = r["masks"]
+    print(f"everything: {len(masks)} masks, button -> drawn {elapsed:.2f} s (server "
+          f"{drawn['serverMs']:.0f} ms, page {drawn['pageMs']:.1f} ms)")
+    with open(os.path.join(artefacts, "web_page_timing.txt"), "a") as f:
+        f.write(f"everything: {len(masks)} masks, server {drawn['serverMs']:.1f} ms, page "
+                f"{drawn['pageMs']:.1f} ms\n")
+    assert len(masks) >= 2, r["stats"]
+    # The picture the page should have painted: masks in its order (largest first), each in its colour.
+    order, colours = drawn["order"], np.array(drawn["colours"], np.int32)
+    assert sorted(order) == list(range(len(masks)))
+    areas = [int(masks[i]["area"]) for i in order]
+    assert areas == sorted(areas, reverse=True)
+    expected = np.full((HEIGHT, WIDTH), -1, np.int32)
+    for i in order:
+        m = decode_rle(masks[i])
+        assert int(m.sum()) == int(masks[i]["area"])
+        expected[m.astype(bool)] = i
+    rgba = overlay_rgba(page).astype(np.int32)
+    painted = expected >= 0
+    # Exactly the union of the masks is painted ...
+    np.testing.assert_array_equal(rgba[..., 3] > 0, painted)
+    # ... each pixel in the colour of the last mask drawn over it (a canvas keeps premultiplied
+    # alpha, so colour channels may come back a unit or two off).
+    want = colours[expected[painted]]
+    assert np.abs(rgba[painted][:, 3] - want[:, 3]).max() == 0
+    assert np.abs(rgba[painted][:, :3] - want[:, :3]).max() <= 3
+    visible = np.unique(expected[painted])
+    assert len(visible) >= 2, "only one mask is visible"
+    assert len({tuple(colours[i][:3]) for i in visible}) == len(visible), "two masks share a colour"
+    # And the response is the server's answer to the same call.
+    body = {"image_id": page.execute_script("return window.maskd.imageId"),
+            "params": {"points_per_side": 4, "pred_iou_thresh": 0, "stability_score_thresh": 0.02,
+                       "box_nms_thresh": 1.0}}
+    req = urllib.request.Request(maskd.http_base + "/v1/generate", method="POST", data=json.dumps(body).encode())
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        direct = json.loads(resp.read())
+    assert len(direct["masks"]) == len(masks)
+    for a, b in zip(direct["masks"], masks):
+        assert a["rle"] == b["rle"] and a["point_coords"] == b["point_coords"]
+
+
+def test_everything_coco_download_loads_in_pycocotools(page, artefacts):
+    target = os.path.join(artefacts, "maskd-coco.json")
+    if os.path.exists(target):
+        os.remove(target)
+    page.find_element(By.ID, "download-coco").click()
+    wait_until(lambda: os.path.exists(target) and os.path.getsize(target) > 0, 30, "the COCO download")
+    time.sleep(0.2)
+    coco = COCO(target)
+    masks = page.execute_script("return window.maskd.generated")["masks"]
+    anns = coco.loadAnns(sorted(coco.getAnnIds()))
+    assert len(anns) == len(masks) >= 2
+    for ann, m in zip(anns, masks):
+        np.testing.assert_array_equal(coco.annToMask(ann), decode_rle(m))
+        assert ann["area"] == int(m["area"]) and type(ann["area"]) is int
+        assert ann["bbox"] == [m["bbox"]["x"], m["bbox"]["y"], m["bbox"]["width"], m["bbox"]["height"]]
+        assert abs(ann["score"] - m["predicted_iou"]) < 1e-6
+        assert len(ann["point_coords"]) == 1 and len(ann["crop_box"]) == 4
+
+
+def test_a_click_after_everything_shows_its_own_mask(page, maskd, artefacts):
+    response, _ = do_and_wait(page, lambda: at(page, 200, 100).click().perform())
+    assert page.execute_script("return window.maskd.generated") is None
+    check_overlay_is_the_response(page, maskd, response)

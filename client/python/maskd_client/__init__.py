@@ -19,8 +19,9 @@ The .proto files the stubs were generated from ship with the package: maskd_clie
 """
 import os as _os
 
-from .client import (EMBEDDING_DTYPES, Embedding, Mask, MaskdClient, PromptResult, SegmentResult,
-                     SegmentSession, OUTPUT_FORMATS, embedding_to_numpy)
+from .client import (EMBEDDING_DTYPES, Embedding, GENERATION_PARAMS, GenerateResult, GeneratedMask, Mask,
+                     MaskdClient, PromptResult, SegmentResult, SegmentSession, OUTPUT_FORMATS,
+                     build_generate_request, embedding_to_numpy)
 from .image_id import (AFFINITY_HEADER, affinity_key, image_id_for_encoded, image_id_for_image,
                        image_id_for_raw)
 from .errors import (Cancelled, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument,
@@ -33,6 +34,7 @@ def proto_dir() -> str:
     return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "proto")
 
 __all__ = ["MaskdClient", "Embedding", "EMBEDDING_DTYPES", "embedding_to_numpy", "SegmentResult", "PromptResult", "Mask", "SegmentSession", "OUTPUT_FORMATS",
+           "GenerateResult", "GeneratedMask", "GENERATION_PARAMS", "build_generate_request",
            "AFFINITY_HEADER", "affinity_key", "image_id_for_encoded", "image_id_for_raw",
            "image_id_for_image", "maskd_pb2", "maskd_pb2_grpc", "proto_dir", "MaskdError",
            "Cancelled", "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument",

@@ -172,6 +172,86 @@ def _result_from_proto(r: maskd_pb2.SegmentResponse) -> SegmentResult:
                          prompts=prompts, request_tag=r.request_tag, response=r)
 
 
+# GenerateMasks' parameters (the original SamAutomaticMaskGenerator's keyword arguments).
+GENERATION_PARAMS = ("points_per_side", "points_per_batch", "pred_iou_thresh", "stability_score_thresh",
+                     "stability_score_offset", "box_nms_thresh", "crop_n_layers", "crop_nms_thresh",
+                     "crop_overlap_ratio", "crop_n_points_downscale_factor", "min_mask_region_area")
+
+
+@dataclass
+class GeneratedMask(Mask):
+    """One mask of GenerateMasks: the original's record fields. `score` is its predicted IoU;
+    bbox is the original's XYWH; point_coords [[x, y]] and crop_box (x, y, w, h) in pixels."""
+    predicted_iou: float = 0.0
+    point_coords: List[Tuple[float, float]] = field(default_factory=list)
+    crop_box: Tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    def record(self) -> dict:
+        """The original generator's output record (output_mode='binary_mask': a bool array)."""
+        return {"segmentation": self.decode().astype(bool), "area": self.area, "bbox": list(self.bbox),
+                "predicted_iou": self.predicted_iou, "point_coords": [list(p) for p in self.point_coords],
+                "stability_score": self.stability_score, "crop_box": list(self.crop_box)}
+
+
+@dataclass
+class GenerateResult:
+    image_id: str
+    width: int
+    height: int
+    cached: bool
+    masks: List[GeneratedMask]
+    request_tag: str
+    response: maskd_pb2.GenerateMasksResponse  # the raw message (timing, stats)
+
+
+def _generated_from_proto(r: maskd_pb2.GenerateMasksResponse) -> GenerateResult:
+    masks = []
+    for m in r.masks:
+        g = GeneratedMask(score=m.predicted_iou, stability_score=m.stability_score,
+                          bbox=(m.bbox.x, m.bbox.y, m.bbox.width, m.bbox.height), area=m.area,
+                          height=r.height, width=r.width, predicted_iou=m.predicted_iou,
+                          point_coords=[(p.x, p.y) for p in m.point_coords],
+                          crop_box=(m.crop_box.x, m.crop_box.y, m.crop_box.width, m.crop_box.height))
+        which = m.WhichOneof("segmentation")
+        if which == "rle":
+            g.rle = {"size": [int(m.rle.size[0]), int(m.rle.size[1])], "counts": m.rle.counts.encode("ascii")}
+        elif which == "png":
+            g.png = bytes(m.png)
+        elif which == "polygons":
+            g.polygons = [{"points": list(p.points), "hole": p.hole, "parent": p.parent}
+                          for p in m.polygons.polygons]
+        masks.append(g)
+    return GenerateResult(image_id=r.image_id, width=r.width, height=r.height, cached=r.cached,
+                          masks=masks, request_tag=r.request_tag, response=r)
+
+
+def build_generate_request(image: Union[bytes, str], format: str = "rle", request_tag: str = "",
+                           polygon_tolerance: float = 0.0, point_grids=None,
+                           **params) -> maskd_pb2.GenerateMasksRequest:
+    """A GenerateMasksRequest; `params` are the original generator's keyword arguments (those not
+    given keep its defaults on the server); point_grids: a list of [(x, y), ...] in [0, 1]."""
+    unknown = sorted(set(params) - set(GENERATION_PARAMS))
+    if unknown:
+        raise ValueError(f"unknown generation parameter(s) {', '.join(unknown)}: expected "
+                         f"{', '.join(GENERATION_PARAMS)} or point_grids")
+    if format not in ("rle", "png", "polygons"):
+        raise ValueError(f"format={format!r}: expected rle, png or polygons")
+    req = maskd_pb2.GenerateMasksRequest(output_format=OUTPUT_FORMATS[format], request_tag=request_tag,
+                                         polygon_tolerance=polygon_tolerance)
+    if isinstance(image, (bytes, bytearray)):
+        req.image.encoded = bytes(image)
+    else:
+        req.image_id = image
+    for name, value in params.items():
+        if value is not None:
+            setattr(req.params, name, value)
+    for grid in point_grids or []:
+        g = req.params.point_grids.add()
+        for x, y in grid:
+            g.points.add(x=x, y=y)
+    return req
+
+
 def build_prompt(points: Sequence[PointLike] = (), box: Optional[BoxLike] = None,
                  mask_from: Optional[str] = None, mask_index: Optional[int] = None,
                  multimask: bool = False) -> maskd_pb2.Prompt:
@@ -384,6 +464,14 @@ class MaskdClient:
         req = build_segment_request(image, prompts, format, request_tag, polygon_tolerance)
         md = self._metadata(req)
         return _result_from_proto(self._call(self.stub.Segment, req, md))
+
+    def generate(self, image: Union[bytes, str], format: str = "rle", request_tag: str = "",
+                 polygon_tolerance: float = 0.0, point_grids=None, **params) -> GenerateResult:
+        """Automatic mask generation ("segment everything") on one image (encoded bytes, or the
+        image_id of an earlier call), with the original SamAutomaticMaskGenerator's keyword
+        arguments (points_per_side=32, pred_iou_thresh=0.88, ...; unset ones take its defaults)."""
+        req = build_generate_request(image, format, request_tag, polygon_tolerance, point_grids, **params)
+        return _generated_from_proto(self._call(self.stub.GenerateMasks, req, self._metadata(req)))
 
     def info(self) -> maskd_pb2.GetInfoResponse:
         return self._call(self.stub.GetInfo, maskd_pb2.GetInfoRequest())

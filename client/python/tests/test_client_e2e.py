@@ -217,3 +217,43 @@ def test_example_script(maskd_target, golden_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "score" in r.stdout
     assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_generate_everything(client, golden_dir):
+    """GenerateMasks through the Python client: records with the original generator's fields, masks
+    that decode to their area and bbox (the original's XYWH: x1 - x0 of the inclusive corners), the
+    same masks by image_id and as polygons, and errors as typed exceptions."""
+    from maskd_client import FailedPrecondition, InvalidArgument, NotFound
+
+    im = _manifest(golden_dir)["images"][0]
+    data = _image_bytes(golden_dir, im["name"])
+    params = dict(points_per_side=8, pred_iou_thresh=0.0, stability_score_thresh=0.03, box_nms_thresh=1.0)
+    r = client.generate(data, request_tag="py", **params)
+    assert (r.width, r.height) == (im["width"], im["height"]) and r.request_tag == "py"
+    assert len(r.masks) >= 2 and r.response.stats.points == 64
+    for g in r.masks:
+        rec = g.record()
+        assert set(rec) == {"segmentation", "area", "bbox", "predicted_iou", "point_coords",
+                            "stability_score", "crop_box"}
+        m = rec["segmentation"]
+        assert m.shape == (im["height"], im["width"]) and m.dtype == bool
+        assert int(m.sum()) == rec["area"]
+        x, y, w, h = _bbox_of(m)
+        assert rec["bbox"] == [x, y, w - 1, h - 1]
+        assert rec["crop_box"] == [0, 0, im["width"], im["height"]]
+        (px, py), = rec["point_coords"]
+        assert 0 <= px <= im["width"] and 0 <= py <= im["height"]
+    by_id = client.generate(r.image_id, **params)
+    assert by_id.cached
+    assert [g.rle for g in by_id.masks] == [g.rle for g in r.masks]
+    polys = client.generate(r.image_id, format="polygons", **params)
+    for a, b in zip(polys.masks, r.masks):
+        np.testing.assert_array_equal(a.decode(), b.decode())
+    with pytest.raises(InvalidArgument, match="params.points_per_side = 0"):
+        client.generate(r.image_id, points_per_side=0)
+    with pytest.raises(FailedPrecondition, match="params.crop_n_layers"):
+        client.generate(r.image_id, crop_n_layers=1)
+    with pytest.raises(NotFound):
+        client.generate("f" * 64)
+    with pytest.raises(ValueError, match="unknown generation parameter"):
+        client.generate(r.image_id, points_per_sid=4)
