@@ -47,12 +47,21 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(
     c10::cuda::getCurrentCUDAStream().synchronize();
     if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
     g.graph = std::make_unique<at::cuda::CUDAGraph>();
-    g.graph->capture_begin(*decoder_pool_, cudaStreamCaptureModeThreadLocal);
-    auto out = run(g.src, g.sparse);
-    g.graph->capture_end();
-    g.masks = out.masks;
-    g.iou = out.iou_predictions;
-    it = decoder_graphs_.emplace(std::make_pair(bucket, T), std::move(g)).first;
+    try {
+      auto out = CaptureGraph(*g.graph, *decoder_pool_, [&] { return run(g.src, g.sparse); });
+      g.masks = out.masks;
+      g.iou = out.iou_predictions;
+      it = decoder_graphs_.emplace(std::make_pair(bucket, T), std::move(g)).first;
+    } catch (const c10::Error& e) {
+      // Out of memory for the graph's private pool: nothing is cached (the capture was ended and
+      // its graph is dropped with g), this pass runs eagerly, and a later pass tries again.
+      if (!IsOutOfMemory(e)) throw;
+      ReleaseCachedDeviceMemory();
+      Log(LogLevel::kWarning, "out of device memory while capturing the decoder graph for " +
+                                  std::to_string(bucket) + " prompts of " + std::to_string(T) +
+                                  " tokens; running the pass eagerly: " + e.what_without_backtrace());
+      return std::nullopt;
+    }
   }
   if (it == decoder_graphs_.end()) return std::nullopt;
   DecoderGraph& g = it->second;
@@ -106,7 +115,7 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
                                                                " was not decoded"))
                              : StatusOr<DecodedPrompt>(std::move(s)));
   }
-  return Guarded("running the mask decoder", [&]() -> StatusOr<std::vector<StatusOr<DecodedPrompt>>> {
+  return Guarded("running the mask decoder on " + Count(items.size(), "prompt", "prompts"), [&]() -> StatusOr<std::vector<StatusOr<DecodedPrompt>>> {
     torch::NoGradGuard no_grad;
     CallStream cs(device_);
     std::vector<StatusOr<DecodedPrompt>> out = checked;
