@@ -174,5 +174,27 @@ TEST_F(ModelOomGpu, DecoderGraphCaptureThatRunsOutLeavesNoBrokenGraph) {
   EXPECT_TRUE(after.ok()) << after.status().ToString();
 }
 
+// EngineOptions::device_memory_limit_bytes (what --gpu-memory-limit-bytes sets): a cap too small for
+// the weights fails Create with RESOURCE_EXHAUSTED, more than the device has is INVALID_ARGUMENT.
+TEST_F(ModelOomGpu, CreateAppliesTheLimitBeforeLoadingTheWeights) {
+  EngineOptions o;
+  o.random_arch = "vit_b";
+  o.device = "cuda:0";
+  o.precision = Precision::kBFloat16;
+  o.device_memory_limit_bytes = 64 * kMiB;  // vit_b's weights alone are ~180 MiB in bf16
+  auto small = Engine::Create(o);
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), StatusCode::kResourceExhausted) << small.status().ToString();
+  std::printf("[oom] Create under 64 MiB: %s\n", small.status().ToString().substr(0, 200).c_str());
+  o.device_memory_limit_bytes = uint64_t{1} << 50;
+  auto huge = Engine::Create(o);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kInvalidArgument) << huge.status().ToString();
+  o.device_memory_limit_bytes = 0;
+  ASSERT_TRUE(SetDeviceMemoryLimit("cuda:0", 0).ok());
+  auto fine = Engine::Create(o);
+  EXPECT_TRUE(fine.ok()) << fine.status().ToString();
+}
+
 }  // namespace
 }  // namespace maskd

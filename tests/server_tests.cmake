@@ -66,3 +66,5 @@ maskd_add_test(server_oom_test SOURCES server_oom_test.cc LIBS maskd_server mask
 # weights; gpu: skips without a device).
 maskd_add_test(server_oom_gpu_test SOURCES server_oom_gpu_test.cc
                LIBS maskd_server maskd_model maskd_client LABELS gpu)
+# ... the batchers' split alone (no gRPC), small enough for the TSan step of .ci/run.
+maskd_add_test(server_oom_batcher_test SOURCES server_oom_batcher_test.cc LIBS maskd_server maskd_fake_engine)
