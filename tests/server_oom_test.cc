@@ -108,6 +108,11 @@ TEST(ServerOom, EncoderBatchSplitsInHalvesUntilItFitsAndEveryImageSucceeds) {
   EXPECT_EQ(info.encoder_queue().oom_splits(), 3u);
   EXPECT_EQ(info.encoder_queue().oom_failures(), 0u);
   EXPECT_EQ(info.encoder_queue().batches(), 2u);  // batches formed; the retries are not new ones
+  // /metrics says the same as GetInfo (it is built from it).
+  const std::string metrics = s.server->server.metrics().Serialize();
+  EXPECT_NE(metrics.find("maskd_queue_oom_splits_total{device=\"cpu:0\",queue=\"encoder\"} 3"), std::string::npos)
+      << metrics.substr(0, 4000);
+  EXPECT_NE(metrics.find("maskd_queue_oom_failures_total{device=\"cpu:0\",queue=\"encoder\"} 0"), std::string::npos);
   // Each embedding is its own image's (content-addressed ids, cached): Segments by id work.
   for (size_t i = 1; i < results.size(); ++i) {
     auto seg = s.Segment(results[i]->image_id(), 2);
