@@ -13,6 +13,7 @@
 
 #include "model/api/engine.h"
 #include "model/engine_create.h"
+#include "model/engine_impl.h"  // CaptureGraph
 
 namespace maskd {
 namespace {
@@ -173,6 +174,57 @@ TEST_F(ModelOomGpu, DecoderGraphCaptureThatRunsOutLeavesNoBrokenGraph) {
   auto after = engine->Encode({*prepared});
   EXPECT_TRUE(after.ok()) << after.status().ToString();
 }
+
+#ifdef MASKD_WITH_CUDA
+bool StreamIsCapturing() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EXPECT_EQ(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream().stream(), &status), cudaSuccess);
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// CaptureGraph when the captured work throws: an out-of-memory error (the capture stays valid and is
+// ended and dropped), and an error that invalidates the capture (a stream synchronisation inside it,
+// so capture_end itself fails and AbandonCapture ends it by hand). After each, the thread's stream is
+// not capturing, eager work runs on it, and a new capture into the same pool succeeds and replays
+// right (the allocator is not left recording into the pool: it would refuse a second capture).
+TEST_F(ModelOomGpu, CaptureBrokenOffByAnErrorLeavesTheStreamAndThePoolUsable) {
+  CallStream cs(at::Device(at::kCUDA, 0));  // a pool stream: captures need a non-default one
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0);
+  const at::Tensor x = at::ones({4096}, options);
+  (void)(x * 2);
+  cs.Sync();
+  const c10::MempoolId_t pool = at::cuda::graph_pool_handle();
+  {
+    at::cuda::CUDAGraph broken;
+    EXPECT_THROW(CaptureGraph(broken, pool, [&]() -> at::Tensor {
+                   at::Tensor y = x * 3;
+                   TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (injected mid-capture)");
+                   return y;
+                 }),
+                 c10::OutOfMemoryError);
+    EXPECT_FALSE(StreamIsCapturing());
+  }
+  {
+    at::cuda::CUDAGraph invalidated;
+    EXPECT_THROW(CaptureGraph(invalidated, pool, [&]() -> at::Tensor {
+                   at::Tensor y = x * 4;
+                   C10_CUDA_CHECK(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream().stream()));
+                   return y;
+                 }),
+                 c10::Error);
+    EXPECT_FALSE(StreamIsCapturing());
+    (void)cudaGetLastError();
+  }
+  const at::Tensor eager = x * 6;
+  cs.Sync();
+  EXPECT_EQ(eager.sum().item<float>(), 6.0f * 4096);
+  at::cuda::CUDAGraph good;
+  const at::Tensor out = CaptureGraph(good, pool, [&] { return x * 5; });
+  good.replay();
+  cs.Sync();
+  EXPECT_EQ(out.sum().item<float>(), 5.0f * 4096);
+}
+#endif
 
 // EngineOptions::device_memory_limit_bytes (what --gpu-memory-limit-bytes sets): a cap too small for
 // the weights fails Create with RESOURCE_EXHAUSTED, more than the device has is INVALID_ARGUMENT.
