@@ -79,6 +79,58 @@ void AddRowsBroadcast(at::Tensor& y, const at::Tensor& rows, Stream stream) {
   y.add_(rows);
 }
 
+at::Tensor ImageToTokenProbsReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows,
+                                      int64_t heads, double scale) {
+  const int64_t b = k.size(0), t = k.size(1), ch = k.size(2), hw = q.size(1);
+  const at::Tensor rows = q_rows.defined() ? q.index_select(0, q_rows) : q.expand({b, hw, ch});
+  const at::Tensor qh = rows.to(at::kFloat).reshape({b, hw, heads, ch / heads});
+  const at::Tensor kh = k.to(at::kFloat).reshape({b, t, heads, ch / heads});
+  const at::Tensor s = at::einsum("bphc,bthc->bpht", {qh, kh}) * scale;
+  return at::softmax(s, -1).to(q.scalar_type()).reshape({b, hw, heads * t});
+}
+
+at::Tensor ImageToTokenProbs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows, int64_t heads,
+                             double scale, Stream stream) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.size(2) == k.size(2) && heads > 0 && k.size(2) % heads == 0,
+              "ImageToTokenProbs: expected q [Bq, HW, I] and k [B, T, I] with I a multiple of heads, got ", Describe(q),
+              " and ", Describe(k));
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.device() == k.device(),
+              "ImageToTokenProbs: q and k must share dtype and device");
+  TORCH_CHECK(q_rows.defined() ? (q_rows.dim() == 1 && q_rows.size(0) == k.size(0) && q_rows.scalar_type() == at::kLong)
+                               : (q.size(0) == k.size(0) || q.size(0) == 1),
+              "ImageToTokenProbs: expected q_rows [", k.size(0), "] int64, or q with ", k.size(0), " or 1 rows, got ",
+              Describe(q), q_rows.defined() ? " and q_rows " + Describe(q_rows) : std::string());
+#ifdef MASKD_WITH_CUDA
+  const int64_t b = k.size(0), t = k.size(1), hw = q.size(1);
+  if (q.is_cuda() && q.scalar_type() != at::kFloat && k.size(2) == 16 * heads && heads <= 16 && t >= 1 && t <= 16 &&
+      q.stride(2) == 1 && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 &&
+      reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 && b <= 65535) {
+    const at::Tensor kc = k.contiguous();
+    const at::Tensor rows = q_rows.defined() ? q_rows.contiguous() : at::Tensor();
+    at::Tensor out = at::empty({b, hw, heads * t}, q.options());
+    detail::ImageToTokenProbsArgs a;
+    a.q = q.data_ptr();
+    a.q_batch_stride = q.stride(0);
+    a.q_row_stride = q.stride(1);
+    a.q_rows = rows.defined() ? rows.data_ptr<int64_t>() : nullptr;
+    a.q_batches = q.size(0);
+    a.k = kc.data_ptr();
+    a.out = out.data_ptr();
+    a.batch = b;
+    a.positions = hw;
+    a.heads = static_cast<int>(heads);
+    a.tokens = static_cast<int>(t);
+    a.scale = static_cast<float>(scale);
+    internal::StreamScope scope(stream, q.device());
+    internal::CheckLaunch(detail::LaunchImageToTokenProbs(a, internal::ToDType(q.scalar_type(), "q"), scope.get()),
+                          "ImageToTokenProbsKernel");
+    return out;
+  }
+#endif
+  (void)stream;
+  return ImageToTokenProbsReference(q, k, q_rows, heads, scale);
+}
+
 at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                                  const at::Tensor& hyper, int64_t h, int64_t width) {
   const int64_t b = hyper.size(0), m = hyper.size(1), c2 = w.size(1) / 4;

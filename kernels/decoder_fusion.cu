@@ -13,6 +13,12 @@
 // memory, then one thread per (row, sub-pixel) applies bias + GELU (rounded to T where the unfused
 // path stores T) and the 4 dot products, and the tile's 512 mask values are written in the final
 // [B, 4, 4h, 4w] pixel order. The [B, 65536, 32] activation (268 MB at 64 prompts) never exists.
+// ImageToTokenProbs: the image->token attention's scores and softmax for every (prompt, position,
+// head) in one thread: its 16 query channels (two 16-byte loads, read in place from the projection's
+// strided output, or from the prompt's image row when prompts share an image) against the prompt's
+// T <= 16 token keys (staged in shared memory as fp32), softmax in fp32 registers, one rounding per
+// probability, written straight in the [B, HW, heads * T] layout the value product wants. Replaces a
+// GEMM (misaligned for this shape), a softmax into fp32 and a permuting copy.
 // CopySlices: many independent contiguous byte ranges copied in one launch (a table of
 // {dst, src, bytes}); the per-prompt mask logits of a decode, which as separate copies cost more
 // host launch time than GPU time.
@@ -220,6 +226,63 @@ cudaError_t LaunchRowNormT(const RowNormArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+
+constexpr int kProbsHeadDim = 16;
+constexpr int kProbsMaxTokens = 16;
+constexpr int kProbsMaxHeads = 16;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) ImageToTokenProbsKernel(const ImageToTokenProbsArgs a) {
+  // blockIdx.y: prompt b; threads: (position, head) pairs, head fastest.
+  __shared__ float k_s[kProbsMaxTokens * kProbsMaxHeads * kProbsHeadDim];
+  const int64_t b = blockIdx.y;
+  const int channels = a.heads * kProbsHeadDim;
+  const T* kb = static_cast<const T*>(a.k) + b * a.tokens * channels;
+  for (int i = threadIdx.x; i < a.tokens * channels; i += blockDim.x) k_s[i] = ToFloat(kb[i]) * a.scale;
+  __syncthreads();
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (item >= a.positions * a.heads) return;
+  const int64_t p = item / a.heads;
+  const int h = static_cast<int>(item % a.heads);
+  const int64_t bq = a.q_rows ? a.q_rows[b] : (a.q_batches == 1 ? 0 : b);
+  const T* qp = static_cast<const T*>(a.q) + bq * a.q_batch_stride + p * a.q_row_stride + h * kProbsHeadDim;
+  float q[kProbsHeadDim];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const uint4 raw = reinterpret_cast<const uint4*>(qp)[half];
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[half * 8 + i] = ToFloat(e[i]);
+  }
+  float s[kProbsMaxTokens];
+  float m = -__builtin_huge_valf();
+#pragma unroll
+  for (int t = 0; t < kProbsMaxTokens; ++t) {
+    if (t < a.tokens) {
+      const float* kt = k_s + t * channels + h * kProbsHeadDim;
+      float acc = 0.f;
+#pragma unroll
+      for (int i = 0; i < kProbsHeadDim; ++i) acc = fmaf(q[i], kt[i], acc);
+      s[t] = acc;
+      m = fmaxf(m, acc);
+    }
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int t = 0; t < kProbsMaxTokens; ++t) {
+    if (t < a.tokens) {
+      s[t] = __expf(s[t] - m);
+      sum += s[t];
+    }
+  }
+  const float inv = 1.f / sum;
+  T* o = static_cast<T*>(a.out) + (b * a.positions + p) * (static_cast<int64_t>(a.heads) * a.tokens) +
+         static_cast<int64_t>(h) * a.tokens;
+#pragma unroll
+  for (int t = 0; t < kProbsMaxTokens; ++t)
+    if (t < a.tokens) o[t] = FromFloat<T>(s[t] * inv);
+}
+
 }  // namespace
 
 bool RowNormVectorized(int C, DType dtype) {
@@ -263,6 +326,21 @@ cudaError_t LaunchUpscaleHyper(const UpscaleHyperArgs& a, DType dtype, int sms, 
     UpscaleHyperKernel<__nv_bfloat16><<<grid, 128, 0, stream>>>(a);
   else
     UpscaleHyperKernel<__half><<<grid, 128, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchImageToTokenProbs(const ImageToTokenProbsArgs& a, DType dtype, cudaStream_t stream) {
+  if (a.batch <= 0 || a.positions <= 0) return cudaSuccess;
+  if (dtype == DType::kFloat32 || a.tokens < 1 || a.tokens > kProbsMaxTokens || a.heads < 1 ||
+      a.heads > kProbsMaxHeads || a.q_batch_stride % 8 != 0 || a.q_row_stride % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(a.q) % 16 != 0 || a.batch > 65535)
+    return cudaErrorInvalidValue;
+  const int64_t items = a.positions * a.heads;
+  const dim3 grid(static_cast<unsigned>((items + kThreads - 1) / kThreads), static_cast<unsigned>(a.batch));
+  if (dtype == DType::kBFloat16)
+    ImageToTokenProbsKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+  else
+    ImageToTokenProbsKernel<__half><<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -142,6 +142,16 @@ at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tens
                         int64_t h, int64_t width, Stream stream = nullptr);
 at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                                  const at::Tensor& hyper, int64_t h, int64_t width);
+// The mask decoder's image->token attention probabilities: q [Bq, HW, I] (its last dimension
+// contiguous, rows may be strided), k [B, T, I]; q_rows [B] int64 (may be undefined) names each
+// prompt's q batch row, else row b (Bq == B) or row 0 (Bq == 1). Returns [B, HW, heads * T] in q's
+// dtype, P[b, p, h*T + t] = softmax over t of scale * q[row, p, h] . k[b, t, h] (heads of I / heads
+// channels), scores and softmax in fp32, one rounding. CUDA kernel for bf16/fp16 with 16 channels
+// per head, T <= 16 and 16-byte aligned rows; otherwise ImageToTokenProbsReference.
+at::Tensor ImageToTokenProbs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows, int64_t heads,
+                             double scale, Stream stream = nullptr);
+at::Tensor ImageToTokenProbsReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows,
+                                      int64_t heads, double scale);
 // For each i: a contiguous tensor of its own holding src[row[i]].narrow(0, first[i], count[i])
 // (src [G, K, ...]; the decoder's per-prompt mask logits out of its [G, 4, 256, 256] batch). On
 // CUDA all of them are copied by one kernel when every slice is 16-byte aligned; otherwise (and on

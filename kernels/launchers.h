@@ -112,6 +112,21 @@ struct UpscaleHyperArgs {
   int grid_h = 0, grid_w = 0;   // embedding grid; grid_w a multiple of 8
 };
 cudaError_t LaunchUpscaleHyper(const UpscaleHyperArgs& args, DType dtype, int sms, cudaStream_t stream);
+// The decoder's image->token attention probabilities (decoder_fusion.cu): for every prompt b, image
+// position p and head h, softmax over the T tokens of scale * q[row(b), p, h*16..] . k[b, t, h*16..],
+// written as out[b, p, h*T + t] (16 channels per head, T <= 16).
+struct ImageToTokenProbsArgs {
+  const void* q = nullptr;          // rows (bq, p), 16-byte aligned, q[bq, p, i] at bq*q_batch_stride + p*q_row_stride + i
+  int64_t q_batch_stride = 0, q_row_stride = 0;  // elements, multiples of 8
+  const int64_t* q_rows = nullptr;  // [B] q batch row of each prompt, or null: row b (q_batches == B) or 0 (q_batches == 1)
+  int64_t q_batches = 0;
+  const void* k = nullptr;          // [B, T, I] contiguous
+  void* out = nullptr;              // [B, positions, heads * T] contiguous
+  int64_t batch = 0, positions = 0;
+  int heads = 0, tokens = 0;        // I = 16 * heads, tokens <= 16
+  float scale = 1.f;
+};
+cudaError_t LaunchImageToTokenProbs(const ImageToTokenProbsArgs& args, DType dtype, cudaStream_t stream);
 // table: `items` rows of {dst address, src address, bytes} on the device; every address 16-byte
 // aligned and every size a multiple of 16; max_bytes the largest size (sizes the grid).
 cudaError_t LaunchCopySlices(const int64_t* table, int64_t items, int64_t max_bytes, cudaStream_t stream);

@@ -223,7 +223,7 @@ std::string Slug(const std::string& s) {
   return o;
 }
 
-// One encoder pass of `bs` images (encoder) and one decode + post-processing of 64 prompts on one
+// One encoder pass of `bs` images (encoder) and decode + post-processing of 64 prompts and of one click on one
 // image (decode), each under the Kineto profiler; the per-kernel tables are appended to
 // DIR/profiles.txt, Chrome traces (with the host-side operators) written beside it.
 void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared, const std::string& arch,
@@ -251,11 +251,15 @@ void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared, co
             "img", [&] { return e.Encode(batch).status(); });
   auto emb = decode ? e.Encode({prepared[0]}) : maskd::StatusOr<std::vector<std::shared_ptr<const maskd::Embedding>>>(
                                                     maskd::InvalidArgument("not profiled"));
-  if (emb.ok()) {
+  // 64 prompts of one image (the figure), then one click (kernel total against wall time
+  // shows what the click spends off the GPU).
+  for (int prompts : {64, 1}) {
+    if (!emb.ok()) break;
     std::vector<maskd::DecodeItem> items;
-    for (int k = 0; k < 64; ++k) {
+    for (int k = 0; k < prompts; ++k) {
       maskd::PromptSpec p;
       p.points = {{static_cast<float>((37 * k) % 1024), static_cast<float>((53 * k) % 768), 1}};
+      p.multimask = prompts == 1;
       items.push_back({(*emb)[0], p});
     }
     auto run = [&]() -> maskd::Status {
@@ -266,8 +270,9 @@ void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared, co
       return e.Postprocess(post).status();
     };
     (void)run();  // this prompt count's decoder graph captured outside the profile
-    section(arch + " | " + row + " | 64 prompts of one image: decode + RLE post-processing", "trace-" + tag + "-decode64.json",
-            64, "prompt", run);
+    const std::string what = prompts == 1 ? "one click (multimask)" : std::to_string(prompts) + " prompts of one image";
+    section(arch + " | " + row + " | " + what + ": decode + RLE post-processing",
+            "trace-" + tag + "-decode" + std::to_string(prompts) + ".json", prompts, "prompt", run);
   }
   std::fclose(f);
 }

@@ -15,6 +15,34 @@ constexpr int64_t kDecoderGraphBuckets[] = {1, 2, 4, 8, 16, 32, 64};
 constexpr int64_t kMaxGraphTokens = 16;
 constexpr size_t kMaxDecoderGraphs = 64;
 
+// The smallest graph bucket that holds n (0: none does).
+int64_t GraphBucket(int64_t n) {
+  for (int64_t b : kDecoderGraphBuckets)
+    if (b >= n) return b;
+  return 0;
+}
+
+#ifdef MASKD_WITH_CUDA
+// Captures run() into `graph` (CaptureGraph, which ends a broken-off capture). Out of memory for
+// the graph's private pool: nullopt after a warning, and the caller caches nothing (its graph is
+// dropped with the half-captured work), runs this pass eagerly, and a later pass tries again.
+template <typename Run>
+std::optional<MaskDecoderImpl::Output> CaptureDecoderGraph(at::cuda::CUDAGraph& graph, c10::MempoolId_t pool,
+                                                          Run&& run, const LogFn& log, int64_t prompts,
+                                                          int64_t tokens) {
+  try {
+    return CaptureGraph(graph, pool, run);
+  } catch (const c10::Error& e) {
+    if (!IsOutOfMemory(e)) throw;
+    ReleaseCachedDeviceMemory();
+    log(LogLevel::kWarning, "out of device memory while capturing the decoder graph for " +
+                                std::to_string(prompts) + " prompts of " + std::to_string(tokens) +
+                                " tokens; running the pass eagerly: " + e.what_without_backtrace());
+    return std::nullopt;
+  }
+}
+#endif
+
 at::Tensor EngineImpl::Upload(const at::Tensor& host) const {
   if (!device_.is_cuda()) return host.to(device_);
   // pin_memory() copies into a block of the caching host allocator, which keeps it until the
@@ -22,74 +50,134 @@ at::Tensor EngineImpl::Upload(const at::Tensor& host) const {
   return host.pin_memory().to(device_, /*non_blocking=*/true);
 }
 
-std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(
-    const at::Tensor& image_side, bool per_prompt, const at::Tensor& sparse,
-    const std::function<MaskDecoderImpl::Output(const at::Tensor&, const at::Tensor&)>& run) {
+std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(const at::Tensor& image_side, bool per_prompt,
+                                                                      const at::Tensor& sparse,
+                                                                      const at::Tensor& group_of,
+                                                                      const DecoderPassFn& run) {
 #ifdef MASKD_WITH_CUDA
   const int64_t G = sparse.size(0), T = sparse.size(1);
   if (!device_.is_cuda() || !options_.fast.cuda_graphs || T > kMaxGraphTokens) return std::nullopt;
-  int64_t bucket = 0;
-  for (int64_t b : kDecoderGraphBuckets)
-    if (b >= G) {
-      bucket = b;
-      break;
-    }
+  const int64_t bucket = GraphBucket(G);
   if (bucket == 0) return std::nullopt;
+  // Several images: their keys padded to an image bucket (rows past the real ones are never
+  // selected by a real prompt's group index, and every operation on them is per row).
+  const bool grouped = group_of.defined();
+  const int64_t images = grouped ? image_side.size(0) : 0;
+  const int64_t image_bucket = grouped ? GraphBucket(images) : 0;
+  if (grouped && image_bucket == 0) return std::nullopt;
   std::lock_guard<std::mutex> lock(decoder_graph_mu_);
-  auto it = decoder_graphs_.find({bucket, T});
+  const auto key = std::make_tuple(bucket, T, image_bucket, false);
+  auto it = decoder_graphs_.find(key);
   if (it == decoder_graphs_.end() && decoder_graphs_.size() < kMaxDecoderGraphs) {
     DecoderGraph g;
     std::vector<int64_t> shape = image_side.sizes().vec();
     if (per_prompt) shape[0] = bucket;
-    g.src = at::zeros(shape, image_side.options());
+    if (grouped) shape[0] = image_bucket;
+    // Graphs of one input shape share their static input (replays are serialised by the mutex), so
+    // the graphs of many (prompt, token) buckets do not each hold up to 64 images' keys.
+    auto [in, fresh] = decoder_graph_inputs_.try_emplace(shape);
+    if (fresh) in->second = at::zeros(shape, image_side.options());
+    g.src = in->second;
     g.sparse = at::zeros({bucket, T, sparse.size(2)}, sparse.options());
-    run(g.src, g.sparse);  // warm-up outside the capture
+    if (grouped) g.group_of = at::zeros({bucket}, group_of.options());
+    run(g.src, g.group_of, g.sparse);  // warm-up outside the capture
     c10::cuda::getCurrentCUDAStream().synchronize();
     if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
     g.graph = std::make_unique<at::cuda::CUDAGraph>();
-    try {
-      auto out = CaptureGraph(*g.graph, *decoder_pool_, [&] { return run(g.src, g.sparse); });
-      g.masks = out.masks;
-      g.iou = out.iou_predictions;
-      it = decoder_graphs_.emplace(std::make_pair(bucket, T), std::move(g)).first;
-    } catch (const c10::Error& e) {
-      // Out of memory for the graph's private pool: nothing is cached (the capture was ended and
-      // its graph is dropped with g), this pass runs eagerly, and a later pass tries again.
-      if (!IsOutOfMemory(e)) throw;
-      ReleaseCachedDeviceMemory();
-      Log(LogLevel::kWarning, "out of device memory while capturing the decoder graph for " +
-                                  std::to_string(bucket) + " prompts of " + std::to_string(T) +
-                                  " tokens; running the pass eagerly: " + e.what_without_backtrace());
-      return std::nullopt;
-    }
+    auto out = CaptureDecoderGraph(*g.graph, *decoder_pool_, [&] { return run(g.src, g.group_of, g.sparse); },
+                                   options_.log, bucket, T);
+    if (!out) return std::nullopt;
+    g.masks = out->masks;
+    g.iou = out->iou_predictions;
+    it = decoder_graphs_.emplace(key, std::move(g)).first;
   }
   if (it == decoder_graphs_.end()) return std::nullopt;
   DecoderGraph& g = it->second;
-  // Rows past G keep whatever they held: every decoder operation is per prompt row.
-  if (per_prompt) g.src.narrow(0, 0, G).copy_(image_side);
+  // Rows past G (and past the real images) keep whatever they held: every decoder operation is per
+  // prompt row, and a padded prompt's group index is one this graph was given before (or 0).
+  if (per_prompt || grouped) g.src.narrow(0, 0, image_side.size(0)).copy_(image_side);
   else g.src.copy_(image_side);
   g.sparse.narrow(0, 0, G).copy_(sparse);
+  if (grouped) g.group_of.narrow(0, 0, G).copy_(group_of);
   g.graph->replay();
   return MaskDecoderImpl::Output{g.masks.narrow(0, 0, G).clone(), g.iou.narrow(0, 0, G).clone()};
 #else
-  (void)image_side, (void)per_prompt, (void)sparse, (void)run;
+  (void)image_side, (void)per_prompt, (void)sparse, (void)group_of, (void)run;
+  return std::nullopt;
+#endif
+}
+
+std::optional<MaskDecoderImpl::Output> EngineImpl::ReplaySharedPromptGraph(const std::vector<at::Tensor>& images,
+                                                                           const std::vector<float>& packed,
+                                                                           int64_t G, int64_t T) {
+#ifdef MASKD_WITH_CUDA
+  if (!device_.is_cuda() || !options_.fast.cuda_graphs || !shared_dec_ || T > kMaxGraphTokens) return std::nullopt;
+  const int64_t ng = static_cast<int64_t>(images.size()), width = 3 * T + 1;
+  const int64_t bucket = GraphBucket(G), image_bucket = ng > 1 ? GraphBucket(ng) : 0;
+  if (bucket == 0 || ng == 0 || (ng > 1 && image_bucket == 0)) return std::nullopt;
+  TORCH_CHECK(static_cast<int64_t>(packed.size()) == G * width, "packed prompts: expected ", G * width, " values");
+  // Packed on the host into one pinned buffer: one upload for coordinates, labels and groups.
+  const at::Tensor host = at::from_blob(const_cast<float*>(packed.data()), {G, width}, at::kFloat).pin_memory();
+  std::lock_guard<std::mutex> lock(decoder_graph_mu_);
+  const auto key = std::make_tuple(bucket, T, image_bucket, true);
+  auto it = decoder_graphs_.find(key);
+  if (it == decoder_graphs_.end() && decoder_graphs_.size() < kMaxDecoderGraphs) {
+    DecoderGraph g;
+    std::vector<int64_t> shape = images[0].sizes().vec();  // [C, h, w]
+    shape.insert(shape.begin(), std::max<int64_t>(image_bucket, 1));
+    auto [in, fresh] = decoder_graph_inputs_.try_emplace(shape);
+    if (fresh) in->second = at::zeros(shape, images[0].options());
+    g.src = in->second;
+    // Padding rows: a "not a point" token on image row 0 (any valid values would do: every
+    // operation is per prompt row).
+    g.packed = at::zeros({bucket, width}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    g.packed.narrow(1, 2 * T, T).fill_(-1);
+    auto run = [&]() {
+      const at::Tensor coords = g.packed.narrow(1, 0, 2 * T).view({bucket, T, 2});
+      const at::Tensor labels = g.packed.narrow(1, 2 * T, T).to(at::kLong);
+      const at::Tensor sparse = sam_->prompt_encoder->EmbedTokens(coords, labels).to(dtype_);
+      const at::Tensor keys = SharedImageDecoder::GroupKeys(g.src + no_mask_);
+      const at::Tensor groups = image_bucket > 0 ? g.packed.select(1, 3 * T).to(at::kLong) : at::Tensor();
+      return shared_dec_->ForwardKeys(keys, groups, sparse);
+    };
+    run();  // warm-up outside the capture
+    c10::cuda::getCurrentCUDAStream().synchronize();
+    if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
+    g.graph = std::make_unique<at::cuda::CUDAGraph>();
+    auto out = CaptureDecoderGraph(*g.graph, *decoder_pool_, run, options_.log, bucket, T);
+    if (!out) return std::nullopt;
+    g.masks = out->masks;
+    g.iou = out->iou_predictions;
+    it = decoder_graphs_.emplace(key, std::move(g)).first;
+  }
+  if (it == decoder_graphs_.end()) return std::nullopt;
+  DecoderGraph& g = it->second;
+  for (int64_t i = 0; i < ng; ++i) g.src[i].copy_(images[static_cast<size_t>(i)]);
+  g.packed.narrow(0, 0, G).copy_(host, /*non_blocking=*/true);
+  g.graph->replay();
+  return MaskDecoderImpl::Output{g.masks.narrow(0, 0, G).clone(), g.iou.narrow(0, 0, G).clone()};
+#else
+  (void)images, (void)packed, (void)G, (void)T;
   return std::nullopt;
 #endif
 }
 
 MaskDecoderImpl::Output EngineImpl::RunDecoder(const at::Tensor& src, const at::Tensor& sparse) {
-  auto run = [this](const at::Tensor& s, const at::Tensor& sp) { return sam_->mask_decoder->forward(s, dense_pe_, sp); };
-  if (auto out = ReplayDecoderGraph(src, /*per_prompt=*/true, sparse, run)) return std::move(*out);
-  return run(src, sparse);
+  auto run = [this](const at::Tensor& s, const at::Tensor&, const at::Tensor& sp) {
+    return sam_->mask_decoder->forward(s, dense_pe_, sp);
+  };
+  if (auto out = ReplayDecoderGraph(src, /*per_prompt=*/true, sparse, at::Tensor(), run)) return std::move(*out);
+  return run(src, at::Tensor(), sparse);
 }
 
 MaskDecoderImpl::Output EngineImpl::RunSharedDecoder(const at::Tensor& keys, const at::Tensor& group_of,
                                                      const at::Tensor& sparse) {
-  if (keys.size(0) == 1) {
-    auto run = [this](const at::Tensor& k, const at::Tensor& sp) { return shared_dec_->ForwardKeys(k, {}, sp); };
-    if (auto out = ReplayDecoderGraph(keys, /*per_prompt=*/false, sparse, run)) return std::move(*out);
-  }
-  return shared_dec_->ForwardKeys(keys, group_of, sparse);
+  auto run = [this](const at::Tensor& k, const at::Tensor& groups, const at::Tensor& sp) {
+    return shared_dec_->ForwardKeys(k, groups, sp);
+  };
+  const at::Tensor groups = keys.size(0) > 1 ? group_of : at::Tensor();
+  if (auto out = ReplayDecoderGraph(keys, /*per_prompt=*/false, sparse, groups, run)) return std::move(*out);
+  return run(keys, groups, sparse);
 }
 
 Status EngineImpl::CheckDecodeItem(const DecodeItem& item, size_t i) const {
@@ -117,7 +205,7 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
   }
   return Guarded("running the mask decoder on " + Count(items.size(), "prompt", "prompts"), [&]() -> StatusOr<std::vector<StatusOr<DecodedPrompt>>> {
     torch::NoGradGuard no_grad;
-    CallStream cs(device_);
+    CallStream cs(device_, decoder_priority_);
     std::vector<StatusOr<DecodedPrompt>> out = checked;
     // Bucket by sparse token count: the decoder attends over every token without a mask, so only
     // prompts with equal counts can share a pass (the original's padding token is part of a
@@ -170,9 +258,11 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
           mask_inputs.push_back(PayloadOf(*item.prompt.mask_input).tensor[item.prompt.mask_input_index]);
         }
       }
-      const at::Tensor c = Upload(at::from_blob(coords.data(), {G, T, 2}, at::kFloat));
-      const at::Tensor l = Upload(at::from_blob(labels.data(), {G, T}, at::kLong));
-      const at::Tensor sparse = sam_->prompt_encoder->EmbedTokens(c, l).to(dtype_);
+      auto encode_prompts = [&]() {
+        const at::Tensor c = Upload(at::from_blob(coords.data(), {G, T, 2}, at::kFloat));
+        const at::Tensor l = Upload(at::from_blob(labels.data(), {G, T}, at::kLong));
+        return sam_->prompt_encoder->EmbedTokens(c, l).to(dtype_);
+      };
       if (shared_dec_) {
         // Groups of prompts with one image side: the prompts of one embedding without a mask input;
         // a prompt with a mask input is a group of its own (its dense embedding is its own).
@@ -195,6 +285,21 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
           group_of[g] = it->second;
         }
         const int64_t ng = static_cast<int64_t>(group_src.size());
+        if (mask_groups.empty()) {
+          // Per prompt: T x/y pairs, T labels, its group (exact in float: labels -1..3, groups < 64).
+          std::vector<float> packed(static_cast<size_t>(G * (3 * T + 1)));
+          for (int64_t g = 0; g < G; ++g) {
+            float* row = packed.data() + g * (3 * T + 1);
+            std::copy_n(coords.data() + g * T * 2, 2 * T, row);
+            for (int64_t t = 0; t < T; ++t) row[2 * T + t] = static_cast<float>(labels[static_cast<size_t>(g * T + t)]);
+            row[3 * T] = static_cast<float>(group_of[static_cast<size_t>(g)]);
+          }
+          if (auto dec = ReplaySharedPromptGraph(group_src, packed, G, T)) {
+            pending.push_back({dec->iou_predictions, dec->masks, idx});
+            continue;
+          }
+        }
+        const at::Tensor sparse = encode_prompts();
         at::Tensor src = at::stack(group_src);
         if (mask_groups.empty()) {
           src = src + no_mask_;
@@ -210,6 +315,7 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
         pending.push_back({dec.iou_predictions, dec.masks, idx});
         continue;
       }
+      const at::Tensor sparse = encode_prompts();
       at::Tensor src = at::stack(embs);
       if (mask_rows.empty()) {
         src = src + no_mask_;

@@ -39,6 +39,7 @@ Status EngineImpl::Reconfigure(const FastPathOptions& fast) {
     {
       std::lock_guard<std::mutex> lock(decoder_graph_mu_);
       decoder_graphs_.clear();
+      decoder_graph_inputs_.clear();
       // The pool goes with its last graph; a new capture needs a new handle.
       decoder_pool_.reset();
     }

@@ -191,17 +191,26 @@ auto CaptureGraph(at::cuda::CUDAGraph& graph, c10::MempoolId_t pool, Fn&& fn) ->
 // but unusable, and an out-of-memory error).
 class CallStream {
  public:
-  explicit CallStream(const at::Device& device) {
+  // high_priority: the stream of the latency-bound work (mask decoding, post-processing, generation
+  // filters). The encoder's long batches run on normal-priority streams; with a high-priority stream
+  // the GPU's block scheduler starts a waiting decoder kernel as soon as any SM frees up instead of
+  // queueing it behind the rest of an encoder GEMM's blocks (issue #13: a click under batch load).
+  explicit CallStream(const at::Device& device, bool high_priority = false) {
 #ifdef MASKD_WITH_CUDA
     if (device.is_cuda()) {
-      thread_local std::map<int, c10::cuda::CUDAStream> per_device;
+      thread_local std::map<std::pair<int, bool>, c10::cuda::CUDAStream> per_device;
       const int index = device.has_index() ? device.index() : c10::cuda::current_device();
-      auto it = per_device.find(index);
+      auto it = per_device.find({index, high_priority});
       if (it == per_device.end())
-        it = per_device.emplace(index, c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(index))).first;
+        it = per_device
+                 .emplace(std::make_pair(index, high_priority),
+                          c10::cuda::getStreamFromPool(high_priority, static_cast<c10::DeviceIndex>(index)))
+                 .first;
       stream_.emplace(it->second);
       guard_.emplace(*stream_);
     }
+#else
+    (void)high_priority;
 #endif
   }
   void Sync() {
@@ -279,15 +288,30 @@ class EngineImpl final : public Engine {
   at::Tensor Upload(const at::Tensor& host) const;
   at::Tensor RunEncoder(const at::Tensor& batch);
   MaskDecoderImpl::Output RunDecoder(const at::Tensor& src, const at::Tensor& sparse);
-  // The shared-image decoder on group keys [G, HW, D] (graph replay when G == 1).
+  // The shared-image decoder on group keys [G, HW, D] and, when G > 1, each prompt's group (graph
+  // replay for both).
   MaskDecoderImpl::Output RunSharedDecoder(const at::Tensor& keys, const at::Tensor& group_of,
                                            const at::Tensor& sparse);
-  // Replays the decoder graph for `sparse`'s prompt count (padded to a bucket) and token count,
-  // capturing it on first use; image_side is copied into the graph's static input (padded to the
-  // bucket too when per_prompt). nullopt: no graph for this shape (run eagerly).
-  std::optional<MaskDecoderImpl::Output> ReplayDecoderGraph(
-      const at::Tensor& image_side, bool per_prompt, const at::Tensor& sparse,
-      const std::function<MaskDecoderImpl::Output(const at::Tensor&, const at::Tensor&)>& run);
+  // run(image_side, group_of, sparse): one decoder pass on the graph's static inputs.
+  using DecoderPassFn =
+      std::function<MaskDecoderImpl::Output(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
+  // Replays the decoder graph for `sparse`'s prompt count (padded to a bucket), token count and, with
+  // group_of defined (prompts of several images in the shared-image decoder), image count (padded to
+  // a bucket), capturing it on first use; image_side and group_of are copied into the graph's static
+  // inputs (image_side padded to the prompt bucket when per_prompt). nullopt: no graph for this
+  // shape (run eagerly).
+  std::optional<MaskDecoderImpl::Output> ReplayDecoderGraph(const at::Tensor& image_side, bool per_prompt,
+                                                            const at::Tensor& sparse, const at::Tensor& group_of,
+                                                            const DecoderPassFn& run);
+  // The shared-image decoder's whole pass for prompts without mask inputs in one graph: the raw
+  // embeddings (one per image), the prompts' points as packed host values (for each prompt, T
+  // x/y pairs in the input frame, T labels and its image's row, all as float) go in, and the
+  // graph adds the no-mask embedding, lays out the keys, encodes the prompts and decodes, so a
+  // click pays two copies in and a replay instead of ~20 eager launches. nullopt: no graph for
+  // this shape.
+  std::optional<MaskDecoderImpl::Output> ReplaySharedPromptGraph(const std::vector<at::Tensor>& images,
+                                                                 const std::vector<float>& packed, int64_t G,
+                                                                 int64_t T);
   Status PrepareFastPath();
   Status CaptureEncoderGraphs();
   std::string Identity() const;
@@ -311,6 +335,8 @@ class EngineImpl final : public Engine {
   at::Tensor no_mask_;      // [1, D, 1, 1] engine dtype
   at::Tensor pixel_mean_, pixel_std_;  // [3, 1, 1] float32, engine device
   bool gpu_pre_ = false, gpu_post_ = false, gpu_rle_string_ = false;
+  // FastPathOptions::decoder_priority on CUDA: decoder-side calls run on high-priority streams.
+  bool decoder_priority_ = false;
   // Set by PrepareFastPath with FastPathOptions::shared_image_decoder (it holds tables derived from
   // the decoder's weights on their final device and dtype).
   std::unique_ptr<SharedImageDecoder> shared_dec_;
@@ -327,17 +353,24 @@ class EngineImpl final : public Engine {
   };
   std::mutex graph_mu_;
   std::map<int, EncoderGraph> graphs_;
-  // Decoder graphs by (padded prompt count, token count), captured on first use into a pool of
+  // Decoder graphs by (padded prompt count, token count, padded image count or 0 for one image / the
+  // per-prompt decoder), captured on first use into a pool of
   // their own (the encoder's replays run concurrently on another thread). decoder_graph_mu_ guards
   // them and their static buffers from copy-in to clone-out.
   struct DecoderGraph {
     std::unique_ptr<at::cuda::CUDAGraph> graph;
-    // src: the per-prompt image side [bucket, D, h, w], or with the shared-image decoder the one
-    // image's group keys [1, HW, D] (a configuration uses one kind: Reconfigure clears the graphs).
-    at::Tensor src, sparse, masks, iou;
+    // src: the per-prompt image side [bucket, D, h, w], or with the shared-image decoder the
+    // images' group keys [image bucket or 1, HW, D] (a configuration uses one kind: Reconfigure
+    // clears the graphs); group_of [bucket] (int64) with several images: each prompt's image row.
+    at::Tensor src, sparse, group_of, masks, iou;
+    // ReplaySharedPromptGraph's packed prompts [bucket, 3T + 1] (float, device).
+    at::Tensor packed;
   };
   std::mutex decoder_graph_mu_;
-  std::map<std::pair<int64_t, int64_t>, DecoderGraph> decoder_graphs_;
+  // The key's last element: the graph encodes the prompts itself (ReplaySharedPromptGraph).
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, DecoderGraph> decoder_graphs_;
+  // The graphs' static image-side inputs by shape, shared by every graph of that shape.
+  std::map<std::vector<int64_t>, at::Tensor> decoder_graph_inputs_;
   std::optional<c10::MempoolId_t> decoder_pool_;
 #endif
 };

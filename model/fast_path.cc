@@ -79,6 +79,8 @@ Status EngineImpl::PrepareFastPath() {
   if (gpu_pre_) optimisations_.push_back("gpu-preprocess");
   if (gpu_post_) optimisations_.push_back("gpu-postprocess-rle");
   if (gpu_rle_string_) optimisations_.push_back("gpu-rle-string");
+  decoder_priority_ = cuda && f.decoder_priority;
+  if (decoder_priority_) optimisations_.push_back("decoder-priority");
   auto& sizes = options_.encoder_batch_sizes;
   if (sizes.empty()) sizes = {1};
   std::sort(sizes.begin(), sizes.end());

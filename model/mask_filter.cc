@@ -23,7 +23,7 @@ StatusOr<std::vector<MaskCandidate>> EngineImpl::FilterMasks(const MaskFilterReq
       return InvalidArgument("mask filter: decoded prompt " + std::to_string(i) + " has no logits or scores");
   return Guarded("filtering the generated masks of " + Count(r.decoded.size(), "grid point", "grid points"), [&]() -> StatusOr<std::vector<MaskCandidate>> {
     torch::NoGradGuard no_grad;
-    CallStream cs(device_);
+    CallStream cs(device_, decoder_priority_);
     std::vector<MaskCandidate> out;
     // Masks passing the predicted-IoU filter (point-major, then mask), with their owners.
     std::vector<at::Tensor> logits;
@@ -133,7 +133,7 @@ StatusOr<std::vector<int>> EngineImpl::BoxNms(const std::vector<std::array<float
   if (N > kMaxDeviceBoxes) return BoxNmsHost(boxes, scores, iou_threshold);
   return Guarded("box NMS over " + Count(boxes.size(), "box", "boxes"), [&]() -> StatusOr<std::vector<int>> {
     torch::NoGradGuard no_grad;
-    CallStream cs(device_);
+    CallStream cs(device_, decoder_priority_);
     std::vector<float> flat;
     flat.reserve(boxes.size() * 4);
     for (const auto& b : boxes) flat.insert(flat.end(), b.begin(), b.end());

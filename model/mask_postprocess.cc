@@ -18,7 +18,7 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
   }
   return Guarded("post-processing the masks of " + Count(items.size(), "prompt", "prompts"), [&]() -> StatusOr<std::vector<std::vector<MaskData>>> {
     torch::NoGradGuard no_grad;
-    CallStream cs(device_);
+    CallStream cs(device_, decoder_priority_);
     std::vector<std::vector<MaskData>> out(items.size());
     // One pass per encoding kind over all masks of all items.
     for (MaskEncoding enc : {MaskEncoding::kNone, MaskEncoding::kRle, MaskEncoding::kBitmask}) {

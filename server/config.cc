@@ -226,10 +226,13 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
   tristate("gpu-preprocess", &c.gpu_preprocess, "Resize/normalise/pad on the GPU");
   tristate("gpu-postprocess", &c.gpu_postprocess, "Upscale/threshold/RLE masks on the GPU");
   tristate("gpu-rle-string", &c.gpu_rle_string,
-           "With --gpu-postprocess, also make COCO's RLE string on the GPU (default off: not yet "
-           "verified on a GPU host)");
+           "With --gpu-postprocess, also make COCO's RLE string on the GPU, so the host only copies "
+           "bytes (default: on with the fast path)");
+  tristate("decoder-priority", &c.decoder_priority,
+           "Run mask decoding and post-processing on high-priority CUDA streams, the encoder on normal "
+           "ones, so clicks do not queue behind encoder batches (default: on with the fast path)");
   for (const char* n : {"cuda-graphs", "int8", "sparse24", "fp8", "gpu-preprocess", "gpu-postprocess",
-                        "gpu-rle-string"}) {
+                        "gpu-rle-string", "decoder-priority"}) {
     app.get_option(std::string("--") + n)->group(g_dev);
   }
   // CLI11 alone reads any number as a bool ("--warmup 2" = true): a typo must not pass silently.
@@ -829,6 +832,7 @@ StatusOr<EngineOptions> MakeEngineOptions(const ServerConfig& config, const Devi
   if (config.gpu_preprocess) o.fast.gpu_preprocess = *config.gpu_preprocess;
   if (config.gpu_postprocess) o.fast.gpu_postprocess = *config.gpu_postprocess;
   if (config.gpu_rle_string) o.fast.gpu_rle_string = *config.gpu_rle_string;
+  if (config.decoder_priority) o.fast.decoder_priority = *config.decoder_priority;
   // Powers of two up to the maximum, and the maximum itself: what the encoder pads batches to.
   o.encoder_batch_sizes.clear();
   for (int b = 1; b < config.encoder_max_batch; b *= 2) o.encoder_batch_sizes.push_back(b);

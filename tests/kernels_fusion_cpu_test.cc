@@ -27,6 +27,31 @@ at::Tensor WindowToken(const at::Tensor& windows, int64_t ws, int64_t b, int64_t
   return windows[(b * nh + y / ws) * nw + x / ws][y % ws][x % ws];
 }
 
+// The reference is the decoder's original arithmetic (a batched matmul of the heads, softmax,
+// permute to [B, HW, heads * T]); on the CPU ImageToTokenProbs is the reference.
+TEST(kernels_fusion_cpu, ImageToTokenProbsEqualsMatmulSoftmaxPermute) {
+  const int64_t B = 3, HW = 20, heads = 4, c = 16, I = heads * c, T = 5;
+  const at::Tensor k = Randn({B, T, I}, 21);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c));
+  auto original = [&](const at::Tensor& q) {  // q [B, HW, I]
+    const at::Tensor qh = q.reshape({B, HW, heads, c}).permute({0, 2, 1, 3});
+    const at::Tensor kh = (k * scale).view({B, T, heads, c}).permute({0, 2, 3, 1});
+    return at::softmax(at::matmul(qh, kh), -1).permute({0, 2, 1, 3}).contiguous().view({B, HW, heads * T});
+  };
+  const at::Tensor wide = Randn({B, HW, 3 * I}, 22);
+  const at::Tensor q = wide.narrow(2, I, I);  // strided rows, as the projection's output
+  EXPECT_LT(MaxAbs(mk::ImageToTokenProbs(q, k, {}, heads, scale), original(q)), 1e-6);
+  EXPECT_LT(MaxAbs(mk::ImageToTokenProbsReference(q, k, {}, heads, scale), original(q)), 1e-6);
+  const at::Tensor one = Randn({1, HW, I}, 23);
+  EXPECT_LT(MaxAbs(mk::ImageToTokenProbs(one, k, {}, heads, scale), original(one.expand({B, HW, I}))), 1e-6);
+  const at::Tensor groups = Randn({2, HW, I}, 24);
+  const at::Tensor rows = at::tensor(std::vector<int64_t>{1, 0, 1}, at::TensorOptions().dtype(at::kLong));
+  EXPECT_LT(MaxAbs(mk::ImageToTokenProbs(groups, k, rows, heads, scale), original(groups.index_select(0, rows))), 1e-6);
+  // Mismatched shapes are refused, naming the arguments.
+  EXPECT_THROW(mk::ImageToTokenProbs(groups, k, {}, heads, scale), c10::Error);
+  EXPECT_THROW(mk::ImageToTokenProbs(q, k, {}, 5, scale), c10::Error);
+}
+
 TEST(kernels_fusion_cpu, WindowPartitionPadsWithZerosAndUnpartitionCrops) {
   const int64_t B = 2, H = 5, W = 7, C = 3, ws = 3;
   const at::Tensor x = Randn({B, H, W, C}, 1);

@@ -294,6 +294,40 @@ TEST(kernels_fusion_gpu, AddRowsBroadcastEqualsAtenAdd) {
   }
 }
 
+// Fresh random q (read in place from a wider, strided projection output) and k, against the fp32
+// reference (the same scores and softmax in LibTorch, one rounding): probabilities are <= 1, so one
+// ulp of the output type bounds the difference (bf16 2^-8, fp16 2^-11), plus __expf's few ulp.
+TEST(kernels_fusion_gpu, ImageToTokenProbsMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 900;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+    for (int64_t T : {1, 2, 7, 16}) {
+      for (int mode = 0; mode < 3; ++mode) {  // 0: q per prompt, 1: one shared q row, 2: q_rows
+        const int64_t B = 5, HW = 4096, heads = 8, I = 16 * heads, G = mode == 1 ? 1 : mode == 2 ? 3 : B;
+        // q as the middle third of a [G, HW, 3I] projection, scaled like real activations.
+        const at::Tensor y = Randn({G, HW, 3 * I}, seed++, t, 2.0);
+        const at::Tensor q = y.narrow(2, I, I);
+        const at::Tensor k = Randn({B, T, I}, seed++, t, 2.0);
+        at::Tensor rows;
+        if (mode == 2)
+          rows = at::tensor(std::vector<int64_t>{2, 0, 2, 1, 0}, at::TensorOptions().dtype(at::kLong)).to(kCuda);
+        Poison(B * HW * heads * T * 2);
+        const at::Tensor out = mk::ImageToTokenProbs(q, k, rows, heads, 0.25);
+        const at::Tensor ref = mk::ImageToTokenProbsReference(q, k, rows, heads, 0.25);
+        ASSERT_EQ(out.sizes(), ref.sizes());
+        ASSERT_EQ(out.scalar_type(), t);
+        const Err e = Compare(out, ref);
+        const std::string name = c10::toString(t) + std::string(" T ") + std::to_string(T) + " mode " + std::to_string(mode);
+        EXPECT_TRUE(e.finite) << name;
+        EXPECT_LE(e.max_abs, t == at::kBFloat16 ? 8e-3 : 1.5e-3) << name;
+        // Each head's probabilities sum to 1 up to the output rounding.
+        const at::Tensor sums = out.to(at::kFloat).view({B, HW, heads, T}).sum(-1);
+        EXPECT_LE((sums - 1).abs().max().item<double>(), T * (t == at::kBFloat16 ? 4e-3 : 5e-4)) << name;
+      }
+    }
+  }
+}
+
 TEST(kernels_fusion_gpu, UpscaleHyperMatchesTheUnfusedPathAndFp32) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 600;

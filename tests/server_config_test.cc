@@ -70,7 +70,7 @@ TEST(ServerConfig, HelpDocumentsEveryFlagWithItsEnvironmentVariable) {
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag :
        {"--checkpoint", "--models-dir", "--demo-seed", "--device", "--precision", "--fast", "--attention",
-        "--cuda-graphs", "--int8", "--fp8", "--sparse24", "--gpu-preprocess", "--gpu-postprocess", "--gpu-rle-string", "--warmup",
+        "--cuda-graphs", "--int8", "--fp8", "--sparse24", "--gpu-preprocess", "--gpu-postprocess", "--gpu-rle-string", "--decoder-priority", "--warmup",
         "--require-checkpoint", "--listen", "--encoder-max-batch", "--encoder-queue-delay-us", "--encoder-queue-capacity",
         "--decoder-max-prompts", "--decoder-queue-delay-us", "--decoder-queue-capacity",
         "--cache-device-bytes", "--cache-host-bytes", "--result-store-bytes", "--decode-threads",
@@ -298,6 +298,17 @@ TEST(ServerConfig, EngineOptionsPerDeviceKind) {
   EXPECT_TRUE(gpu->fast.rel_pos_in_kernel);
   EXPECT_TRUE(gpu->fast.windows_in_kernel);
   EXPECT_FALSE(gpu->fast.fp8);  // opt-in
+  EXPECT_TRUE(gpu->fast.gpu_rle_string);
+  EXPECT_TRUE(gpu->fast.decoder_priority);
+  {
+    auto off = Parse({"--decoder-priority=0", "--gpu-rle-string", "off"});
+    ASSERT_FALSE(off.exit) << off.output;
+    auto o = MakeEngineOptions(off.config, DeviceSpec{"cuda:0", "cuda:0", true}, ck);
+    ASSERT_TRUE(o.ok());
+    EXPECT_FALSE(o->fast.decoder_priority);
+    EXPECT_FALSE(o->fast.gpu_rle_string);
+    EXPECT_TRUE(o->fast.gpu_postprocess);
+  }
   {
     ServerConfig f = c;
     f.fp8 = true;

@@ -8,6 +8,8 @@ FastPathOptions FastPathOptions::Fast() {
   f.cuda_graphs = true;
   f.gpu_preprocess = true;
   f.gpu_postprocess = true;
+  f.gpu_rle_string = true;
+  f.decoder_priority = true;
   f.fuse_encoder_ops = true;
   f.gelu_epilogue = true;
   f.shared_image_decoder = true;

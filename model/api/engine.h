@@ -69,10 +69,14 @@ struct FastPathOptions {
   // Upscale/crop/threshold masks and encode COCO RLE on the device.
   bool gpu_postprocess = false;
   // With gpu_postprocess: COCO's RLE string made on the device too, so the host only copies bytes
-  // (instead of encoding ~10^4-10^5 runs of a noisy mask per call on the CPU). Off by default, also
-  // in Fast(), until its GPU test (kernels_gpu mask tests: the device string equals the CPU
-  // encoder's) has run on the GPU host.
+  // (instead of encoding ~10^4-10^5 runs of a noisy mask per call on the CPU). On in Fast(): the
+  // kernels_gpu mask tests (the device string equals the CPU encoder's, mask by mask) passed on the
+  // H200 in run 13.
   bool gpu_rle_string = false;
+  // Mask decoding, post-processing and generation filters on high-priority CUDA streams, the encoder
+  // on normal ones: under load a decoder kernel waits for free SMs, not for the rest of an encoder
+  // batch's kernel. Changes only the order of work, never its result.
+  bool decoder_priority = false;
   // The encoder blocks' element-wise work in two fused kernels each (residual add + LayerNorm +
   // window partition/unpartition) and, with the fused attention, the rel-pos terms as one matmul
   // read in place. Same arithmetic as without (bit-for-bit up to the LayerNorm's summation order).
