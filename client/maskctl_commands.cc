@@ -72,7 +72,10 @@ void PrintTiming(std::ostream& out, const v1::CallTiming& t) {
 void PrintQueue(std::ostream& out, const char* name, const v1::QueueStats& q) {
   out << "  " << name << ": depth " << q.depth() << "/" << q.capacity() << ", " << q.batches()
       << " batches, " << q.items() << " items (mean batch " << std::fixed << std::setprecision(2)
-      << q.mean_batch_size() << "), rejected " << q.rejected() << ", dropped " << q.dropped() << "\n";
+      << q.mean_batch_size() << "), rejected " << q.rejected() << ", dropped " << q.dropped();
+  if (q.oom_splits() > 0 || q.oom_failures() > 0)
+    out << ", out of memory: " << q.oom_splits() << " splits, " << q.oom_failures() << " failed alone";
+  out << "\n";
 }
 
 void PrintInfo(std::ostream& out, const v1::GetInfoResponse& info) {

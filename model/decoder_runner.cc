@@ -22,6 +22,27 @@ int64_t GraphBucket(int64_t n) {
   return 0;
 }
 
+#ifdef MASKD_WITH_CUDA
+// Captures run() into `graph` (CaptureGraph, which ends a broken-off capture). Out of memory for
+// the graph's private pool: nullopt after a warning, and the caller caches nothing (its graph is
+// dropped with the half-captured work), runs this pass eagerly, and a later pass tries again.
+template <typename Run>
+std::optional<MaskDecoderImpl::Output> CaptureDecoderGraph(at::cuda::CUDAGraph& graph, c10::MempoolId_t pool,
+                                                          Run&& run, const LogFn& log, int64_t prompts,
+                                                          int64_t tokens) {
+  try {
+    return CaptureGraph(graph, pool, run);
+  } catch (const c10::Error& e) {
+    if (!IsOutOfMemory(e)) throw;
+    ReleaseCachedDeviceMemory();
+    log(LogLevel::kWarning, "out of device memory while capturing the decoder graph for " +
+                                std::to_string(prompts) + " prompts of " + std::to_string(tokens) +
+                                " tokens; running the pass eagerly: " + e.what_without_backtrace());
+    return std::nullopt;
+  }
+}
+#endif
+
 at::Tensor EngineImpl::Upload(const at::Tensor& host) const {
   if (!device_.is_cuda()) return host.to(device_);
   // pin_memory() copies into a block of the caching host allocator, which keeps it until the
@@ -63,11 +84,11 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(const at::
     c10::cuda::getCurrentCUDAStream().synchronize();
     if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
     g.graph = std::make_unique<at::cuda::CUDAGraph>();
-    g.graph->capture_begin(*decoder_pool_, cudaStreamCaptureModeThreadLocal);
-    auto out = run(g.src, g.group_of, g.sparse);
-    g.graph->capture_end();
-    g.masks = out.masks;
-    g.iou = out.iou_predictions;
+    auto out = CaptureDecoderGraph(*g.graph, *decoder_pool_, [&] { return run(g.src, g.group_of, g.sparse); },
+                                   options_.log, bucket, T);
+    if (!out) return std::nullopt;
+    g.masks = out->masks;
+    g.iou = out->iou_predictions;
     it = decoder_graphs_.emplace(key, std::move(g)).first;
   }
   if (it == decoder_graphs_.end()) return std::nullopt;
@@ -123,11 +144,10 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplaySharedPromptGraph(const
     c10::cuda::getCurrentCUDAStream().synchronize();
     if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
     g.graph = std::make_unique<at::cuda::CUDAGraph>();
-    g.graph->capture_begin(*decoder_pool_, cudaStreamCaptureModeThreadLocal);
-    auto out = run();
-    g.graph->capture_end();
-    g.masks = out.masks;
-    g.iou = out.iou_predictions;
+    auto out = CaptureDecoderGraph(*g.graph, *decoder_pool_, run, options_.log, bucket, T);
+    if (!out) return std::nullopt;
+    g.masks = out->masks;
+    g.iou = out->iou_predictions;
     it = decoder_graphs_.emplace(key, std::move(g)).first;
   }
   if (it == decoder_graphs_.end()) return std::nullopt;
@@ -183,7 +203,7 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
                                                                " was not decoded"))
                              : StatusOr<DecodedPrompt>(std::move(s)));
   }
-  return Guarded("running the mask decoder", [&]() -> StatusOr<std::vector<StatusOr<DecodedPrompt>>> {
+  return Guarded("running the mask decoder on " + Count(items.size(), "prompt", "prompts"), [&]() -> StatusOr<std::vector<StatusOr<DecodedPrompt>>> {
     torch::NoGradGuard no_grad;
     CallStream cs(device_, decoder_priority_);
     std::vector<StatusOr<DecodedPrompt>> out = checked;

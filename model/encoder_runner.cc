@@ -20,9 +20,17 @@ Status EngineImpl::CaptureEncoderGraphs() {
     for (int i = 0; i < 2; ++i) sam_->image_encoder->forward(g.input);
     cs.Sync();
     g.graph = std::make_unique<at::cuda::CUDAGraph>();
-    g.graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-    g.output = sam_->image_encoder->forward(g.input);
-    g.graph->capture_end();
+    // An error here (out of memory for this batch size, typically) ends the capture first; Init
+    // then fails with it and names the size.
+    try {
+      g.output = CaptureGraph(*g.graph, pool, [&] { return sam_->image_encoder->forward(g.input); });
+    } catch (const c10::Error& e) {
+      if (!IsOutOfMemory(e)) throw;
+      ReleaseCachedDeviceMemory();
+      return ResourceExhausted("out of device memory while capturing the encoder graph for batch size " +
+                               std::to_string(bs) + " (lower --encoder-max-batch or raise the memory "
+                               "limit): " + e.what_without_backtrace());
+    }
     cs.Sync();
     graphs_.emplace(bs, std::move(g));
   }
@@ -52,7 +60,7 @@ at::Tensor EngineImpl::RunEncoder(const at::Tensor& batch) {
 StatusOr<std::vector<std::shared_ptr<const Embedding>>> EngineImpl::Encode(
     const std::vector<PreparedImage>& images) {
   if (images.empty()) return std::vector<std::shared_ptr<const Embedding>>{};
-  return Guarded("running the image encoder",
+  return Guarded("running the image encoder on " + Count(images.size(), "image", "images"),
                  [&]() -> StatusOr<std::vector<std::shared_ptr<const Embedding>>> {
     torch::NoGradGuard no_grad;
     CallStream cs(device_);

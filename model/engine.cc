@@ -144,7 +144,7 @@ StatusOr<std::shared_ptr<const Embedding>> EngineImpl::ToDevice(const Embedding&
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ExportEmbedding copies host-order bytes");
 
 StatusOr<ExportedEmbedding> EngineImpl::ExportEmbedding(const Embedding& e, Precision dtype) {
-  return Guarded("exporting an embedding", [&]() -> StatusOr<ExportedEmbedding> {
+  return Guarded("exporting an embedding as " + std::string(PrecisionName(dtype)), [&]() -> StatusOr<ExportedEmbedding> {
     const TorchEmbedding& src = PayloadOf(e);
     CallStream cs(src.tensor.is_cuda() ? src.tensor.device() : device_);
     // Converted where it lives (a 16-bit export moves half the bytes over PCIe). bf16 <-> fp16 goes

@@ -3,6 +3,9 @@
 #include "model/engine_create.h"
 
 #include <torch/cuda.h>
+#ifdef MASKD_WITH_CUDA
+#include <c10/cuda/CUDAException.h>
+#endif
 #include <xxhash.h>
 
 #include <algorithm>
@@ -75,11 +78,48 @@ std::string WeightsDigest(const StateDict& sd) {
 
 }  // namespace
 
+Status SetDeviceMemoryLimit(const std::string& device, uint64_t bytes) {
+  auto d = ParseDevice(device);
+  if (!d.ok()) return d.status();
+  if (!d->is_cuda()) return InvalidArgument("a device memory limit needs a CUDA device, not '" + device + "'");
+#ifdef MASKD_WITH_CUDA
+  return Guarded("limiting the memory of " + device, [&]() -> Status {
+    const c10::DeviceIndex index = d->has_index() ? d->index() : 0;
+    c10::cuda::CUDAGuard guard(index);
+    // The caching allocator exists once CUDA is initialised on the device.
+    (void)at::empty({1}, at::TensorOptions().device(at::kCUDA, index));
+    size_t free_bytes = 0, total_bytes = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (bytes > total_bytes)
+      return InvalidArgument("device memory limit of " + std::to_string(bytes >> 20) + " MiB is more than " +
+                             device + " has (" + std::to_string(total_bytes >> 20) + " MiB)");
+    const double fraction = bytes == 0 ? 1.0 : static_cast<double>(bytes) / static_cast<double>(total_bytes);
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
+    // Cached free blocks count against the cap too: handing them back makes it apply to what is
+    // really in use from now on.
+    ReleaseCachedDeviceMemory();
+    return Status::Ok();
+  });
+#else
+  (void)bytes;
+  return InvalidArgument("a device memory limit needs a CUDA build");
+#endif
+}
+
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options_in) {
   EngineOptions options = options_in;
   if (!options.log) options.log = DefaultLog;
   auto device = ParseDevice(options.device);
   if (!device.ok()) return device.status();
+  if (options.device_memory_limit_bytes > 0) {
+    if (device->is_cuda()) {
+      MASKD_RETURN_IF_ERROR(SetDeviceMemoryLimit(options.device, options.device_memory_limit_bytes));
+      options.log(LogLevel::kInfo, "device memory limit on " + device->str() + ": " +
+                                       std::to_string(options.device_memory_limit_bytes >> 20) + " MiB");
+    } else {
+      options.log(LogLevel::kWarning, "the device memory limit is ignored on " + device->str());
+    }
+  }
   return Guarded("creating the engine", [&]() -> StatusOr<std::unique_ptr<Engine>> {
     SamConfig config;
     StateDict sd;

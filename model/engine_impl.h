@@ -36,6 +36,7 @@
 #include "model/sam_config.h"
 
 #ifdef MASKD_WITH_CUDA
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -61,16 +62,67 @@ inline at::ScalarType DtypeOf(Precision p) {
   return at::kFloat;
 }
 
-// Runs `fn`, turning LibTorch/CUDA exceptions into a Status that names the operation.
+// True when `e` says that device (or pinned host) memory ran out: the caching allocator's
+// c10::OutOfMemoryError, a CUDA call that returned cudaErrorMemoryAllocation (AcceleratorError), or a
+// library whose own allocation failed (cuBLAS/cuDNN/cuSPARSE *_ALLOC_FAILED), which LibTorch reports
+// as plain c10::Errors that only the message tells apart.
+inline bool IsOutOfMemory(const c10::Error& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
+#ifdef MASKD_WITH_CUDA
+  if (const auto* a = dynamic_cast<const c10::AcceleratorError*>(&e);
+      a != nullptr && a->get_error_code() == static_cast<int32_t>(cudaErrorMemoryAllocation))
+    return true;
+#endif
+  const std::string m = e.what_without_backtrace();
+  return m.find("out of memory") != std::string::npos || m.find("_ALLOC_FAILED") != std::string::npos;
+}
+
+// After an out-of-memory error: hands the caching allocator's free blocks back to the driver, so
+// that a retry (the batchers split the batch) and other users of the device start from what is
+// really free. Blocks in use and CUDA graph pools are untouched.
+// Held while a CUDA graph is captured and while cached blocks are released: emptyCache waits on the
+// allocator's pending events, which must not happen against a stream in the middle of a capture.
+inline std::mutex& CaptureMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+inline void ReleaseCachedDeviceMemory() {
+#ifdef MASKD_WITH_CUDA
+  try {
+    std::lock_guard<std::mutex> lock(CaptureMutex());
+    if (c10::cuda::device_count() > 0) c10::cuda::CUDACachingAllocator::emptyCache();
+  } catch (const std::exception&) {
+    // Best effort: the error being reported matters more than a failed clean-up.
+  }
+#endif
+}
+
+// Runs `fn`, turning LibTorch/CUDA exceptions into a Status that names the operation (`what`: what
+// was being done, with the batch size). Running out of device memory is RESOURCE_EXHAUSTED, with the
+// allocator's own message (what it tried to allocate, what is reserved, the limit), after the cached
+// blocks went back to the driver: the engine stays usable and the caller may retry a smaller batch.
+// Host memory exhaustion (std::bad_alloc) is RESOURCE_EXHAUSTED too; anything else is INTERNAL.
 template <typename Fn>
-auto Guarded(const char* what, Fn&& fn) -> decltype(fn()) {
+auto Guarded(const std::string& what, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const c10::Error& e) {
-    return Internal(std::string(what) + ": " + e.what_without_backtrace());
+    if (IsOutOfMemory(e)) {
+      ReleaseCachedDeviceMemory();
+      return ResourceExhausted("out of device memory while " + what + ": " + e.what_without_backtrace());
+    }
+    return Internal(what + ": " + e.what_without_backtrace());
+  } catch (const std::bad_alloc& e) {
+    return ResourceExhausted("out of host memory while " + what + ": " + e.what());
   } catch (const std::exception& e) {
-    return Internal(std::string(what) + ": " + e.what());
+    return Internal(what + ": " + e.what());
   }
+}
+
+// "16 images", "1 prompt": batch sizes in error messages.
+inline std::string Count(size_t n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
 }
 
 inline std::string Hex(uint64_t hi, uint64_t lo) {
@@ -79,6 +131,57 @@ inline std::string Hex(uint64_t hi, uint64_t lo) {
                 static_cast<unsigned long long>(lo));
   return buf;
 }
+
+#ifdef MASKD_WITH_CUDA
+// Ends a capture that `fn` broke off with an exception, so that neither the thread's stream (it
+// would stay in capture mode and fail every later call on it) nor the allocators (they would keep
+// routing the stream's allocations to `pool`, and refuse the next capture into it) are left
+// capturing. The partial graph is discarded with `graph`, which the caller drops.
+inline void AbandonCapture(at::cuda::CUDAGraph& graph, c10::DeviceIndex device, c10::MempoolId_t pool) {
+  try {
+    graph.capture_end();  // the usual case: the capture is still valid, only incomplete
+    return;
+  } catch (const std::exception&) {
+  }
+  // capture_end threw: the capture was invalidated (CUDA ends it anyway) or instantiation failed.
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+    cudaGraph_t partial = nullptr;
+    if (cudaStreamEndCapture(stream, &partial) == cudaSuccess && partial != nullptr) cudaGraphDestroy(partial);
+  }
+  (void)cudaGetLastError();
+  // "not recording to this pool" when capture_end got that far: nothing left to undo then.
+  try {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+  } catch (const std::exception&) {
+  }
+  try {
+    at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool);
+  } catch (const std::exception&) {
+  }
+}
+
+// Captures fn() into `graph` on the current stream (thread-local mode, allocations from `pool`) and
+// returns what fn returned. An exception from fn (out of memory mid-capture, typically) ends the
+// capture cleanly (AbandonCapture) before it propagates, so that the caller caches no broken graph
+// and the stream works for the next call.
+template <typename Fn>
+auto CaptureGraph(at::cuda::CUDAGraph& graph, c10::MempoolId_t pool, Fn&& fn) -> decltype(fn()) {
+  std::lock_guard<std::mutex> lock(CaptureMutex());
+  const c10::DeviceIndex device = c10::cuda::current_device();
+  graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+  std::optional<decltype(fn())> out;
+  try {
+    out.emplace(fn());
+  } catch (...) {
+    AbandonCapture(graph, device, pool);
+    throw;
+  }
+  graph.capture_end();
+  return std::move(*out);
+}
+#endif
 
 // Per-thread stream (CUDA): each Engine call runs on its calling thread's pool stream and
 // synchronises it before returning, which is what makes every method synchronous and safe to call

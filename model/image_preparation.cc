@@ -23,7 +23,8 @@ StatusOr<PreparedImage> EngineImpl::Prepare(const ImageRGB8& image) {
                            std::to_string(image.height) + " with " +
                            std::to_string(image.pixels.size()) + " bytes (expected width*height*3)");
   const auto [rw, rh] = ResizedSize(image.width, image.height, config_.img_size);
-  return Guarded("preparing the image", [&]() -> StatusOr<PreparedImage> {
+  return Guarded("preparing a " + std::to_string(image.width) + "x" + std::to_string(image.height) + " image",
+                 [&]() -> StatusOr<PreparedImage> {
     torch::NoGradGuard no_grad;
     auto impl = std::make_shared<TorchPreparedImage>();
     const ImageGeometry geometry{image.width, image.height, rw, rh};

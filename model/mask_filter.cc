@@ -21,7 +21,7 @@ StatusOr<std::vector<MaskCandidate>> EngineImpl::FilterMasks(const MaskFilterReq
   for (size_t i = 0; i < r.decoded.size(); ++i)
     if (!r.decoded[i].logits || r.decoded[i].logits->num_masks() != static_cast<int>(r.decoded[i].scores.size()))
       return InvalidArgument("mask filter: decoded prompt " + std::to_string(i) + " has no logits or scores");
-  return Guarded("filtering generated masks", [&]() -> StatusOr<std::vector<MaskCandidate>> {
+  return Guarded("filtering the generated masks of " + Count(r.decoded.size(), "grid point", "grid points"), [&]() -> StatusOr<std::vector<MaskCandidate>> {
     torch::NoGradGuard no_grad;
     CallStream cs(device_, decoder_priority_);
     std::vector<MaskCandidate> out;
@@ -131,7 +131,7 @@ StatusOr<std::vector<int>> EngineImpl::BoxNms(const std::vector<std::array<float
   constexpr int64_t kMaxDeviceBoxes = 8192;
   if (N == 0) return std::vector<int>{};
   if (N > kMaxDeviceBoxes) return BoxNmsHost(boxes, scores, iou_threshold);
-  return Guarded("box NMS", [&]() -> StatusOr<std::vector<int>> {
+  return Guarded("box NMS over " + Count(boxes.size(), "box", "boxes"), [&]() -> StatusOr<std::vector<int>> {
     torch::NoGradGuard no_grad;
     CallStream cs(device_, decoder_priority_);
     std::vector<float> flat;

@@ -16,7 +16,7 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
         it.input_height <= 0 || it.input_width > config_.img_size || it.input_height > config_.img_size)
       return InvalidArgument("postprocess item " + std::to_string(i) + " has an invalid geometry");
   }
-  return Guarded("post-processing masks", [&]() -> StatusOr<std::vector<std::vector<MaskData>>> {
+  return Guarded("post-processing the masks of " + Count(items.size(), "prompt", "prompts"), [&]() -> StatusOr<std::vector<std::vector<MaskData>>> {
     torch::NoGradGuard no_grad;
     CallStream cs(device_, decoder_priority_);
     std::vector<std::vector<MaskData>> out(items.size());

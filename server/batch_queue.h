@@ -52,6 +52,9 @@ struct BatchQueueOptions {
 struct QueueCounters {
   uint64_t depth = 0, capacity = 0, batches = 0, items = 0, rejected = 0, dropped = 0;
   double mean_batch_size = 0;
+  // Filled by the batchers, not the queue: engine calls that ran out of device memory and were
+  // split in halves, and items that ran out of memory alone (they got RESOURCE_EXHAUSTED).
+  uint64_t oom_splits = 0, oom_failures = 0;
 };
 
 template <typename Item>

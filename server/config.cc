@@ -343,7 +343,11 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
         "Embedding cache tier in host memory behind the device tier (GPU engines only)");
   bytes("result-store-bytes", &c.result_store_bytes,
         "Stored low-res logits of recent results, for MaskInput.result_id");
-  for (const char* n : {"cache-device-bytes", "cache-host-bytes", "result-store-bytes"}) {
+  bytes("gpu-memory-limit-bytes", &c.gpu_memory_limit_bytes,
+        "Most memory maskd's allocator may hold on each GPU (weights, CUDA graphs, cached embeddings, "
+        "activations; not the CUDA context). A batch that does not fit is split in halves and retried; "
+        "what does not fit alone gets RESOURCE_EXHAUSTED. 0: no limit; else at least 256MiB. Ignored on CPU");
+  for (const char* n : {"cache-device-bytes", "cache-host-bytes", "result-store-bytes", "gpu-memory-limit-bytes"}) {
     app.get_option(std::string("--") + n)->group(g_mem);
   }
   bytes("max-inflight-bytes", &c.max_inflight_bytes,
@@ -620,6 +624,10 @@ Status ValidateConfig(const ServerConfig& c) {
                              ")");
     }
   }
+  if (c.gpu_memory_limit_bytes != 0 && c.gpu_memory_limit_bytes < (uint64_t{256} << 20)) {
+    return InvalidArgument("--gpu-memory-limit-bytes = " + std::to_string(c.gpu_memory_limit_bytes) +
+                           " (expected 0 for no limit, or at least 256MiB: less cannot hold a SAM model)");
+  }
   // Written so that NaN fails too (every comparison with NaN is false).
   if (!(c.shutdown_grace_s >= 0.0 && c.shutdown_grace_s <= 3600.0)) {
     std::ostringstream v;
@@ -843,6 +851,7 @@ StatusOr<EngineOptions> MakeEngineOptions(const ServerConfig& config, const Devi
   o.device = device.engine_device;
   o.demo_seed = config.demo_seed;
   o.warmup = config.warmup;
+  o.device_memory_limit_bytes = config.gpu_memory_limit_bytes;
   if (config.precision == "auto") {
     o.precision = device.cuda ? Precision::kBFloat16 : Precision::kFloat32;
   } else {

@@ -67,6 +67,9 @@ struct ServerConfig {
   uint64_t cache_device_bytes = uint64_t{2} << 30;
   uint64_t cache_host_bytes = uint64_t{8} << 30;
   uint64_t result_store_bytes = uint64_t{512} << 20;
+  // The most GPU memory LibTorch's caching allocator may hold on each CUDA device (EngineOptions::
+  // device_memory_limit_bytes); 0: no limit. Ignored on CPU devices.
+  uint64_t gpu_memory_limit_bytes = 0;
   // Whole server: what accepted, unfinished requests may hold (server/byte_budget.h).
   uint64_t max_inflight_bytes = uint64_t{2} << 30;
 

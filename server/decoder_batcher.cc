@@ -17,20 +17,57 @@ Status DecoderBatcher::Submit(Request request) {
   return queue_.Submit(Item{std::move(request), {}});
 }
 
+QueueCounters DecoderBatcher::counters() const {
+  QueueCounters c = queue_.counters();
+  c.oom_splits = oom_splits_.load(std::memory_order_relaxed);
+  c.oom_failures = oom_failures_.load(std::memory_order_relaxed);
+  return c;
+}
+
 StatusOr<std::vector<StatusOr<DecodedPrompt>>> DecoderBatcher::Decode(const std::vector<DecodeItem>& items) {
   StatusOr<std::vector<StatusOr<DecodedPrompt>>> result = Internal("Engine::DecodeEach did not return");
   try {
     result = engine_->DecodeEach(items);
   } catch (const std::exception& e) {
-    return Internal(std::string("Engine::DecodeEach threw: ") + e.what());
+    result = Internal(std::string("Engine::DecodeEach threw: ") + e.what());
   } catch (...) {
-    return Internal("Engine::DecodeEach threw a non-standard exception");
+    result = Internal("Engine::DecodeEach threw a non-standard exception");
   }
+  if (on_batch_) on_batch_(items.size());
   if (result.ok() && result->size() != items.size()) {
     return Internal("Engine::DecodeEach returned " + std::to_string(result->size()) + " results for " +
                     std::to_string(items.size()) + " prompts");
   }
   return result;
+}
+
+void DecoderBatcher::DecodeRange(const std::vector<DecodeItem>& items, size_t first, size_t last,
+                                 std::vector<StatusOr<DecodedPrompt>>& results) {
+  const size_t n = last - first;
+  const std::vector<DecodeItem> part(items.begin() + static_cast<std::ptrdiff_t>(first),
+                                     items.begin() + static_cast<std::ptrdiff_t>(last));
+  StatusOr<std::vector<StatusOr<DecodedPrompt>>> r = Decode(part);
+  if (r.ok()) {
+    for (size_t i = 0; i < n; ++i) results[first + i] = std::move((*r)[i]);
+    return;
+  }
+  // RESOURCE_EXHAUSTED for the whole pass is the device running out of memory (the engine has
+  // released its cached blocks): halves need less, so they are tried before any request is refused.
+  if (r.status().code() == StatusCode::kResourceExhausted && n > 1) {
+    const size_t mid = first + n / 2;
+    oom_splits_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("decoder batch of {} prompts ran out of device memory; retrying as {} + {}: {}", n,
+                 mid - first, last - mid, r.status().message());
+    DecodeRange(items, first, mid, results);
+    DecodeRange(items, mid, last, results);
+    return;
+  }
+  if (r.status().code() == StatusCode::kResourceExhausted) {
+    oom_failures_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("a prompt ran out of device memory on its own; its request gets RESOURCE_EXHAUSTED: {}",
+                 r.status().message());
+  }
+  for (size_t i = first; i < last; ++i) results[i] = r.status();
 }
 
 void DecoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
@@ -45,37 +82,36 @@ void DecoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   // Whatever the engine logs during this pass belongs to these requests.
   ScopedRequestIds scope(std::move(ids));
   const Clock::time_point t0 = Clock::now();
-  StatusOr<std::vector<StatusOr<DecodedPrompt>>> result = Decode(all);
+  std::vector<StatusOr<DecodedPrompt>> results(all.size(),
+                                               StatusOr<DecodedPrompt>(Internal("prompt was not decoded")));
+  DecodeRange(all, 0, all.size(), results);
   const uint64_t compute_us = MicrosSince(t0);
-  if (on_batch_) on_batch_(all.size());
+  size_t failed = 0;
+  for (const auto& r : results) failed += r.ok() ? 0 : 1;
   spdlog::debug("decoder batch of {} prompt(s) from {} request(s): {} us, {}", all.size(),
-                batch.size(), compute_us, result.ok() ? std::string("ok") : result.status().ToString());
-  // The engine answers per prompt, so one bad prompt fails its own request only, without a second
-  // pass; an error of the whole pass fails every request of the batch.
+                batch.size(), compute_us, failed == 0 ? std::string("ok") : std::to_string(failed) + " failed");
+  // The engine answers per prompt, so one bad prompt (or one that runs out of memory alone) fails
+  // its own request only.
   size_t offset = 0;
   for (auto& item : batch) {
     const size_t n = item.request.prompts.size();
     const DecodeTiming timing{MicrosSince(item.arrival, formed), compute_us, all.size()};
     StatusOr<std::vector<DecodedPrompt>> mine = Internal("unset");
-    if (!result.ok()) {
-      mine = result.status();
+    std::vector<DecodedPrompt> prompts;
+    prompts.reserve(n);
+    Status first_error;
+    for (size_t k = offset; k < offset + n; ++k) {
+      StatusOr<DecodedPrompt>& r = results[k];
+      if (!r.ok()) {
+        first_error = r.status();
+        break;
+      }
+      prompts.push_back(std::move(*r));
+    }
+    if (first_error.ok()) {
+      mine = std::move(prompts);
     } else {
-      std::vector<DecodedPrompt> prompts;
-      prompts.reserve(n);
-      Status first_error;
-      for (size_t k = offset; k < offset + n; ++k) {
-        StatusOr<DecodedPrompt>& r = (*result)[k];
-        if (!r.ok()) {
-          first_error = r.status();
-          break;
-        }
-        prompts.push_back(std::move(*r));
-      }
-      if (first_error.ok()) {
-        mine = std::move(prompts);
-      } else {
-        mine = first_error;
-      }
+      mine = first_error;
     }
     offset += n;
     if (stages_) {

@@ -2,10 +2,13 @@
 // images go into one Engine::DecodeEach call (the engine buckets by token count internally,
 // guarantees the results equal one-at-a-time decoding, and answers each prompt on its own, so a bad
 // prompt fails only its request). A batch holds at most max_prompts prompts
-// and leaves after max_queue_delay; the queue is bounded in prompts.
+// and leaves after max_queue_delay; the queue is bounded in prompts. A pass that runs out of device
+// memory (RESOURCE_EXHAUSTED from the engine) is split in halves of prompts and each half retried,
+// down to single prompts; only a prompt that fails alone fails its request with RESOURCE_EXHAUSTED.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <vector>
 
@@ -35,7 +38,8 @@ class DecoderBatcher {
     std::string request_id;
   };
 
-  // Told the size (prompts) of every batch run, on the batcher's thread (may be empty).
+  // Told the size (prompts) of every Engine::DecodeEach call (a split batch's halves included), on
+  // the batcher's thread (may be empty).
   using BatchObserver = std::function<void(size_t prompts)>;
 
   DecoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages,
@@ -51,7 +55,7 @@ class DecoderBatcher {
                                   : o.max_batch_weight;
   }
   void Stop() { queue_.Stop(); }
-  QueueCounters counters() const { return queue_.counters(); }
+  QueueCounters counters() const;
 
  private:
   struct Item {
@@ -64,10 +68,14 @@ class DecoderBatcher {
   };
   void Run(std::vector<Item>& batch, Clock::time_point formed);
   StatusOr<std::vector<StatusOr<DecodedPrompt>>> Decode(const std::vector<DecodeItem>& items);
+  // Decodes items[first, last) into results[first, last), splitting on out-of-memory.
+  void DecodeRange(const std::vector<DecodeItem>& items, size_t first, size_t last,
+                   std::vector<StatusOr<DecodedPrompt>>& results);
 
   Engine* const engine_;
   StageSet* const stages_;
   const BatchObserver on_batch_;
+  std::atomic<uint64_t> oom_splits_{0}, oom_failures_{0};
   BatchQueue<Item> queue_;  // last: its thread uses the members above
 };
 

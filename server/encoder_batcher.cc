@@ -16,6 +16,60 @@ Status EncoderBatcher::Submit(Request request) {
   return queue_.Submit(Item{std::move(request), {}});
 }
 
+QueueCounters EncoderBatcher::counters() const {
+  QueueCounters c = queue_.counters();
+  c.oom_splits = oom_splits_.load(std::memory_order_relaxed);
+  c.oom_failures = oom_failures_.load(std::memory_order_relaxed);
+  return c;
+}
+
+StatusOr<std::vector<std::shared_ptr<const Embedding>>> EncoderBatcher::Encode(
+    const std::vector<PreparedImage>& images) {
+  StatusOr<std::vector<std::shared_ptr<const Embedding>>> result = Internal("Engine::Encode did not return");
+  try {
+    result = engine_->Encode(images);
+  } catch (const std::exception& e) {
+    result = Internal(std::string("Engine::Encode threw: ") + e.what());
+  } catch (...) {
+    result = Internal("Engine::Encode threw a non-standard exception");
+  }
+  if (on_batch_) on_batch_(images.size());
+  if (result.ok() && result->size() != images.size()) {
+    result = Internal("Engine::Encode returned " + std::to_string(result->size()) +
+                      " embeddings for " + std::to_string(images.size()) + " images");
+  }
+  return result;
+}
+
+void EncoderBatcher::EncodeRange(const std::vector<PreparedImage>& images, size_t first, size_t last,
+                                 std::vector<Result>& results) {
+  const size_t n = last - first;
+  const std::vector<PreparedImage> part(images.begin() + static_cast<std::ptrdiff_t>(first),
+                                        images.begin() + static_cast<std::ptrdiff_t>(last));
+  StatusOr<std::vector<std::shared_ptr<const Embedding>>> r = Encode(part);
+  if (r.ok()) {
+    for (size_t i = 0; i < n; ++i) results[first + i] = std::move((*r)[i]);
+    return;
+  }
+  // The engine answers RESOURCE_EXHAUSTED when the device ran out of memory (and has released its
+  // cached blocks): a smaller batch needs less, so halves are tried before anyone is refused.
+  if (r.status().code() == StatusCode::kResourceExhausted && n > 1) {
+    const size_t mid = first + n / 2;
+    oom_splits_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("encoder batch of {} images ran out of device memory; retrying as {} + {}: {}", n,
+                 mid - first, last - mid, r.status().message());
+    EncodeRange(images, first, mid, results);
+    EncodeRange(images, mid, last, results);
+    return;
+  }
+  if (r.status().code() == StatusCode::kResourceExhausted) {
+    oom_failures_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("an image ran out of device memory on its own; its request gets RESOURCE_EXHAUSTED: {}",
+                 r.status().message());
+  }
+  for (size_t i = first; i < last; ++i) results[i] = r.status();
+}
+
 void EncoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   std::vector<PreparedImage> images;
   images.reserve(batch.size());
@@ -27,34 +81,20 @@ void EncoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   // Whatever the engine logs during this pass belongs to these requests.
   ScopedRequestIds scope(std::move(ids));
   const Clock::time_point t0 = Clock::now();
-  StatusOr<std::vector<std::shared_ptr<const Embedding>>> result =
-      Internal("Engine::Encode did not return");
-  try {
-    result = engine_->Encode(images);
-  } catch (const std::exception& e) {
-    result = Internal(std::string("Engine::Encode threw: ") + e.what());
-  } catch (...) {
-    result = Internal("Engine::Encode threw a non-standard exception");
-  }
+  std::vector<Result> results(batch.size(), Result(Internal("image was not encoded")));
+  EncodeRange(images, 0, images.size(), results);
   const uint64_t compute_us = MicrosSince(t0);
-  if (on_batch_) on_batch_(images.size());
+  size_t failed = 0;
+  for (const Result& r : results) failed += r.ok() ? 0 : 1;
   spdlog::debug("encoder batch of {} image(s): {} us, {}", images.size(), compute_us,
-                result.ok() ? std::string("ok") : result.status().ToString());
-  if (result.ok() && result->size() != batch.size()) {
-    result = Internal("Engine::Encode returned " + std::to_string(result->size()) +
-                      " embeddings for " + std::to_string(batch.size()) + " images");
-  }
+                failed == 0 ? std::string("ok") : std::to_string(failed) + " failed");
   for (size_t i = 0; i < batch.size(); ++i) {
     EncodeTiming timing{MicrosSince(batch[i].arrival, formed), compute_us, batch.size()};
     if (stages_) {
       (*stages_)[Stage::kEncoderQueue].Add(timing.queue_us);
       (*stages_)[Stage::kEncoderCompute].Add(timing.compute_us);
     }
-    if (result.ok()) {
-      batch[i].request.done((*result)[i], timing);
-    } else {
-      batch[i].request.done(result.status(), timing);
-    }
+    batch[i].request.done(std::move(results[i]), timing);
   }
 }
 

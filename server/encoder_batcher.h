@@ -1,7 +1,10 @@
 // The image-encoder stage of one device: prepared images from many requests are batched (up to
 // max_batch images or max_queue_delay) into one Engine::Encode call on this batcher's thread.
+// A batch that runs out of device memory (RESOURCE_EXHAUSTED from the engine) is split in halves and
+// each half retried, down to single images; only an image that fails alone gets RESOURCE_EXHAUSTED.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -32,7 +35,8 @@ class EncoderBatcher {
   };
 
   // `stages` may be null; `engine` must outlive the batcher.
-  // Told the size (images) of every batch run, on the batcher's thread (may be empty).
+  // Told the size (images) of every Engine::Encode call (a split batch's halves included), on the
+  // batcher's thread (may be empty).
   using BatchObserver = std::function<void(size_t images)>;
 
   EncoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages,
@@ -41,7 +45,7 @@ class EncoderBatcher {
   Status Submit(Request request);
   bool HasRoom() const { return queue_.HasRoom(1); }
   void Stop() { queue_.Stop(); }
-  QueueCounters counters() const { return queue_.counters(); }
+  QueueCounters counters() const;
 
  private:
   struct Item {
@@ -52,11 +56,17 @@ class EncoderBatcher {
     Status Alive() const { return request.alive ? request.alive() : Status::Ok(); }
     void Fail(const Status& s) { request.done(s, EncodeTiming{MicrosSince(arrival), 0, 0}); }
   };
+  using Result = StatusOr<std::shared_ptr<const Embedding>>;
   void Run(std::vector<Item>& batch, Clock::time_point formed);
+  // Encodes images[first, last) into results[first, last), splitting on out-of-memory.
+  void EncodeRange(const std::vector<PreparedImage>& images, size_t first, size_t last,
+                   std::vector<Result>& results);
+  StatusOr<std::vector<std::shared_ptr<const Embedding>>> Encode(const std::vector<PreparedImage>& images);
 
   Engine* const engine_;
   StageSet* const stages_;
   const BatchObserver on_batch_;
+  std::atomic<uint64_t> oom_splits_{0}, oom_failures_{0};
   BatchQueue<Item> queue_;  // last: its thread uses the members above
 };
 

@@ -465,6 +465,8 @@ void AddQueue(const QueueCounters& q, v1::QueueStats* s) {
   s->set_items(items);
   s->set_rejected(s->rejected() + q.rejected);
   s->set_dropped(s->dropped() + q.dropped);
+  s->set_oom_splits(s->oom_splits() + q.oom_splits);
+  s->set_oom_failures(s->oom_failures() + q.oom_failures);
   s->set_mean_batch_size(batches ? static_cast<double>(items) / static_cast<double>(batches) : 0.0);
 }
 

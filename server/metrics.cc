@@ -80,6 +80,12 @@ void AddQueue(InfoFamilies& f, const std::string& device, const char* queue,
             "Work dropped from a batcher queue because its call had ended (deadline or cancel)", l,
             static_cast<double>(q.dropped()));
   f.Counter("maskd_queue_batches_total", "Batches a batcher ran", l, static_cast<double>(q.batches()));
+  f.Counter("maskd_queue_oom_splits_total",
+            "Engine calls that ran out of device memory and were split in halves to be retried", l,
+            static_cast<double>(q.oom_splits()));
+  f.Counter("maskd_queue_oom_failures_total",
+            "Items (images or prompts) that ran out of device memory on their own (RESOURCE_EXHAUSTED)",
+            l, static_cast<double>(q.oom_failures()));
   f.Counter("maskd_queue_items_total", "Items (images or prompts) a batcher ran", l,
             static_cast<double>(q.items()));
 }

@@ -99,6 +99,26 @@ void FakeEngine::FailNextDecode(Status s) {
   fail_decode_ = std::move(s);
 }
 
+void FakeEngine::SetEncodeMemoryLimit(int images) {
+  std::lock_guard<std::mutex> lock(mu_);
+  encode_memory_limit_ = images;
+}
+
+void FakeEngine::SetDecodeMemoryLimit(int prompts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  decode_memory_limit_ = prompts;
+}
+
+void FakeEngine::OomOnEncodeOf(uint64_t content) {
+  std::lock_guard<std::mutex> lock(mu_);
+  oom_encode_of_.push_back(content);
+}
+
+void FakeEngine::OomOnDecodeOf(uint64_t content) {
+  std::lock_guard<std::mutex> lock(mu_);
+  oom_decode_of_.push_back(content);
+}
+
 void FakeEngine::HoldEncodes() {
   std::lock_guard<std::mutex> lock(mu_);
   hold_ = true;
@@ -158,6 +178,17 @@ StatusOr<std::vector<std::shared_ptr<const Embedding>>> FakeEngine::Encode(
       fail_encode_.reset();
       return s;
     }
+    bool poisoned = false;
+    for (const auto& p : images) {
+      const uint64_t c = As<FakePrepared>(p.payload()).content;
+      poisoned |= std::find(oom_encode_of_.begin(), oom_encode_of_.end(), c) != oom_encode_of_.end();
+    }
+    if (poisoned || (encode_memory_limit_ > 0 && static_cast<int>(images.size()) > encode_memory_limit_)) {
+      ++oom_returns;
+      return ResourceExhausted("out of device memory while running the image encoder on " +
+                               std::to_string(images.size()) + " images: fake allocator (limit " +
+                               std::to_string(encode_memory_limit_) + " images)");
+    }
   }
   if (o_.encode_delay.count() > 0) std::this_thread::sleep_for(o_.encode_delay);
   encoded_images += static_cast<int>(images.size());
@@ -177,6 +208,18 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> FakeEngine::DecodeEach(const std:
       Status s = *fail_decode_;
       fail_decode_.reset();
       return s;
+    }
+    bool poisoned = false;
+    for (const auto& item : items) {
+      if (!item.embedding) continue;
+      const uint64_t c = Payload(*item.embedding).content;
+      poisoned |= std::find(oom_decode_of_.begin(), oom_decode_of_.end(), c) != oom_decode_of_.end();
+    }
+    if (poisoned || (decode_memory_limit_ > 0 && static_cast<int>(items.size()) > decode_memory_limit_)) {
+      ++oom_returns;
+      return ResourceExhausted("out of device memory while running the mask decoder on " +
+                               std::to_string(items.size()) + " prompts: fake allocator (limit " +
+                               std::to_string(decode_memory_limit_) + " prompts)");
     }
   }
   if (o_.decode_delay.count() > 0) std::this_thread::sleep_for(o_.decode_delay);

@@ -47,6 +47,15 @@ class FakeEngine final : public Engine {
   // The next Encode/Decode returns `s` instead of running.
   void FailNextEncode(Status s);
   void FailNextDecode(Status s);
+  // Out of memory, as the real engine reports it (RESOURCE_EXHAUSTED for the whole call, the engine
+  // still usable): an Encode of more than `images` images, a DecodeEach of more than `prompts`
+  // prompts (0: no limit), or any Encode with an image of content `content` (Checksum) / any
+  // DecodeEach with a prompt on an embedding of it, whatever the size. Counted in oom_returns.
+  void SetEncodeMemoryLimit(int images);
+  void SetDecodeMemoryLimit(int prompts);
+  void OomOnEncodeOf(uint64_t content);
+  void OomOnDecodeOf(uint64_t content);
+  std::atomic<int> oom_returns{0};
   // While held, Encode blocks (after counting the call) until Release().
   void HoldEncodes();
   void ReleaseEncodes();
@@ -96,6 +105,8 @@ class FakeEngine final : public Engine {
   std::condition_variable cv_;
   bool hold_ = false;
   std::optional<Status> fail_encode_, fail_decode_;
+  int encode_memory_limit_ = 0, decode_memory_limit_ = 0;
+  std::vector<uint64_t> oom_encode_of_, oom_decode_of_;
   std::vector<int> encode_batches_, decode_batches_;
 };
 

@@ -66,3 +66,13 @@ maskd_add_test(server_security_test SOURCES server_security_test.cc
 # Soak: mixed traffic against an in-process server (fake engines) for MASKD_SOAK_SECONDS (default
 # 20 s in the suite; CI's soak step runs it longer): answered exactly once, no losses, flat RSS.
 maskd_add_test(soak_test SOURCES soak_test.cc LIBS maskd_server maskd_fake_engine LABELS cpu soak)
+
+# Issue #14: out of device memory splits a batch in halves and retries; what fails alone gets
+# RESOURCE_EXHAUSTED (fake engine with injected out-of-memory errors, through real gRPC).
+maskd_add_test(server_oom_test SOURCES server_oom_test.cc LIBS maskd_server maskd_client maskd_fake_engine)
+# ... and the same with the real engine on CUDA under a memory cap picked after warm-up (random vit_b
+# weights; gpu: skips without a device).
+maskd_add_test(server_oom_gpu_test SOURCES server_oom_gpu_test.cc
+               LIBS maskd_server maskd_model maskd_client LABELS gpu)
+# ... the batchers' split alone (no gRPC), small enough for the TSan step of .ci/run.
+maskd_add_test(server_oom_batcher_test SOURCES server_oom_batcher_test.cc LIBS maskd_server maskd_fake_engine)

@@ -6,6 +6,10 @@
 // What a caller may rely on, whichever engine it holds:
 // - No exception leaves an Engine method: failures come back as Status (INVALID_ARGUMENT for bad
 //   prompts or images, INTERNAL for unexpected LibTorch/CUDA errors, with the cause in the message).
+// - Running out of device memory (a full GPU, or EngineOptions::device_memory_limit_bytes) is
+//   RESOURCE_EXHAUSTED, naming what was being done and its batch size with the allocator's message;
+//   the engine has then released its cached blocks, caches no half-captured CUDA graph and stays
+//   usable, so the caller may retry a smaller batch (the server's batchers split it in halves).
 // - Every method is synchronous: when it returns, its device work is complete and its results can be
 //   used from any thread. Methods may be called concurrently from different threads; each call runs
 //   on a stream of its own (CUDA), so an encoder batch, a decoder batch and post-processing overlap.
@@ -133,6 +137,11 @@ struct EngineOptions {
   bool strict_fp32 = true;
   // Run one warm-up pass of each prepared shape in Create (so that the first request is not slow).
   bool warmup = true;
+  // CUDA: the most bytes LibTorch's caching allocator may hold on this device (weights, graphs,
+  // cached embeddings, activations; not the CUDA context), set before the weights are loaded with
+  // SetDeviceMemoryLimit (model/engine_create.h). 0: no limit. Beyond it a call fails with
+  // RESOURCE_EXHAUSTED, as when the device is full. Ignored (with a warning) on CPU.
+  uint64_t device_memory_limit_bytes = 0;
   LogFn log;
   // Told each StartupPhase once, in order, on the thread running Create; may be empty.
   StartupPhaseFn on_startup_phase;
