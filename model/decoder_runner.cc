@@ -43,6 +43,26 @@ std::optional<MaskDecoderImpl::Output> CaptureDecoderGraph(at::cuda::CUDAGraph& 
 }
 #endif
 
+#ifdef MASKD_WITH_CUDA
+std::optional<MaskDecoderImpl::Output> EngineImpl::CaptureIntoDecoderPool(
+    at::cuda::CUDAGraph& graph, const std::function<MaskDecoderImpl::Output()>& run, int64_t prompts,
+    int64_t tokens) {
+  // A pool whose capture broke off cannot take another one: PyTorch's allocator keeps the pool's
+  // entry with a use count of 0 and asserts in create_or_incref_pool at the next capture_begin
+  // (model_oom_gpu_test on the H200, run 15). The graphs already captured keep their reference to
+  // the old pool; the next capture gets a fresh one.
+  std::optional<MaskDecoderImpl::Output> out;
+  try {
+    out = CaptureDecoderGraph(graph, *decoder_pool_, run, options_.log, prompts, tokens);
+  } catch (...) {
+    decoder_pool_.reset();
+    throw;
+  }
+  if (!out) decoder_pool_.reset();
+  return out;
+}
+#endif
+
 at::Tensor EngineImpl::Upload(const at::Tensor& host) const {
   if (!device_.is_cuda()) return host.to(device_);
   // pin_memory() copies into a block of the caching host allocator, which keeps it until the
@@ -84,8 +104,7 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(const at::
     c10::cuda::getCurrentCUDAStream().synchronize();
     if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
     g.graph = std::make_unique<at::cuda::CUDAGraph>();
-    auto out = CaptureDecoderGraph(*g.graph, *decoder_pool_, [&] { return run(g.src, g.group_of, g.sparse); },
-                                   options_.log, bucket, T);
+    auto out = CaptureIntoDecoderPool(*g.graph, [&] { return run(g.src, g.group_of, g.sparse); }, bucket, T);
     if (!out) return std::nullopt;
     g.masks = out->masks;
     g.iou = out->iou_predictions;
@@ -144,7 +163,7 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplaySharedPromptGraph(const
     c10::cuda::getCurrentCUDAStream().synchronize();
     if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
     g.graph = std::make_unique<at::cuda::CUDAGraph>();
-    auto out = CaptureDecoderGraph(*g.graph, *decoder_pool_, run, options_.log, bucket, T);
+    auto out = CaptureIntoDecoderPool(*g.graph, run, bucket, T);
     if (!out) return std::nullopt;
     g.masks = out->masks;
     g.iou = out->iou_predictions;

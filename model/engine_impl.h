@@ -312,6 +312,14 @@ class EngineImpl final : public Engine {
   std::optional<MaskDecoderImpl::Output> ReplaySharedPromptGraph(const std::vector<at::Tensor>& images,
                                                                  const std::vector<float>& packed, int64_t G,
                                                                  int64_t T);
+#ifdef MASKD_WITH_CUDA
+  // Captures run() into graph in decoder_pool_ (CaptureDecoderGraph: nullopt when it ran out of
+  // memory); after a failed capture of any kind the pool handle is dropped, so the next capture
+  // starts a fresh pool. Caller holds decoder_graph_mu_.
+  std::optional<MaskDecoderImpl::Output> CaptureIntoDecoderPool(at::cuda::CUDAGraph& graph,
+                                                                const std::function<MaskDecoderImpl::Output()>& run,
+                                                                int64_t prompts, int64_t tokens);
+#endif
   Status PrepareFastPath();
   Status CaptureEncoderGraphs();
   std::string Identity() const;

@@ -35,14 +35,14 @@ class ModelOomGpu : public ::testing::Test {
   void TearDown() override {
     if (CudaDeviceCount() > 0) EXPECT_TRUE(SetDeviceMemoryLimit("cuda:0", 0).ok());
   }
-  static std::unique_ptr<Engine> Make(bool graphs) {
+  static std::unique_ptr<Engine> Make(bool graphs, std::vector<int> batch_sizes = {1}) {
     EngineOptions o;
     o.random_arch = "vit_b";
     o.device = "cuda:0";
     o.precision = Precision::kBFloat16;
     o.fast = FastPathOptions::Fast();
     o.fast.cuda_graphs = graphs;
-    o.encoder_batch_sizes = {1};
+    o.encoder_batch_sizes = std::move(batch_sizes);
     auto e = Engine::Create(o);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     return e.ok() ? std::move(*e) : nullptr;
@@ -50,7 +50,9 @@ class ModelOomGpu : public ::testing::Test {
 };
 
 TEST_F(ModelOomGpu, EncoderBatchOverTheCapIsResourceExhaustedAndTheEngineStaysUsable) {
-  auto engine = Make(/*graphs=*/false);  // eager: activations grow with the batch
+  // Eager, activations grow with the batch; a prepared size of 16 so that Encode runs the 16 images as
+  // one pass (with sizes {1} alone it ran them one by one, and run 15 found the cap never reached).
+  auto engine = Make(/*graphs=*/false, {1, 16});
   ASSERT_TRUE(engine);
   std::vector<PreparedImage> images;
   for (uint32_t i = 0; i < 16; ++i) {
@@ -185,8 +187,10 @@ bool StreamIsCapturing() {
 // CaptureGraph when the captured work throws: an out-of-memory error (the capture stays valid and is
 // ended and dropped), and an error that invalidates the capture (a stream synchronisation inside it,
 // so capture_end itself fails and AbandonCapture ends it by hand). After each, the thread's stream is
-// not capturing, eager work runs on it, and a new capture into the same pool succeeds and replays
-// right (the allocator is not left recording into the pool: it would refuse a second capture).
+// not capturing, eager work runs on it, and a new capture succeeds and replays right. The new capture
+// goes into a fresh pool, as the engine does (EngineImpl::CaptureIntoDecoderPool): run 15 on the H200
+// showed PyTorch's allocator asserting (create_or_incref_pool, use_count > 0) when a capture was begun
+// again in a pool whose capture had broken off.
 TEST_F(ModelOomGpu, CaptureBrokenOffByAnErrorLeavesTheStreamAndThePoolUsable) {
   CallStream cs(at::Device(at::kCUDA, 0));  // a pool stream: captures need a non-default one
   const auto options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0);
@@ -206,7 +210,7 @@ TEST_F(ModelOomGpu, CaptureBrokenOffByAnErrorLeavesTheStreamAndThePoolUsable) {
   }
   {
     at::cuda::CUDAGraph invalidated;
-    EXPECT_THROW(CaptureGraph(invalidated, pool, [&]() -> at::Tensor {
+    EXPECT_THROW(CaptureGraph(invalidated, at::cuda::graph_pool_handle(), [&]() -> at::Tensor {
                    at::Tensor y = x * 4;
                    C10_CUDA_CHECK(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream().stream()));
                    return y;
@@ -219,7 +223,7 @@ TEST_F(ModelOomGpu, CaptureBrokenOffByAnErrorLeavesTheStreamAndThePoolUsable) {
   cs.Sync();
   EXPECT_EQ(eager.sum().item<float>(), 6.0f * 4096);
   at::cuda::CUDAGraph good;
-  const at::Tensor out = CaptureGraph(good, pool, [&] { return x * 5; });
+  const at::Tensor out = CaptureGraph(good, at::cuda::graph_pool_handle(), [&] { return x * 5; });
   good.replay();
   cs.Sync();
   EXPECT_EQ(out.sum().item<float>(), 5.0f * 4096);
