@@ -41,25 +41,31 @@ std::optional<MaskDecoderImpl::Output> CaptureDecoderGraph(at::cuda::CUDAGraph& 
     return std::nullopt;
   }
 }
-#endif
 
-#ifdef MASKD_WITH_CUDA
-std::optional<MaskDecoderImpl::Output> EngineImpl::CaptureIntoDecoderPool(
-    at::cuda::CUDAGraph& graph, const std::function<MaskDecoderImpl::Output()>& run, int64_t prompts,
-    int64_t tokens) {
+std::map<EngineImpl::DecoderGraphKey, EngineImpl::DecoderGraph>::iterator EngineImpl::CaptureAndCacheDecoderGraph(
+    const DecoderGraphKey& key, DecoderGraph g, const std::function<MaskDecoderImpl::Output()>& run) {
+  run();  // warm-up outside the capture
+  c10::cuda::getCurrentCUDAStream().synchronize();
+  if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
+  g.graph = std::make_unique<at::cuda::CUDAGraph>();
   // A pool whose capture broke off cannot take another one: PyTorch's allocator keeps the pool's
   // entry with a use count of 0 and asserts in create_or_incref_pool at the next capture_begin
   // (model_oom_gpu_test on the H200, run 15). The graphs already captured keep their reference to
   // the old pool; the next capture gets a fresh one.
   std::optional<MaskDecoderImpl::Output> out;
   try {
-    out = CaptureDecoderGraph(graph, *decoder_pool_, run, options_.log, prompts, tokens);
+    out = CaptureDecoderGraph(*g.graph, *decoder_pool_, run, options_.log, std::get<0>(key), std::get<1>(key));
   } catch (...) {
     decoder_pool_.reset();
     throw;
   }
-  if (!out) decoder_pool_.reset();
-  return out;
+  if (!out) {
+    decoder_pool_.reset();
+    return decoder_graphs_.end();
+  }
+  g.masks = out->masks;
+  g.iou = out->iou_predictions;
+  return decoder_graphs_.emplace(key, std::move(g)).first;
 }
 #endif
 
@@ -100,15 +106,9 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplayDecoderGraph(const at::
     g.src = in->second;
     g.sparse = at::zeros({bucket, T, sparse.size(2)}, sparse.options());
     if (grouped) g.group_of = at::zeros({bucket}, group_of.options());
-    run(g.src, g.group_of, g.sparse);  // warm-up outside the capture
-    c10::cuda::getCurrentCUDAStream().synchronize();
-    if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
-    g.graph = std::make_unique<at::cuda::CUDAGraph>();
-    auto out = CaptureIntoDecoderPool(*g.graph, [&] { return run(g.src, g.group_of, g.sparse); }, bucket, T);
-    if (!out) return std::nullopt;
-    g.masks = out->masks;
-    g.iou = out->iou_predictions;
-    it = decoder_graphs_.emplace(key, std::move(g)).first;
+    // The static inputs by value: g itself moves into the cache.
+    auto pass = [&run, src = g.src, groups = g.group_of, sp = g.sparse] { return run(src, groups, sp); };
+    it = CaptureAndCacheDecoderGraph(key, std::move(g), pass);
   }
   if (it == decoder_graphs_.end()) return std::nullopt;
   DecoderGraph& g = it->second;
@@ -151,23 +151,16 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplaySharedPromptGraph(const
     // operation is per prompt row).
     g.packed = at::zeros({bucket, width}, at::TensorOptions().dtype(at::kFloat).device(device_));
     g.packed.narrow(1, 2 * T, T).fill_(-1);
-    auto run = [&]() {
-      const at::Tensor coords = g.packed.narrow(1, 0, 2 * T).view({bucket, T, 2});
-      const at::Tensor labels = g.packed.narrow(1, 2 * T, T).to(at::kLong);
+    // The static inputs by value: g itself moves into the cache.
+    auto run = [this, packed = g.packed, src = g.src, bucket, T, image_bucket]() {
+      const at::Tensor coords = packed.narrow(1, 0, 2 * T).view({bucket, T, 2});
+      const at::Tensor labels = packed.narrow(1, 2 * T, T).to(at::kLong);
       const at::Tensor sparse = sam_->prompt_encoder->EmbedTokens(coords, labels).to(dtype_);
-      const at::Tensor keys = SharedImageDecoder::GroupKeys(g.src + no_mask_);
-      const at::Tensor groups = image_bucket > 0 ? g.packed.select(1, 3 * T).to(at::kLong) : at::Tensor();
+      const at::Tensor keys = SharedImageDecoder::GroupKeys(src + no_mask_);
+      const at::Tensor groups = image_bucket > 0 ? packed.select(1, 3 * T).to(at::kLong) : at::Tensor();
       return shared_dec_->ForwardKeys(keys, groups, sparse);
     };
-    run();  // warm-up outside the capture
-    c10::cuda::getCurrentCUDAStream().synchronize();
-    if (!decoder_pool_) decoder_pool_ = at::cuda::graph_pool_handle();
-    g.graph = std::make_unique<at::cuda::CUDAGraph>();
-    auto out = CaptureIntoDecoderPool(*g.graph, run, bucket, T);
-    if (!out) return std::nullopt;
-    g.masks = out->masks;
-    g.iou = out->iou_predictions;
-    it = decoder_graphs_.emplace(key, std::move(g)).first;
+    it = CaptureAndCacheDecoderGraph(key, std::move(g), run);
   }
   if (it == decoder_graphs_.end()) return std::nullopt;
   DecoderGraph& g = it->second;

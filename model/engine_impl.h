@@ -312,14 +312,6 @@ class EngineImpl final : public Engine {
   std::optional<MaskDecoderImpl::Output> ReplaySharedPromptGraph(const std::vector<at::Tensor>& images,
                                                                  const std::vector<float>& packed, int64_t G,
                                                                  int64_t T);
-#ifdef MASKD_WITH_CUDA
-  // Captures run() into graph in decoder_pool_ (CaptureDecoderGraph: nullopt when it ran out of
-  // memory); after a failed capture of any kind the pool handle is dropped, so the next capture
-  // starts a fresh pool. Caller holds decoder_graph_mu_.
-  std::optional<MaskDecoderImpl::Output> CaptureIntoDecoderPool(at::cuda::CUDAGraph& graph,
-                                                                const std::function<MaskDecoderImpl::Output()>& run,
-                                                                int64_t prompts, int64_t tokens);
-#endif
   Status PrepareFastPath();
   Status CaptureEncoderGraphs();
   std::string Identity() const;
@@ -375,8 +367,16 @@ class EngineImpl final : public Engine {
     at::Tensor packed;
   };
   std::mutex decoder_graph_mu_;
-  // The key's last element: the graph encodes the prompts itself (ReplaySharedPromptGraph).
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, DecoderGraph> decoder_graphs_;
+  // (prompt bucket, token count, image bucket or 0, the graph encodes the prompts itself:
+  // ReplaySharedPromptGraph).
+  using DecoderGraphKey = std::tuple<int64_t, int64_t, int64_t, bool>;
+  std::map<DecoderGraphKey, DecoderGraph> decoder_graphs_;
+  // Warms run() up, captures it into g's graph in decoder_pool_ and caches g (with the outputs) under
+  // key. end() when the capture ran out of memory (CaptureDecoderGraph: nothing cached, the caller
+  // runs eagerly); after a failed capture of any kind the pool handle is dropped, so the next capture
+  // starts a fresh pool. Caller holds decoder_graph_mu_.
+  std::map<DecoderGraphKey, DecoderGraph>::iterator CaptureAndCacheDecoderGraph(
+      const DecoderGraphKey& key, DecoderGraph g, const std::function<MaskDecoderImpl::Output()>& run);
   // The graphs' static image-side inputs by shape, shared by every graph of that shape.
   std::map<std::vector<int64_t>, at::Tensor> decoder_graph_inputs_;
   std::optional<c10::MempoolId_t> decoder_pool_;

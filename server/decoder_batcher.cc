@@ -19,8 +19,8 @@ Status DecoderBatcher::Submit(Request request) {
 
 QueueCounters DecoderBatcher::counters() const {
   QueueCounters c = queue_.counters();
-  c.oom_splits = oom_splits_.load(std::memory_order_relaxed);
-  c.oom_failures = oom_failures_.load(std::memory_order_relaxed);
+  c.oom_splits = oom_.splits.load(std::memory_order_relaxed);
+  c.oom_failures = oom_.failures.load(std::memory_order_relaxed);
   return c;
 }
 
@@ -41,35 +41,6 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> DecoderBatcher::Decode(const std:
   return result;
 }
 
-void DecoderBatcher::DecodeRange(const std::vector<DecodeItem>& items, size_t first, size_t last,
-                                 std::vector<StatusOr<DecodedPrompt>>& results) {
-  const size_t n = last - first;
-  const std::vector<DecodeItem> part(items.begin() + static_cast<std::ptrdiff_t>(first),
-                                     items.begin() + static_cast<std::ptrdiff_t>(last));
-  StatusOr<std::vector<StatusOr<DecodedPrompt>>> r = Decode(part);
-  if (r.ok()) {
-    for (size_t i = 0; i < n; ++i) results[first + i] = std::move((*r)[i]);
-    return;
-  }
-  // RESOURCE_EXHAUSTED for the whole pass is the device running out of memory (the engine has
-  // released its cached blocks): halves need less, so they are tried before any request is refused.
-  if (r.status().code() == StatusCode::kResourceExhausted && n > 1) {
-    const size_t mid = first + n / 2;
-    oom_splits_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("decoder batch of {} prompts ran out of device memory; retrying as {} + {}: {}", n,
-                 mid - first, last - mid, r.status().message());
-    DecodeRange(items, first, mid, results);
-    DecodeRange(items, mid, last, results);
-    return;
-  }
-  if (r.status().code() == StatusCode::kResourceExhausted) {
-    oom_failures_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("a prompt ran out of device memory on its own; its request gets RESOURCE_EXHAUSTED: {}",
-                 r.status().message());
-  }
-  for (size_t i = first; i < last; ++i) results[i] = r.status();
-}
-
 void DecoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   std::vector<DecodeItem> all;
   std::vector<std::string> ids;
@@ -84,7 +55,8 @@ void DecoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   const Clock::time_point t0 = Clock::now();
   std::vector<StatusOr<DecodedPrompt>> results(all.size(),
                                                StatusOr<DecodedPrompt>(Internal("prompt was not decoded")));
-  DecodeRange(all, 0, all.size(), results);
+  RunSplittingOnOom(all, 0, all.size(), results, [this](const auto& part) { return Decode(part); }, oom_,
+                    "decoder", "prompts");
   const uint64_t compute_us = MicrosSince(t0);
   size_t failed = 0;
   for (const auto& r : results) failed += r.ok() ? 0 : 1;

@@ -14,6 +14,7 @@
 
 #include "model/api/engine.h"
 #include "server/batch_queue.h"
+#include "server/oom_split.h"
 #include "server/stage_stats.h"
 
 namespace maskd::server {
@@ -68,14 +69,11 @@ class DecoderBatcher {
   };
   void Run(std::vector<Item>& batch, Clock::time_point formed);
   StatusOr<std::vector<StatusOr<DecodedPrompt>>> Decode(const std::vector<DecodeItem>& items);
-  // Decodes items[first, last) into results[first, last), splitting on out-of-memory.
-  void DecodeRange(const std::vector<DecodeItem>& items, size_t first, size_t last,
-                   std::vector<StatusOr<DecodedPrompt>>& results);
 
   Engine* const engine_;
   StageSet* const stages_;
   const BatchObserver on_batch_;
-  std::atomic<uint64_t> oom_splits_{0}, oom_failures_{0};
+  OomSplitCounters oom_;
   BatchQueue<Item> queue_;  // last: its thread uses the members above
 };
 

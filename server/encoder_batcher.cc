@@ -18,8 +18,8 @@ Status EncoderBatcher::Submit(Request request) {
 
 QueueCounters EncoderBatcher::counters() const {
   QueueCounters c = queue_.counters();
-  c.oom_splits = oom_splits_.load(std::memory_order_relaxed);
-  c.oom_failures = oom_failures_.load(std::memory_order_relaxed);
+  c.oom_splits = oom_.splits.load(std::memory_order_relaxed);
+  c.oom_failures = oom_.failures.load(std::memory_order_relaxed);
   return c;
 }
 
@@ -41,35 +41,6 @@ StatusOr<std::vector<std::shared_ptr<const Embedding>>> EncoderBatcher::Encode(
   return result;
 }
 
-void EncoderBatcher::EncodeRange(const std::vector<PreparedImage>& images, size_t first, size_t last,
-                                 std::vector<Result>& results) {
-  const size_t n = last - first;
-  const std::vector<PreparedImage> part(images.begin() + static_cast<std::ptrdiff_t>(first),
-                                        images.begin() + static_cast<std::ptrdiff_t>(last));
-  StatusOr<std::vector<std::shared_ptr<const Embedding>>> r = Encode(part);
-  if (r.ok()) {
-    for (size_t i = 0; i < n; ++i) results[first + i] = std::move((*r)[i]);
-    return;
-  }
-  // The engine answers RESOURCE_EXHAUSTED when the device ran out of memory (and has released its
-  // cached blocks): a smaller batch needs less, so halves are tried before anyone is refused.
-  if (r.status().code() == StatusCode::kResourceExhausted && n > 1) {
-    const size_t mid = first + n / 2;
-    oom_splits_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("encoder batch of {} images ran out of device memory; retrying as {} + {}: {}", n,
-                 mid - first, last - mid, r.status().message());
-    EncodeRange(images, first, mid, results);
-    EncodeRange(images, mid, last, results);
-    return;
-  }
-  if (r.status().code() == StatusCode::kResourceExhausted) {
-    oom_failures_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("an image ran out of device memory on its own; its request gets RESOURCE_EXHAUSTED: {}",
-                 r.status().message());
-  }
-  for (size_t i = first; i < last; ++i) results[i] = r.status();
-}
-
 void EncoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   std::vector<PreparedImage> images;
   images.reserve(batch.size());
@@ -82,7 +53,8 @@ void EncoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   ScopedRequestIds scope(std::move(ids));
   const Clock::time_point t0 = Clock::now();
   std::vector<Result> results(batch.size(), Result(Internal("image was not encoded")));
-  EncodeRange(images, 0, images.size(), results);
+  RunSplittingOnOom(images, 0, images.size(), results, [this](const auto& part) { return Encode(part); }, oom_,
+                    "encoder", "images");
   const uint64_t compute_us = MicrosSince(t0);
   size_t failed = 0;
   for (const Result& r : results) failed += r.ok() ? 0 : 1;

@@ -11,6 +11,7 @@
 
 #include "model/api/engine.h"
 #include "server/batch_queue.h"
+#include "server/oom_split.h"
 #include "server/stage_stats.h"
 
 namespace maskd::server {
@@ -58,15 +59,12 @@ class EncoderBatcher {
   };
   using Result = StatusOr<std::shared_ptr<const Embedding>>;
   void Run(std::vector<Item>& batch, Clock::time_point formed);
-  // Encodes images[first, last) into results[first, last), splitting on out-of-memory.
-  void EncodeRange(const std::vector<PreparedImage>& images, size_t first, size_t last,
-                   std::vector<Result>& results);
   StatusOr<std::vector<std::shared_ptr<const Embedding>>> Encode(const std::vector<PreparedImage>& images);
 
   Engine* const engine_;
   StageSet* const stages_;
   const BatchObserver on_batch_;
-  std::atomic<uint64_t> oom_splits_{0}, oom_failures_{0};
+  OomSplitCounters oom_;
   BatchQueue<Item> queue_;  // last: its thread uses the members above
 };
 
