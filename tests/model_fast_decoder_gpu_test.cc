@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
+#include <memory>
+#include <utility>
 #include <cmath>
 
 #include "kernels/kernels.h"
@@ -19,6 +22,24 @@
 
 namespace maskd {
 namespace {
+
+// Two vit_b bf16 engines on CUDA with the fast path (same seeded random weights): the second with
+// `change` applied to its options.
+std::pair<std::unique_ptr<Engine>, std::unique_ptr<Engine>> FastAndChanged(
+    const std::function<void(FastPathOptions&)>& change) {
+  EngineOptions o;
+  o.random_arch = "vit_b";
+  o.device = "cuda";
+  o.precision = Precision::kBFloat16;
+  o.fast = FastPathOptions::Fast();
+  auto fast = Engine::Create(o);
+  EXPECT_TRUE(fast.ok()) << fast.status().ToString();
+  change(o.fast);
+  auto changed = Engine::Create(o);
+  EXPECT_TRUE(changed.ok()) << changed.status().ToString();
+  if (!fast.ok() || !changed.ok()) return {};
+  return {std::move(*fast), std::move(*changed)};
+}
 
 double RelL2(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble);
@@ -63,16 +84,8 @@ TEST(SharedImageDecoderCuda, Bf16ErrorIsTheOriginalsBf16Error) {
 
 TEST(SharedImageDecoderCuda, EngineWithGraphsMatchesTheOriginalDecoder) {
   if (!torch::cuda::is_available() || !kernels::BuiltWithCuda()) GTEST_SKIP() << "no CUDA device";
-  EngineOptions o;
-  o.random_arch = "vit_b";
-  o.device = "cuda";
-  o.precision = Precision::kBFloat16;
-  o.fast = FastPathOptions::Fast();
-  auto fast = Engine::Create(o);
-  ASSERT_TRUE(fast.ok()) << fast.status().ToString();
-  o.fast.shared_image_decoder = false;
-  auto base = Engine::Create(o);
-  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  auto [fast, base] = FastAndChanged([](FastPathOptions& f) { f.shared_image_decoder = false; });
+  ASSERT_TRUE(fast && base);
   ImageRGB8 a{640, 480, {}}, b{300, 500, {}};
   for (auto* im : {&a, &b}) {
     im->pixels.resize(static_cast<size_t>(im->width) * im->height * 3);
@@ -91,7 +104,7 @@ TEST(SharedImageDecoderCuda, EngineWithGraphsMatchesTheOriginalDecoder) {
     return *e.Decode(items);
   };
   for (auto [prompts, two] : {std::pair{1, false}, std::pair{64, false}, std::pair{24, true}}) {
-    const auto ref = run(**base, prompts, two), got = run(**fast, prompts, two);
+    const auto ref = run(*base, prompts, two), got = run(*fast, prompts, two);
     ASSERT_EQ(ref.size(), got.size());
     double worst = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
@@ -118,16 +131,8 @@ TEST(SharedImageDecoderCuda, EngineWithGraphsMatchesTheOriginalDecoder) {
 // stale static inputs must not leak into real prompts).
 TEST(SharedImageDecoderCuda, GraphsOverSeveralImagesMatchEagerAndDoNotLeakBetweenCalls) {
   if (!torch::cuda::is_available() || !kernels::BuiltWithCuda()) GTEST_SKIP() << "no CUDA device";
-  EngineOptions o;
-  o.random_arch = "vit_b";
-  o.device = "cuda";
-  o.precision = Precision::kBFloat16;
-  o.fast = FastPathOptions::Fast();
-  auto graphs = Engine::Create(o);
-  ASSERT_TRUE(graphs.ok()) << graphs.status().ToString();
-  o.fast.cuda_graphs = false;
-  auto eager = Engine::Create(o);
-  ASSERT_TRUE(eager.ok()) << eager.status().ToString();
+  auto [graphs, eager] = FastAndChanged([](FastPathOptions& f) { f.cuda_graphs = false; });
+  ASSERT_TRUE(graphs && eager);
   std::vector<ImageRGB8> images;
   for (int n = 0; n < 5; ++n) {
     ImageRGB8 im{320 + 40 * n, 240 + 30 * n, {}};
@@ -140,7 +145,7 @@ TEST(SharedImageDecoderCuda, GraphsOverSeveralImagesMatchEagerAndDoNotLeakBetwee
     for (const auto& im : images) prepared.push_back(*e.Prepare(im));
     return *e.Encode(prepared);
   };
-  const auto embs_g = embed(**graphs), embs_e = embed(**eager);
+  const auto embs_g = embed(*graphs), embs_e = embed(*eager);
   // items: (image, x, y) with one point each (token count 2), multimask.
   auto decode = [&](Engine& e, const std::vector<std::shared_ptr<const Embedding>>& embs,
                     const std::vector<std::array<int, 3>>& spec) {
@@ -170,9 +175,9 @@ TEST(SharedImageDecoderCuda, GraphsOverSeveralImagesMatchEagerAndDoNotLeakBetwee
   std::vector<std::array<int, 3>> first, second;
   for (int k = 0; k < 10; ++k) first.push_back({k % 3, 20 + 29 * k, 15 + 17 * k});
   for (int k = 0; k < 7; ++k) second.push_back({4 - k % 5, 200 - 13 * k, 100 + 9 * k});
-  const auto g1 = decode(**graphs, embs_g, first), e1 = decode(**eager, embs_e, first);
-  const auto g2 = decode(**graphs, embs_g, second), e2 = decode(**eager, embs_e, second);
-  const auto g1_again = decode(**graphs, embs_g, first);
+  const auto g1 = decode(*graphs, embs_g, first), e1 = decode(*eager, embs_e, first);
+  const auto g2 = decode(*graphs, embs_g, second), e2 = decode(*eager, embs_e, second);
+  const auto g1_again = decode(*graphs, embs_g, first);
   ASSERT_EQ(g1.size(), first.size());
   ASSERT_EQ(g2.size(), second.size());
   ASSERT_EQ(g1_again.size(), first.size());
