@@ -63,6 +63,11 @@ v1::MaskResult AsMaskResult(const v1::GeneratedMask& g) {
   return m;
 }
 
+// COCO's `images` entry, with the server's content-addressed image id beside it.
+json ImageEntry(int64_t id, const std::string& file_name, int width, int height, const std::string& maskd_image_id) {
+  return {{"id", id}, {"file_name", file_name}, {"width", width}, {"height", height}, {"maskd_image_id", maskd_image_id}};
+}
+
 }  // namespace
 
 StatusOr<std::string> CocoGeneratedAnnotationsJson(const std::vector<CocoGeneratedImage>& images) {
@@ -73,11 +78,7 @@ StatusOr<std::string> CocoGeneratedAnnotationsJson(const std::vector<CocoGenerat
     const v1::GenerateMasksResponse& r = images[i].response;
     const int w = static_cast<int>(r.width()), h = static_cast<int>(r.height());
     const int64_t image_id = static_cast<int64_t>(i) + 1;
-    jimages.push_back({{"id", image_id},
-                       {"file_name", images[i].file_name},
-                       {"width", w},
-                       {"height", h},
-                       {"maskd_image_id", r.image_id()}});
+    jimages.push_back(ImageEntry(image_id, images[i].file_name, w, h, r.image_id()));
     for (const v1::GeneratedMask& g : r.masks()) {
       StatusOr<json> seg = Segmentation(AsMaskResult(g), w, h);
       if (!seg.ok()) return seg.status();
@@ -112,11 +113,7 @@ StatusOr<std::string> CocoAnnotationsJson(const std::vector<CocoImage>& images) 
     const v1::SegmentResponse& r = images[i].response;
     const int w = static_cast<int>(r.width()), h = static_cast<int>(r.height());
     const int64_t image_id = static_cast<int64_t>(i) + 1;
-    jimages.push_back({{"id", image_id},
-                       {"file_name", images[i].file_name},
-                       {"width", w},
-                       {"height", h},
-                       {"maskd_image_id", r.image_id()}});
+    jimages.push_back(ImageEntry(image_id, images[i].file_name, w, h, r.image_id()));
     for (int p = 0; p < r.results_size(); ++p) {
       const v1::PromptResult& pr = r.results(p);
       for (int k = 0; k < pr.masks_size(); ++k) {

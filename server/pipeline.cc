@@ -402,6 +402,18 @@ void Pipeline::ExportEmbedding(const JobPtr& job) {
   });
 }
 
+DecoderBatcher::Request Pipeline::PartRequest(const JobPtr& job, const std::vector<DecodeItem>& items, size_t first,
+                                             size_t last) {
+  DecoderBatcher::Request request;
+  request.prompts.assign(items.begin() + static_cast<std::ptrdiff_t>(first),
+                         items.begin() + static_cast<std::ptrdiff_t>(last));
+  request.group = job.get();
+  CallControlPtr control = job->control;
+  request.alive = [control] { return control->Check(); };
+  request.request_id = job->rid();
+  return request;
+}
+
 void Pipeline::StartDecode(const JobPtr& job) {
   if (Status alive = job->control->Check(); !alive.ok()) return Finish(job, alive);
   DeviceWorker* worker = job->worker.load();
@@ -427,12 +439,7 @@ void Pipeline::StartDecode(const JobPtr& job) {
   for (size_t c = 0; c < n_chunks; ++c) {
     const size_t first = c * chunk;
     const size_t last = std::min(items.size(), first + chunk);
-    DecoderBatcher::Request request;
-    request.prompts.assign(items.begin() + first, items.begin() + last);
-    request.group = job.get();
-    CallControlPtr control = job->control;
-    request.alive = [control] { return control->Check(); };
-    request.request_id = job->rid();
+    DecoderBatcher::Request request = PartRequest(job, items, first, last);
     request.done = [this, job, first](StatusOr<std::vector<DecodedPrompt>> decoded,
                                       const DecodeTiming& t) {
       Job::Max(job->decoder_queue_us, t.queue_us);
@@ -630,13 +637,8 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> Pipeline::DecodeGenerationBatch(
   for (size_t c = 0; c < n_parts; ++c) {
     const size_t first = c * chunk;
     const size_t last = std::min(items.size(), first + chunk);
-    DecoderBatcher::Request request;
-    request.prompts.assign(items.begin() + first, items.begin() + last);
     // One group for the whole generation: the batcher gives it at most max_part_prompts per batch.
-    request.group = job.get();
-    CallControlPtr control = job->control;
-    request.alive = [control] { return control->Check(); };
-    request.request_id = job->rid();
+    DecoderBatcher::Request request = PartRequest(job, items, first, last);
     request.done = [wait, first](StatusOr<std::vector<DecodedPrompt>> decoded, const DecodeTiming& t) {
       std::lock_guard<std::mutex> lock(wait->mu);
       wait->compute_us += t.compute_us;

@@ -96,6 +96,10 @@ class Pipeline {
             const std::shared_ptr<EmbeddingCache::Flight>& flight, const std::string& image_id);
   void OnResolved(const JobPtr& job, StatusOr<CachedEmbeddingPtr> entry, bool cached);
   void StartDecode(const JobPtr& job);
+  // A decoder request for items[first, last) of `job`: its group (so its parts share one bound per
+  // decoder batch), its liveness check and request id; the caller sets `done`.
+  static DecoderBatcher::Request PartRequest(const JobPtr& job, const std::vector<DecodeItem>& items, size_t first,
+                                             size_t last);
   // Embed's return_embedding: Engine::ExportEmbedding on the post-processing pool, then Finish.
   void ExportEmbedding(const JobPtr& job);
   Status BuildDecodeItems(const JobPtr& job, std::vector<DecodeItem>* items);

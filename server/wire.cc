@@ -301,6 +301,16 @@ void TimingToProto(const CallTiming& t, v1::CallTiming* p) {
   p->set_total_us(t.total_us);
 }
 
+// A mask's contours as Polygons (Segment's MaskResult and GenerateMasks' GeneratedMask alike).
+void PolygonsToProto(const std::vector<Contour>& contours, v1::Polygons* ps) {
+  for (const Contour& c : contours) {
+    v1::Polygon* p = ps->add_polygons();
+    p->mutable_points()->Add(c.xy.begin(), c.xy.end());
+    p->set_hole(c.hole);
+    p->set_parent(c.parent);
+  }
+}
+
 }  // namespace
 
 StatusOr<std::optional<Precision>> EmbeddingDtypeFrom(int value, const std::string& field) {
@@ -376,16 +386,7 @@ void ToProto(const SegmentOutcome& o, const Status& status, v1::SegmentResponse*
           l->mutable_values()->Add(m.low_res_logits.begin(), m.low_res_logits.end());
           break;
         }
-        case OutputFormat::kPolygons: {
-          v1::Polygons* ps = mr->mutable_polygons();
-          for (const Contour& c : m.polygons) {
-            v1::Polygon* p = ps->add_polygons();
-            p->mutable_points()->Add(c.xy.begin(), c.xy.end());
-            p->set_hole(c.hole);
-            p->set_parent(c.parent);
-          }
-          break;
-        }
+        case OutputFormat::kPolygons: PolygonsToProto(m.polygons, mr->mutable_polygons()); break;
       }
     }
   }
@@ -415,16 +416,7 @@ void ToProto(const GenerateOutcome& o, const Status& status, v1::GenerateMasksRe
     v1::GeneratedMask* g = r->add_masks();
     switch (o.format) {
       case OutputFormat::kPng: g->set_png(m.png); break;
-      case OutputFormat::kPolygons: {
-        v1::Polygons* ps = g->mutable_polygons();
-        for (const Contour& c : m.polygons) {
-          v1::Polygon* p = ps->add_polygons();
-          p->mutable_points()->Add(c.xy.begin(), c.xy.end());
-          p->set_hole(c.hole);
-          p->set_parent(c.parent);
-        }
-        break;
-      }
+      case OutputFormat::kPolygons: PolygonsToProto(m.polygons, g->mutable_polygons()); break;
       default: {
         v1::CocoRle* rle = g->mutable_rle();
         rle->add_size(static_cast<uint32_t>(o.image.height));
