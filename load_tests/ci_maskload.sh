@@ -73,6 +73,24 @@ run interactive --workload interactive -c 2 --images 2 --warmup 1 --window 2 --m
 run open-loop --workload interactive --rate 1 --images 2 --warmup 1 --window 2 --max-duration 10 \
   --max-requests 2000 --request-timeout 60
 
+# Clicks beside a background "segment everything" loop (4x4 grid on the tiny model): the report has
+# the generations on their own, every one answered.
+run background-generate --workload interactive -c 1 --images 2 --warmup 1 --window 3 --max-duration 12 \
+  --max-requests 2000 --request-timeout 60 --background-generate 1 --generate-points-per-side 4
+if ! python3 - "$out/maskload-background-generate.json" <<'EOF'
+import json, sys
+g = json.load(open(sys.argv[1])).get("background_generate")
+assert g, "no background_generate section in the report"
+assert g["clients"] == 1 and g["points_per_side"] == 4, g
+assert g["ok"] >= 1 and g["errors"] == 0, g
+assert 0 < g["p50_ms"] <= g["p99_ms"] <= g["max_ms"], g
+print(f"background GenerateMasks: {g['ok']} ok, p50 {g['p50_ms']:.1f} ms")
+EOF
+then
+  echo "FAIL: maskload background-generate report" >&2
+  status=1
+fi
+
 if [[ $status -ne 0 ]]; then
   echo "--- maskd log (tail)" >&2
   tail -50 "$log" >&2

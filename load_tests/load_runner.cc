@@ -302,6 +302,92 @@ class Engine {
   std::condition_variable drain_cv_;
 };
 
+// LoadConfig::background_generate clients, each a thread that loops a blocking GenerateMasks on
+// one embedded image until Stop. Only calls that finish after MeasureFrom count.
+class BackgroundGenerators {
+ public:
+  BackgroundGenerators(const LoadConfig& config, std::string image_id) : config_(config) {
+    request_.set_image_id(std::move(image_id));
+    request_.mutable_params()->set_points_per_side(config.generate_points_per_side);
+    request_.set_output_format(v1::OUTPUT_FORMAT_COCO_RLE);
+  }
+  ~BackgroundGenerators() { Stop(); }
+
+  void Start() {
+    for (int i = 0; i < config_.background_generate; ++i) {
+      threads_.emplace_back([this, i] {
+        client::ClientOptions o;
+        o.target = config_.target;
+        o.security = config_.security;
+        o.timeout = std::chrono::milliseconds(static_cast<int64_t>(config_.request_timeout_s * 1000));
+        o.channel_index = 1000 + i;  // channels of their own, not the measured workload's
+        client::Client c(o);
+        while (!stop_.load()) {
+          const Clock::time_point t0 = Clock::now();
+          StatusOr<v1::GenerateMasksResponse> r = c.GenerateMasks(request_);
+          const Clock::time_point t1 = Clock::now();
+          std::lock_guard<std::mutex> lock(mu_);
+          if (!measuring_ || t1 < measure_from_ || t1 > measure_until_) continue;
+          if (!r.ok()) {
+            ++stats_.errors;
+            if (stats_.first_error.empty()) stats_.first_error = r.status().ToString();
+            continue;
+          }
+          ++stats_.ok;
+          stats_.masks += static_cast<uint64_t>(r->masks_size());
+          server_total_us_ += r->timing().total_us();
+          latencies_ms_.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        }
+      });
+    }
+  }
+  void MeasureFrom(Clock::time_point t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    measuring_ = true;
+    measure_from_ = t;
+  }
+  void MeasureUntil(Clock::time_point t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    measure_until_ = t;
+  }
+  void Stop() {
+    stop_.store(true);
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+  BackgroundStats Result() {
+    std::lock_guard<std::mutex> lock(mu_);
+    BackgroundStats s = stats_;
+    std::vector<double> v = latencies_ms_;
+    std::sort(v.begin(), v.end());
+    if (!v.empty()) {
+      double sum = 0;
+      for (double x : v) sum += x;
+      s.mean_ms = sum / v.size();
+      auto pct = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))]; };
+      s.p50_ms = pct(0.5);
+      s.p99_ms = pct(0.99);
+      s.max_ms = v.back();
+      s.server_total_ms = static_cast<double>(server_total_us_) / 1e3 / v.size();
+    }
+    return s;
+  }
+
+ private:
+  const LoadConfig& config_;
+  v1::GenerateMasksRequest request_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+  // Locking: mu_ guards everything below.
+  std::mutex mu_;
+  bool measuring_ = false;
+  Clock::time_point measure_from_;
+  Clock::time_point measure_until_ = Clock::time_point::max();
+  BackgroundStats stats_;
+  uint64_t server_total_us_ = 0;
+  std::vector<double> latencies_ms_;
+};
+
 std::optional<v1::GetInfoResponse> TryGetInfo(client::Client& control) {
   StatusOr<v1::GetInfoResponse> info = control.GetInfo();
   if (!info.ok()) return std::nullopt;
@@ -350,6 +436,10 @@ StatusOr<LoadResult> LoadRunner::Run() {
     return InvalidArgument("--prompts " + std::to_string(config_.min_prompts) + ".." +
                            std::to_string(config_.max_prompts) + ": expected 1 <= min <= max");
   }
+  if (config_.background_generate < 0 || config_.background_generate > 64) {
+    return InvalidArgument("--background-generate " + std::to_string(config_.background_generate) +
+                           ": expected 0..64");
+  }
   const std::chrono::milliseconds call_timeout(static_cast<int64_t>(config_.request_timeout_s * 1000));
 
   client::ClientOptions control_options;
@@ -392,6 +482,25 @@ StatusOr<LoadResult> LoadRunner::Run() {
     }
   }
 
+  // The background generators' image: the pool's first, embedded once (by the interactive set-up
+  // when it ran).
+  std::unique_ptr<BackgroundGenerators> background;
+  if (config_.background_generate > 0) {
+    std::string id = image_ids[0];
+    if (id.empty()) {
+      client::ClientOptions embed_options = control_options;
+      embed_options.timeout = call_timeout;
+      client::Client embedder(embed_options);
+      StatusOr<v1::EmbedResponse> r = embedder.Embed(images_[0].encoded);
+      if (!r.ok()) {
+        return Status(r.status().code(), "embedding image " + images_[0].name +
+                                             " for --background-generate: " + r.status().message());
+      }
+      id = r->image_id();
+    }
+    background = std::make_unique<BackgroundGenerators>(config_, id);
+  }
+
   std::vector<std::unique_ptr<client::Client>> clients;
   for (int i = 0; i < std::max(1, config_.channels); ++i) {
     client::ClientOptions o;
@@ -414,6 +523,7 @@ StatusOr<LoadResult> LoadRunner::Run() {
   const bool open_loop = config_.rate > 0;
   const RateUnit unit = config_.workload == Workload::kBatch ? RateUnit::kImages : RateUnit::kRequests;
 
+  if (background) background->Start();
   std::thread dispatcher;
   if (open_loop) {
     dispatcher = std::thread([&] {
@@ -466,6 +576,7 @@ StatusOr<LoadResult> LoadRunner::Run() {
       cpu_at_measure_start = CpuSeconds();
       calls_at_measure_start = engine.sent();
       result.warmup_end_s = now_us / 1e6;
+      if (background) background->MeasureFrom(engine.start() + std::chrono::microseconds(now_us));
       record_memory(now_us);
     }
     if (measuring && now_us >= window_start_us + window_us) {
@@ -499,6 +610,13 @@ StatusOr<LoadResult> LoadRunner::Run() {
   const uint64_t stop_us = engine.NowUs();
   engine.Stop();
   if (dispatcher.joinable()) dispatcher.join();
+  if (background) {
+    // Generations still running at the stop end after the measured part: Stop waits for them
+    // (each is bounded by the request timeout) but they are not counted.
+    background->MeasureUntil(Clock::now());
+    background->Stop();
+    result.background = background->Result();
+  }
   const double cpu_at_stop = CpuSeconds();
   const uint64_t calls_at_stop = engine.sent();
   engine.Drain(call_timeout + std::chrono::seconds(2));

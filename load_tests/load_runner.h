@@ -70,7 +70,24 @@ struct LoadConfig {
   // hash their JPEG on the client for it (SHA-256, counted in the client CPU per call).
   bool affinity_header = true;
 
+  // Background "segment everything": this many extra clients loop GenerateMasks (32 x 32 grid by
+  // default, the original generator's other defaults) on an image of the pool embedded beforehand,
+  // for the whole run, as a labelling pipeline beside interactive users would. Their calls are not
+  // samples of the measured workload; LoadResult::background reports them on their own.
+  int background_generate = 0;
+  int generate_points_per_side = 32;
+
   uint64_t seed = 1;
+};
+
+// The background generation loop's calls over the measured part of the run (after the warm-up).
+struct BackgroundStats {
+  uint64_t ok = 0, errors = 0;
+  uint64_t masks = 0;  // over the ok calls
+  double mean_ms = 0, p50_ms = 0, p99_ms = 0, max_ms = 0;
+  // Server-side figures of the ok calls (GenerateMasksResponse.stats), means.
+  double server_total_ms = 0;
+  std::string first_error;
 };
 
 // One image of the pool: encoded bytes as sent (JPEG for the generated ones) and its size.
@@ -105,6 +122,7 @@ struct LoadResult {
   double client_cpu_us_per_call = 0;
   std::optional<v1::GetInfoResponse> info_before, info_after;
   std::vector<MemoryPoint> memory;  // GetInfo at each window boundary
+  std::optional<BackgroundStats> background;  // with LoadConfig::background_generate > 0
 };
 
 using ProgressFn = std::function<void(const std::string& line, bool final_line)>;

@@ -21,6 +21,7 @@
 #include <random>
 
 #include "model/api/engine.h"
+#include "model/api/mask_generator.h"
 #include "model/golden.h"
 #include "model/profiler.h"
 
@@ -279,6 +280,74 @@ void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared, co
 
 }  // namespace
 
+// "Segment everything" as ../shared/anchors/anchors.py's amg set measures it: one seeded 1024 x 768
+// noise image, the original generator's defaults (32 x 32 grid unless --generate-grid, 64 points per batch, no crops,
+// thresholds 0.88 / 0.95, box NMS 0.7, COCO RLE records), ms per image after one untimed run. Three
+// cases: on a cached embedding (GenerateMasks by image_id), with the encoder (the image's pixels, no
+// embedding), and on the cached embedding with both thresholds 0 (every candidate goes through the
+// filter, NMS and RLE: the most post-processing a grid can ask for).
+void GenerationBench(Engine& engine, const std::string& arch, int iters, int grid, nlohmann::json& results) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> byte(0, 255);
+  maskd::ImageRGB8 image{1024, 768, std::vector<uint8_t>(1024 * 768 * 3)};
+  for (uint8_t& b : image.pixels) b = static_cast<uint8_t>(byte(rng));
+  auto prepared = engine.Prepare(image);
+  if (!prepared.ok()) {
+    std::printf("%-6s generate: prepare failed: %s\n", arch.c_str(), prepared.status().ToString().c_str());
+    return;
+  }
+  auto embedded = engine.Encode({*prepared});
+  if (!embedded.ok()) {
+    std::printf("%-6s generate: encode failed: %s\n", arch.c_str(), embedded.status().ToString().c_str());
+    return;
+  }
+  struct Case {
+    const char* name;
+    bool cached;
+    float thresh;
+  };
+  for (const Case c : {Case{"cached embedding", true, -1}, Case{"with the encoder", false, -1},
+                       Case{"cached, thresholds 0", true, 0}}) {
+    maskd::MaskGenerationParams params;
+    params.points_per_side = grid;
+    if (c.thresh >= 0) params.pred_iou_thresh = params.stability_score_thresh = c.thresh;
+    maskd::MaskGenerationInput input;
+    input.width = image.width;
+    input.height = image.height;
+    if (c.cached) input.embedding = (*embedded)[0];
+    else input.image = &image;
+    std::vector<double> ms;
+    size_t kept = 0;
+    maskd::MaskGenerationStats stats;
+    for (int it = 0; it < iters + 1; ++it) {
+      const auto t0 = Clock::now();
+      stats = {};
+      auto masks = maskd::GenerateMasks(engine, input, params, {}, &stats);
+      if (!masks.ok()) {
+        std::printf("%-6s generate %-22s: failed: %s\n", arch.c_str(), c.name, masks.status().ToString().c_str());
+        ms.clear();
+        break;
+      }
+      kept = masks->size();
+      if (it > 0) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+    if (ms.empty()) continue;
+    double mean = 0;
+    for (double v : ms) mean += v / ms.size();
+    std::printf("%-6s generate %-22s: %dx%d grid, %d decoder batches, %d candidates, %zu masks kept: "
+                "mean %.1f ms p50 %.1f ms p99 %.1f ms (%d runs)\n",
+                arch.c_str(), c.name, grid, grid, stats.decoder_batches, stats.candidates, kept, mean, Percentile(ms, 0.5),
+                Percentile(ms, 0.99), iters);
+    std::fflush(stdout);
+    results.push_back({{"arch", arch}, {"row", "generate"}, {"case", c.name}, {"points_per_side", grid},
+                       {"pred_iou_thresh", params.pred_iou_thresh},
+                       {"stability_score_thresh", params.stability_score_thresh},
+                       {"decoder_batches", stats.decoder_batches}, {"candidates", stats.candidates},
+                       {"masks", kept}, {"mean_ms", mean}, {"p50_ms", Percentile(ms, 0.5)},
+                       {"p99_ms", Percentile(ms, 0.99)}, {"runs", iters}, {"device", engine.device_name()}});
+  }
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"maskbench: offline SAM benchmark (WORKLOAD.md) as a waterfall of optimisations"};
   std::vector<std::string> archs = {"vit_b", "vit_h"};
@@ -312,7 +381,18 @@ int main(int argc, char** argv) {
                  "DIR/profiles.txt, Chrome traces to DIR/trace-*.json");
   app.add_option("--profile-rows", profile_rows, "Rows (name substrings) that --profile profiles")
       ->delimiter(',')->capture_default_str();
+  int generate_iters = 0;
+  bool generate_only = false;
+  int generate_grid = 32;
+  app.add_option("--generate-grid", generate_grid, "Points per side of the --generate grid")
+      ->check(CLI::Range(1, 128))->capture_default_str();
+  app.add_option("--generate", generate_iters,
+                 "Also time automatic mask generation (anchors.py's amg set) over this many runs per case, "
+                 "with the last dense row's options (0: not)")->capture_default_str();
+  app.add_flag("--generate-only", generate_only,
+               "Only the --generate cases (bf16, the server's default fast path): no waterfall, no latency table");
   CLI11_PARSE(app, argc, argv);
+  if (generate_only && generate_iters <= 0) generate_iters = 10;
 
   const auto enc = output == "rle" ? maskd::MaskEncoding::kRle : maskd::MaskEncoding::kNone;
   const Workload w = MakeWorkload(images, seed);
@@ -322,12 +402,34 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%.*s\n", static_cast<int>(m.size()), m.data());
   };
 
+  if (!generate_only) {
   std::printf("maskbench: %d images 1024x768, P~U{1..14} points/image (%zu prompts), multimask, output %s, seed %llu\n",
               images, [&] { size_t n = 0; for (auto& p : w.prompts) n += p.size(); return n; }(), output.c_str(),
               static_cast<unsigned long long>(seed));
   std::printf("%-6s %-34s %5s %9s %9s %10s %9s %11s %9s %8s  %s\n", "model", "configuration", "batch", "img/s", "ms/img",
               "peak MiB", "prep ms", "max|dlogit|", "mask IoU", "golden", "ms/img: encode decode post");
+  }
   for (const std::string& arch : archs) {
+    if (generate_only) {
+      maskd::EngineOptions o;
+      o.random_arch = arch;
+      o.demo_seed = seed;
+      o.device = device;
+      o.encoder_batch_sizes = {1};
+      o.warmup = false;
+      o.log = quiet;
+      o.precision = Precision::kBFloat16;
+      for (const Row& row : Waterfall())
+        if (row.name == kLastDenseRow) o.fast = row.fast;
+      if (device.rfind("cpu", 0) == 0) o.fast = FastPathOptions{};  // the fast path's kernels are CUDA's
+      auto e = Engine::Create(o);
+      if (!e.ok()) {
+        std::printf("%-6s generate: cannot create engine: %s\n", arch.c_str(), e.status().ToString().c_str());
+        continue;
+      }
+      GenerationBench(**e, arch, generate_iters, generate_grid, results);
+      continue;
+    }
     // Reference outputs: fp32, plain arithmetic, on the first accuracy_images images.
     maskd::EngineOptions base;
     base.random_arch = arch;
@@ -514,6 +616,11 @@ int main(int argc, char** argv) {
                      /*decode=*/true);
         }
       }
+    }
+    if (generate_iters > 0 && engine && current == Precision::kBFloat16) {
+      for (const Row& row : Waterfall())
+        if (row.name == kLastDenseRow && engine->Reconfigure(row.fast).ok())
+          GenerationBench(*engine, arch, generate_iters, generate_grid, results);
     }
   }
   if (!json_path.empty()) std::ofstream(json_path) << results.dump(1) << "\n";

@@ -97,6 +97,15 @@ void AddMaskloadFlags(CLI::App& app, MaskloadOptions& o) {
                  "interactive: clicks a closed-loop client makes on one image before the next")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--background-generate", c.background_generate,
+                 "also run this many clients that loop GenerateMasks (segment everything) on one embedded "
+                 "image for the whole run, reported apart from the measured workload (0..64)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  app.add_option("--generate-points-per-side", c.generate_points_per_side,
+                 "grid of the --background-generate calls (points per side)")
+      ->check(CLI::Range(1, 128))
+      ->capture_default_str();
   app.add_option("--batch-fraction", c.batch_fraction, "mixed: fraction of calls that are batch images")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();

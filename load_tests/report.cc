@@ -168,6 +168,15 @@ nlohmann::json ReportJson(const LoadConfig& c, const LoadResult& r) {
       {"timeline", timeline},
       {"server_memory", memory},
   };
+  if (r.background) {
+    const BackgroundStats& b = *r.background;
+    out["background_generate"] = {{"clients", c.background_generate},
+                                  {"points_per_side", c.generate_points_per_side},
+                                  {"ok", b.ok}, {"errors", b.errors}, {"masks", b.masks},
+                                  {"mean_ms", b.mean_ms}, {"p50_ms", b.p50_ms}, {"p99_ms", b.p99_ms},
+                                  {"max_ms", b.max_ms}, {"server_total_ms", b.server_total_ms},
+                                  {"first_error", b.first_error}};
+  }
   if (r.info_before) out["server_before"] = ServerJson(*r.info_before);
   if (r.info_after) out["server_after"] = ServerJson(*r.info_after);
   return out;
@@ -242,6 +251,17 @@ std::string HumanSummary(const LoadConfig& c, const LoadResult& r) {
   std::snprintf(buf, sizeof buf, "  client CPU: %.2f s (%.1f us/call)\n", r.client_cpu_s,
                 r.client_cpu_us_per_call);
   s << buf;
+  if (r.background) {
+    const BackgroundStats& b = *r.background;
+    std::snprintf(buf, sizeof buf,
+                  "  background GenerateMasks (%d client(s), %dx%d grid): %llu ok, %llu errors, "
+                  "p50 %.1f p99 %.1f ms (server %.1f ms), %.1f masks/call%s%s\n",
+                  c.background_generate, c.generate_points_per_side, c.generate_points_per_side,
+                  static_cast<unsigned long long>(b.ok), static_cast<unsigned long long>(b.errors), b.p50_ms,
+                  b.p99_ms, b.server_total_ms, b.ok ? static_cast<double>(b.masks) / b.ok : 0.0,
+                  b.first_error.empty() ? "" : "; first error: ", b.first_error.c_str());
+    s << buf;
+  }
   return s.str();
 }
 

@@ -329,6 +329,13 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_batch),
       "decoder-launch-when-idle");
+  env(app.add_option("--gpu-turns", c.gpu_turns,
+                     "Encoder and decoder batches take turns on the device (one kind of work on the GPU "
+                     "at a time) instead of overlapping on two streams; see BENCHMARKS.md for when it pays")
+          ->check(boolean_word)
+          ->capture_default_str()
+          ->group(g_batch),
+      "gpu-turns");
   env(app.add_option("--decoder-queue-capacity", c.decoder_queue_capacity,
                      "Prompts queued for the decoder before RESOURCE_EXHAUSTED")
           ->check(CLI::Range(1, 100'000'000))

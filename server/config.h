@@ -62,6 +62,9 @@ struct ServerConfig {
   // A prompt that finds the decoder idle runs at once; the queue delay applies only under load.
   bool decoder_launch_when_idle = true;
   int decoder_queue_capacity = 8192;
+  // Encoder and decoder batches take turns on the device instead of overlapping on two streams
+  // (server/gpu_turns.h).
+  bool gpu_turns = false;
 
   // Memory (per device).
   uint64_t cache_device_bytes = uint64_t{2} << 30;

@@ -5,8 +5,9 @@
 namespace maskd::server {
 
 DecoderBatcher::DecoderBatcher(std::string name, Engine* engine, BatchQueueOptions options,
-                               StageSet* stages, BatchObserver on_batch)
+                               StageSet* stages, BatchObserver on_batch, GpuTurns* turns)
     : engine_(engine),
+      turns_(turns),
       stages_(stages),
       on_batch_(std::move(on_batch)),
       queue_(std::move(name), options,
@@ -52,12 +53,18 @@ void DecoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   }
   // Whatever the engine logs during this pass belongs to these requests.
   ScopedRequestIds scope(std::move(ids));
-  const Clock::time_point t0 = Clock::now();
   std::vector<StatusOr<DecodedPrompt>> results(all.size(),
                                                StatusOr<DecodedPrompt>(Internal("prompt was not decoded")));
-  RunSplittingOnOom(all, 0, all.size(), results, [this](const auto& part) { return Decode(part); }, oom_,
-                    "decoder", "prompts");
-  const uint64_t compute_us = MicrosSince(t0);
+  Clock::time_point t0;
+  uint64_t compute_us = 0;
+  {
+    // With --gpu-turns the wait for the encoder's batch in progress counts as queueing.
+    GpuTurns::Turn turn(turns_);
+    t0 = Clock::now();
+    RunSplittingOnOom(all, 0, all.size(), results, [this](const auto& part) { return Decode(part); }, oom_,
+                      "decoder", "prompts");
+    compute_us = MicrosSince(t0);
+  }
   size_t failed = 0;
   for (const auto& r : results) failed += r.ok() ? 0 : 1;
   spdlog::debug("decoder batch of {} prompt(s) from {} request(s): {} us, {}", all.size(),
@@ -67,7 +74,7 @@ void DecoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   size_t offset = 0;
   for (auto& item : batch) {
     const size_t n = item.request.prompts.size();
-    const DecodeTiming timing{MicrosSince(item.arrival, formed), compute_us, all.size()};
+    const DecodeTiming timing{MicrosSince(item.arrival, turns_ ? t0 : formed), compute_us, all.size()};
     StatusOr<std::vector<DecodedPrompt>> mine = Internal("unset");
     std::vector<DecodedPrompt> prompts;
     prompts.reserve(n);

@@ -14,6 +14,7 @@
 
 #include "model/api/engine.h"
 #include "server/batch_queue.h"
+#include "server/gpu_turns.h"
 #include "server/oom_split.h"
 #include "server/stage_stats.h"
 
@@ -43,8 +44,9 @@ class DecoderBatcher {
   // the batcher's thread (may be empty).
   using BatchObserver = std::function<void(size_t prompts)>;
 
+  // `turns`: when set, each batch runs in its turn (see gpu_turns.h); must outlive the batcher.
   DecoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages,
-                 BatchObserver on_batch = {});
+                 BatchObserver on_batch = {}, GpuTurns* turns = nullptr);
 
   Status Submit(Request request);
   bool HasRoom(size_t prompts) const { return queue_.HasRoom(prompts); }
@@ -71,6 +73,7 @@ class DecoderBatcher {
   StatusOr<std::vector<StatusOr<DecodedPrompt>>> Decode(const std::vector<DecodeItem>& items);
 
   Engine* const engine_;
+  GpuTurns* const turns_;
   StageSet* const stages_;
   const BatchObserver on_batch_;
   OomSplitCounters oom_;

@@ -33,10 +33,11 @@ DeviceWorker::DeviceWorker(int index, std::string label, std::unique_ptr<Engine>
     on_encoder_batch = [m, label = label_](size_t n) { m->ObserveEncoderBatch(label, n); };
     on_decoder_batch = [m, label = label_](size_t n) { m->ObserveDecoderBatch(label, n); };
   }
-  encoder_ = std::make_unique<EncoderBatcher>("encoder[" + label_ + "]", engine_ptr,
-                                              options.encoder, &stages_, std::move(on_encoder_batch));
-  decoder_ = std::make_unique<DecoderBatcher>("decoder[" + label_ + "]", engine_ptr,
-                                              options.decoder, &stages_, std::move(on_decoder_batch));
+  if (options.gpu_turns) turns_ = std::make_unique<GpuTurns>();
+  encoder_ = std::make_unique<EncoderBatcher>("encoder[" + label_ + "]", engine_ptr, options.encoder, &stages_,
+                                              std::move(on_encoder_batch), turns_.get());
+  decoder_ = std::make_unique<DecoderBatcher>("decoder[" + label_ + "]", engine_ptr, options.decoder, &stages_,
+                                              std::move(on_decoder_batch), turns_.get());
 }
 
 DeviceWorker::~DeviceWorker() { Stop(); }

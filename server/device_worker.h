@@ -12,6 +12,7 @@
 #include "server/decoder_batcher.h"
 #include "server/embedding_cache.h"
 #include "server/encoder_batcher.h"
+#include "server/gpu_turns.h"
 #include "server/metrics.h"
 #include "server/result_store.h"
 #include "server/stage_stats.h"
@@ -28,6 +29,8 @@ struct WorkerOptions {
   // Told batch sizes and stage times, labelled with this worker's device; may be null. Must
   // outlive the worker.
   Metrics* metrics = nullptr;
+  // Encoder and decoder batches take turns on the device (server/gpu_turns.h; --gpu-turns).
+  bool gpu_turns = false;
 };
 
 class DeviceWorker {
@@ -66,6 +69,7 @@ class DeviceWorker {
   std::unique_ptr<Engine> engine_;
   const bool is_cpu_;
   StageSet stages_;
+  std::unique_ptr<GpuTurns> turns_;  // with WorkerOptions::gpu_turns
   std::unique_ptr<ResultStore> results_;
   std::unique_ptr<EmbeddingCache> cache_;
   std::unique_ptr<EncoderBatcher> encoder_;

@@ -5,8 +5,9 @@
 namespace maskd::server {
 
 EncoderBatcher::EncoderBatcher(std::string name, Engine* engine, BatchQueueOptions options,
-                               StageSet* stages, BatchObserver on_batch)
+                               StageSet* stages, BatchObserver on_batch, GpuTurns* turns)
     : engine_(engine),
+      turns_(turns),
       stages_(stages),
       on_batch_(std::move(on_batch)),
       queue_(std::move(name), options,
@@ -51,17 +52,23 @@ void EncoderBatcher::Run(std::vector<Item>& batch, Clock::time_point formed) {
   }
   // Whatever the engine logs during this pass belongs to these requests.
   ScopedRequestIds scope(std::move(ids));
-  const Clock::time_point t0 = Clock::now();
   std::vector<Result> results(batch.size(), Result(Internal("image was not encoded")));
-  RunSplittingOnOom(images, 0, images.size(), results, [this](const auto& part) { return Encode(part); }, oom_,
-                    "encoder", "images");
-  const uint64_t compute_us = MicrosSince(t0);
+  Clock::time_point t0;
+  uint64_t compute_us = 0;
+  {
+    // With --gpu-turns the wait for the decoder's batch in progress counts as queueing.
+    GpuTurns::Turn turn(turns_);
+    t0 = Clock::now();
+    RunSplittingOnOom(images, 0, images.size(), results, [this](const auto& part) { return Encode(part); }, oom_,
+                      "encoder", "images");
+    compute_us = MicrosSince(t0);
+  }
   size_t failed = 0;
   for (const Result& r : results) failed += r.ok() ? 0 : 1;
   spdlog::debug("encoder batch of {} image(s): {} us, {}", images.size(), compute_us,
                 failed == 0 ? std::string("ok") : std::to_string(failed) + " failed");
   for (size_t i = 0; i < batch.size(); ++i) {
-    EncodeTiming timing{MicrosSince(batch[i].arrival, formed), compute_us, batch.size()};
+    EncodeTiming timing{MicrosSince(batch[i].arrival, turns_ ? t0 : formed), compute_us, batch.size()};
     if (stages_) {
       (*stages_)[Stage::kEncoderQueue].Add(timing.queue_us);
       (*stages_)[Stage::kEncoderCompute].Add(timing.compute_us);

@@ -11,6 +11,7 @@
 
 #include "model/api/engine.h"
 #include "server/batch_queue.h"
+#include "server/gpu_turns.h"
 #include "server/oom_split.h"
 #include "server/stage_stats.h"
 
@@ -40,8 +41,9 @@ class EncoderBatcher {
   // batcher's thread (may be empty).
   using BatchObserver = std::function<void(size_t images)>;
 
+  // `turns`: when set, each batch runs in its turn (see gpu_turns.h); must outlive the batcher.
   EncoderBatcher(std::string name, Engine* engine, BatchQueueOptions options, StageSet* stages,
-                 BatchObserver on_batch = {});
+                 BatchObserver on_batch = {}, GpuTurns* turns = nullptr);
 
   Status Submit(Request request);
   bool HasRoom() const { return queue_.HasRoom(1); }
@@ -62,6 +64,7 @@ class EncoderBatcher {
   StatusOr<std::vector<std::shared_ptr<const Embedding>>> Encode(const std::vector<PreparedImage>& images);
 
   Engine* const engine_;
+  GpuTurns* const turns_;
   StageSet* const stages_;
   const BatchObserver on_batch_;
   OomSplitCounters oom_;

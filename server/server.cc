@@ -286,6 +286,7 @@ Status MaskServer::Load() {
   wo.cache_host_bytes = config_.cache_host_bytes;
   wo.result_store_bytes = config_.result_store_bytes;
   wo.metrics = metrics_.get();
+  wo.gpu_turns = config_.gpu_turns;
   std::vector<DeviceWorker*> raw;
   for (size_t i = 0; i < engines.size(); ++i) {
     const Engine& e = **engines[i];

@@ -12,6 +12,7 @@
 #include "server/batch_queue.h"
 #include "server/decoder_batcher.h"
 #include "server/encoder_batcher.h"
+#include "server/gpu_turns.h"
 #include "tests/fake_engine.h"
 
 namespace maskd::server {
@@ -387,6 +388,84 @@ TEST(ServerBatcher, DecoderDropsCancelledBeforeEngineWork) {
   EXPECT_EQ(engine.decode_calls.load(), 0);
   EXPECT_EQ(batcher.counters().dropped, 1u);
   batcher.Stop();
+}
+
+// --gpu-turns: while an encoder batch runs, a decoder batch waits for it (and counts the wait as
+// queueing); without turns the two overlap. The encoder is held inside Engine::Encode, so both
+// outcomes are decided by construction, not by timing luck.
+TEST(ServerBatcher, GpuTurnsKeepDecoderBatchesOffTheDeviceWhileTheEncoderRuns) {
+  for (const bool with_turns : {false, true}) {
+    SCOPED_TRACE(with_turns ? "with turns" : "without turns");
+    FakeEngine engine;
+    auto e = *engine.Encode({*engine.Prepare(Image(64, 48, 1))});
+    GpuTurns turns;
+    GpuTurns* t = with_turns ? &turns : nullptr;
+    EncoderBatcher encoder("encoder", &engine, {1, milliseconds(1), 8}, nullptr, {}, t);
+    DecoderBatcher decoder("decoder", &engine, {8, milliseconds(1), 100}, nullptr, {}, t);
+    engine.HoldEncodes();
+    const int encodes_before = engine.encode_calls.load();
+    auto enc = std::make_shared<EncodeResult>();
+    ASSERT_TRUE(encoder.Submit(MakeEncode(engine, 7, enc)).ok());
+    ASSERT_TRUE(engine.WaitForEncodeCalls(encodes_before + 1, std::chrono::seconds(10)));
+    auto dec = std::make_shared<DecodeResult>();
+    ASSERT_TRUE(decoder.Submit(MakeDecode(Prompts(e[0], {3, 4}, false), dec)).ok());
+    auto dec_future = dec->promise.get_future();
+    if (with_turns) {
+      EXPECT_EQ(dec_future.wait_for(milliseconds(300)), std::future_status::timeout)
+          << "the decoder batch ran while the encoder batch held the device";
+      EXPECT_EQ(engine.decode_calls.load(), 0);
+    } else {
+      EXPECT_EQ(dec_future.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+          << "without turns the decoder batch should not wait for the encoder";
+    }
+    engine.ReleaseEncodes();
+    auto enc_future = enc->promise.get_future();
+    ASSERT_EQ(enc_future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_TRUE(enc_future.get().ok());
+    ASSERT_EQ(dec_future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_TRUE(dec_future.get().ok());
+    if (with_turns) {
+      EXPECT_GE(dec->timing.queue_us, 250'000u) << "the wait for the turn is queueing time";
+      EXPECT_EQ(turns.turns_taken(), 2u);
+    }
+    encoder.Stop();
+    decoder.Stop();
+  }
+}
+
+// Turns are served in the order they were asked for: a side that finishes its turn and asks again
+// queues behind the side that was already waiting.
+TEST(ServerBatcher, GpuTurnsAreFirstComeFirstServed) {
+  GpuTurns turns;
+  std::mutex mu;
+  std::vector<int> order;
+  std::promise<void> holder_in, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::thread holder([&] {
+    GpuTurns::Turn turn(&turns);
+    holder_in.set_value();
+    released.wait();
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(0);
+  });
+  holder_in.get_future().wait();
+  std::vector<std::thread> waiters;
+  for (int i = 1; i <= 3; ++i) {
+    waiters.emplace_back([&, i] {
+      GpuTurns::Turn turn(&turns);
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(i);
+    });
+    // Each waiter has taken its ticket before the next one starts.
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (turns.turns_taken() < static_cast<uint64_t>(i + 1) && Clock::now() < deadline)
+      std::this_thread::sleep_for(milliseconds(1));
+    ASSERT_EQ(turns.turns_taken(), static_cast<uint64_t>(i + 1));
+  }
+  release.set_value();
+  holder.join();
+  for (auto& w : waiters) w.join();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Served benchmarks on the GPU host: maskd on a random-weight checkpoint (WORKLOAD.md), driven by
 # maskload over loopback gRPC. Expects a build in $MASKD_GPU_BUILD (build-and-test.sh build).
-#   scripts/gpu-host/served-bench.sh RUN...   RUN = ARCH:PRECISION:EXTRA:WORKLOAD:CONCURRENCY
+#   scripts/gpu-host/served-bench.sh RUN...   RUN = ARCH:PRECISION:EXTRA:WORKLOAD:CONCURRENCY[:LOAD_EXTRA]
 #   e.g.  vit_b:bf16::batch:64   vit_h:bf16:--int8=1:batch:32   vit_b:bf16::interactive:16
+#         vit_h:bf16::interactive:16:--background-generate=1   (EXTRA: maskd flags, LOAD_EXTRA: maskload's)
 # Each run writes $OUT/served-<name>.{json,csv,png} and the server's log; a table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,10 +21,10 @@ fi
 port=50090
 summary=()
 for run in "$@"; do
-  IFS=: read -r arch precision extra workload conc <<< "$run"
+  IFS=: read -r arch precision extra workload conc load_extra <<< "$run"
   ckpt=/tmp/$arch.pth
   [ -f "$ckpt" ] || "$build/client/maskctl" make-checkpoint --arch "$arch" --seed 1 "$ckpt" > /dev/null
-  name="$arch-$precision${extra:+-$(echo "$extra" | tr -dc 'a-z0-9')}-$workload-c$conc"
+  name="$arch-$precision${extra:+-$(echo "$extra" | tr -dc 'a-z0-9')}-$workload-c$conc${load_extra:+-$(echo "$load_extra" | tr -dc 'a-z0-9')}"
   port=$((port + 1))
   # Interactive clicks want no decoder queue delay; batch images want full encoder batches.
   flags=(--checkpoint "$ckpt" --device "$device" --precision "$precision" --listen 127.0.0.1:$port
@@ -39,7 +40,8 @@ for run in "$@"; do
     sleep 1
   done
   "$build/load_tests/maskload" --server 127.0.0.1:$port --workload "$workload" -c "$conc" --warmup 5 --window 5 \
-    --max-duration "$duration" --channels 8 --out "$out/served-$name" --no-plot -q > "$out/maskload-$name.log" 2>&1
+    --max-duration "$duration" --channels 8 --out "$out/served-$name" --no-plot -q ${load_extra:+$load_extra} \
+    > "$out/maskload-$name.log" 2>&1
   rc=$?
   kill -INT $pid; wait $pid
   line=$(python3 - "$out/served-$name.json" <<'EOF'
@@ -54,6 +56,11 @@ print(f"img/s {s['images_per_s']:.1f} prompts/s {s['prompts_per_s']:.0f} calls/s
       f"p50 {l['p50_ms']:.2f} p90 {l['p90_ms']:.2f} p99 {l['p99_ms']:.2f} max {l['max_ms']:.1f} ms "
       f"errors {s['errors']} {s['errors_by_code']} resp {s['response_bytes_per_call']/1024:.0f} KiB/call "
       f"stable {r['stable']} gpu {json.dumps(m)[:160]}")
+g = r.get("background_generate")
+if g:
+    print(f"    background GenerateMasks x{g['clients']}: {g['ok']} ok {g['errors']} errors p50 {g['p50_ms']:.1f} "
+          f"p99 {g['p99_ms']:.1f} ms server {g['server_total_ms']:.1f} ms masks/call "
+          f"{g['masks'] / max(1, g['ok']):.1f} {g['first_error'][:120]}")
 EOF
 )
   summary+=("$name rc=$rc $line")
