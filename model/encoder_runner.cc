@@ -74,8 +74,17 @@ StatusOr<std::vector<std::shared_ptr<const Embedding>>> EngineImpl::Encode(
       std::vector<at::Tensor> inputs;
       for (size_t i = 0; i < n; ++i) inputs.push_back(PayloadOf(images[start + i]).input);
       at::Tensor batch = at::stack(inputs);
-      if (static_cast<int>(n) < bs && device_.is_cuda()) {
-        // Pad to the static batch size (graph shapes); padded rows are discarded.
+      bool graph_for_bs = false;
+#ifdef MASKD_WITH_CUDA
+      {
+        std::lock_guard<std::mutex> lock(graph_mu_);
+        graph_for_bs = graphs_.count(bs) > 0;
+      }
+#endif
+      if (static_cast<int>(n) < bs && graph_for_bs) {
+        // Pad to the graph's static batch size; padded rows are discarded. Eager passes run the
+        // images there are (padding them cost the compute of empty rows and, under a memory cap,
+        // made a batch of 2 need the memory of the prepared size: run 16's ModelOomGpu failure).
         batch = at::cat({batch, at::zeros({bs - static_cast<int64_t>(n), batch.size(1), batch.size(2),
                                            batch.size(3)}, batch.options())});
       }

@@ -4,7 +4,9 @@
 // BoxNms, torchvision's greedy nms with the IoU matrix made on the device. Plain LibTorch ops, on the
 // engine's device, in float32 (the original's arithmetic).
 #include <algorithm>
+#include <cmath>
 
+#include "kernels/kernels.h"
 #include "model/engine_impl.h"
 
 namespace maskd {
@@ -45,6 +47,49 @@ StatusOr<std::vector<MaskCandidate>> EngineImpl::FilterMasks(const MaskFilterReq
     if (picked.empty()) return out;
     const auto K = static_cast<int64_t>(picked.size());
     const at::Tensor idx = Upload(at::from_blob(picked.data(), {K}, at::kLong).clone());
+    const bool whole_image = cb[0] == 0 && cb[1] == 0 && cw == r.image_width && ch == r.image_height;
+    if (gpu_post_ && whole_image && r.mask_threshold == 0.0f && r.stability_score_offset == 1.0f) {
+      // The fused post-processing kernel (kernels::MaskPostprocess, the one Segment uses): upscale,
+      // threshold, area, box, the +-1 stability counts and COCO RLE in one pass per mask without a
+      // full-size float tensor, and only the runs come to the host. Its fixed threshold 0 and
+      // offset 1 are the generator's defaults; a whole-image crop needs no uncrop and its
+      // crop-edge filter never drops a box (the crop's edges are the image's). Masks may differ from
+      // the plain path below by a few boundary pixels (the kernel's GPU test bounds it at 4).
+      const at::Tensor low = at::cat(logits, 0).index_select(0, idx).contiguous();  // [K, 256, 256]
+      std::vector<int32_t> geo(static_cast<size_t>(K) * 4);
+      for (int64_t k = 0; k < K; ++k) {
+        geo[k * 4 + 0] = r.crop.input_height;
+        geo[k * 4 + 1] = r.crop.input_width;
+        geo[k * 4 + 2] = ch;
+        geo[k * 4 + 3] = cw;
+      }
+      const at::Tensor geometry = at::from_blob(geo.data(), {K, 4}, at::kInt).clone();
+      const kernels::MaskPostprocessOutput pp =
+          kernels::MaskPostprocess(low, geometry, config_.img_size, /*want_rle=*/true, /*want_bitmask=*/false);
+      const int64_t* area = pp.area.data_ptr<int64_t>();
+      const int32_t* bbox = pp.bbox.data_ptr<int32_t>();
+      const float* stab = pp.stability.data_ptr<float>();
+      const int32_t* counts = pp.rle_counts.data_ptr<int32_t>();
+      const int64_t* offsets = pp.rle_offsets.data_ptr<int64_t>();
+      for (int64_t k = 0; k < K; ++k) {
+        // The kernel says 1 for 0 / 0 (nothing above -offset, so an empty mask); the original
+        // divides and gets NaN, which no stability threshold keeps.
+        const float stability = area[k] == 0 && stab[k] == 1.0f ? std::nanf("") : stab[k];
+        if (r.stability_score_thresh > 0 && !(stability >= r.stability_score_thresh)) continue;
+        MaskCandidate m;
+        m.prompt = owner[k].first;
+        m.mask = owner[k].second;
+        m.predicted_iou = iou[k];
+        m.stability_score = stability;
+        m.area = static_cast<uint64_t>(area[k]);
+        if (area[k] > 0) {  // x, y, width, height -> inclusive x0, y0, x1, y1; zeros when empty
+          m.box = {bbox[k * 4], bbox[k * 4 + 1], bbox[k * 4] + bbox[k * 4 + 2] - 1, bbox[k * 4 + 1] + bbox[k * 4 + 3] - 1};
+        }
+        m.rle_counts.assign(counts + offsets[k], counts + offsets[k + 1]);
+        out.push_back(std::move(m));
+      }
+      return out;
+    }
     const at::Tensor low = at::cat(logits, 0).index_select(0, idx).to(at::kFloat).unsqueeze(1);
     // SAM's postprocess_masks to the crop's size.
     const at::Tensor up = at::upsample_bilinear2d(low, {config_.img_size, config_.img_size}, false);

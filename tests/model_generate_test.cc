@@ -143,7 +143,12 @@ double MaskIou(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   return uni ? static_cast<double>(inter) / uni : 1.0;
 }
 
-class GenerateParity : public ::testing::Test {
+// kGpu: the same cases on the CUDA device in fp32 (TF32 off) with the fused post-processing
+// kernel (FastPathOptions::gpu_postprocess), i.e. EngineImpl::FilterMasks' kernel path, against the
+// same oracle. The GPU host has no segment_anything: give it the oracle file written here
+// (MASKD_AMG_ORACLE_JSON).
+template <bool kGpu>
+class GenerateParityT : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     const std::string dir = ::maskd::testing::GoldenRoot() + "/tiny-one";
@@ -152,7 +157,9 @@ class GenerateParity : public ::testing::Test {
       return;
     }
     const std::string py = MASKD_PYTHON_EXE;
-    if (std::system((py + " -c 'import segment_anything, torchvision' >/dev/null 2>&1").c_str()) != 0) {
+    const char* oracle_given = std::getenv("MASKD_AMG_ORACLE_JSON");
+    if (!(oracle_given && *oracle_given) &&
+        std::system((py + " -c 'import segment_anything, torchvision' >/dev/null 2>&1").c_str()) != 0) {
       skip_ = "segment_anything is not importable by " + py;
       return;
     }
@@ -178,8 +185,13 @@ class GenerateParity : public ::testing::Test {
     if (!ckpt.ok()) { error_ = ckpt.status().ToString(); return; }
     EngineOptions o;
     o.checkpoint = *ckpt;
-    o.device = "cpu";
+    o.device = kGpu ? "cuda" : "cpu";
+    if (kGpu) o.fast.gpu_postprocess = true;
     auto engine = Engine::Create(o);
+    if (kGpu && !engine.ok()) {
+      skip_ = "no CUDA engine: " + engine.status().ToString();
+      return;
+    }
     if (!engine.ok()) { error_ = engine.status().ToString(); return; }
     engine_ = std::move(*engine).release();
     auto img = DecodeImage(ReadFile(dir + "/" + oracle_["image"].get<std::string>()));
@@ -193,7 +205,7 @@ class GenerateParity : public ::testing::Test {
 
   void CheckCase(const std::string& name) {
     if (!skip_.empty()) {
-      if (::maskd::testing::RunningInCi()) FAIL() << skip_ << " (required under CI=true)";
+      if (::maskd::testing::RunningInCi() && !kGpu) FAIL() << skip_ << " (required under CI=true)";
       GTEST_SKIP() << "*** " << skip_ << ": SKIPPING generation parity ***";
     }
     ASSERT_TRUE(error_.empty()) << error_;
@@ -212,7 +224,8 @@ class GenerateParity : public ::testing::Test {
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     const auto& want = (*c)["records"];
     const int W = image_->width, H = image_->height;
-    std::printf("%s: original %zu masks, maskd %zu\n", name.c_str(), want.size(), got->size());
+    std::printf("%s%s: original %zu masks, maskd %zu\n", kGpu ? "[cuda] " : "", name.c_str(), want.size(),
+                got->size());
     ASSERT_EQ(got->size(), want.size());
     std::vector<std::vector<uint8_t>> mine;
     for (const auto& g : *got) {
@@ -252,8 +265,8 @@ class GenerateParity : public ::testing::Test {
       EXPECT_NEAR(g.point_y, w["point"][1].get<double>(), 1e-6);
       EXPECT_NEAR(static_cast<double>(g.area), w["area"].get<double>(), 1 + 0.01 * w["area"].get<double>());
     }
-    std::printf("%s: worst mask IoU %.5f, predicted IoU diff %.2e, stability diff %.2e\n", name.c_str(),
-                worst_iou, worst_pred, worst_stab);
+    std::printf("%s%s: worst mask IoU %.5f, predicted IoU diff %.2e, stability diff %.2e\n", kGpu ? "[cuda] " : "",
+                name.c_str(), worst_iou, worst_pred, worst_stab);
   }
 
   static inline std::string skip_, error_;
@@ -263,6 +276,11 @@ class GenerateParity : public ::testing::Test {
   static inline std::shared_ptr<const Embedding>* embedding_ = nullptr;
 };
 
+#ifndef MASKD_GENERATE_ON_GPU
+using GenerateParity = GenerateParityT<false>;
+#else
+using GenerateParity = GenerateParityT<true>;  // model_generate_gpu_test: the same cases on CUDA
+#endif
 TEST_F(GenerateParity, DefaultsKeepWhatTheOriginalKeeps) { CheckCase("defaults"); }
 TEST_F(GenerateParity, LooseThresholds10PerSide) { CheckCase("loose_10"); }
 TEST_F(GenerateParity, EveryFilteredMaskWithoutNms) { CheckCase("no_nms_8"); }
