@@ -48,13 +48,15 @@ StatusOr<std::vector<MaskCandidate>> EngineImpl::FilterMasks(const MaskFilterReq
     const auto K = static_cast<int64_t>(picked.size());
     const at::Tensor idx = Upload(at::from_blob(picked.data(), {K}, at::kLong).clone());
     const bool whole_image = cb[0] == 0 && cb[1] == 0 && cw == r.image_width && ch == r.image_height;
-    if (gpu_post_ && whole_image && r.mask_threshold == 0.0f && r.stability_score_offset == 1.0f) {
-      // The fused post-processing kernel (kernels::MaskPostprocess, the one Segment uses): upscale,
-      // threshold, area, box, the +-1 stability counts and COCO RLE in one pass per mask without a
-      // full-size float tensor, and only the runs come to the host. Its fixed threshold 0 and
-      // offset 1 are the generator's defaults; a whole-image crop needs no uncrop and its
-      // crop-edge filter never drops a box (the crop's edges are the image's). Masks may differ from
-      // the plain path below by a few boundary pixels (the kernel's GPU test bounds it at 4).
+    if (whole_image && r.mask_threshold == 0.0f && r.stability_score_offset == 1.0f) {
+      // Segment's post-processing (kernels::MaskPostprocess): with gpu_postprocess the fused kernel
+      // (upscale, threshold, area, box, the +-1 stability counts and COCO RLE in one pass per mask
+      // without a full-size float tensor; only the runs come to the host), else its LibTorch
+      // reference, the same float32 arithmetic as the plain path below, so that the CPU parity
+      // tests run this wrapper too. Its fixed threshold 0 and offset 1 are the generator's defaults;
+      // a whole-image crop needs no uncrop and its crop-edge filter never drops a box (the crop's
+      // edges are the image's). The kernel's masks may differ from the reference by a few boundary
+      // pixels (its GPU test bounds it at 4 per mask).
       const at::Tensor low = at::cat(logits, 0).index_select(0, idx).contiguous();  // [K, 256, 256]
       std::vector<int32_t> geo(static_cast<size_t>(K) * 4);
       for (int64_t k = 0; k < K; ++k) {
@@ -65,7 +67,9 @@ StatusOr<std::vector<MaskCandidate>> EngineImpl::FilterMasks(const MaskFilterReq
       }
       const at::Tensor geometry = at::from_blob(geo.data(), {K, 4}, at::kInt).clone();
       const kernels::MaskPostprocessOutput pp =
-          kernels::MaskPostprocess(low, geometry, config_.img_size, /*want_rle=*/true, /*want_bitmask=*/false);
+          gpu_post_ ? kernels::MaskPostprocess(low, geometry, config_.img_size, /*want_rle=*/true, /*want_bitmask=*/false)
+                    : kernels::MaskPostprocessReference(low.to(at::kFloat), geometry, config_.img_size,
+                                                        /*want_rle=*/true, /*want_bitmask=*/false);
       const int64_t* area = pp.area.data_ptr<int64_t>();
       const int32_t* bbox = pp.bbox.data_ptr<int32_t>();
       const float* stab = pp.stability.data_ptr<float>();
