@@ -1,6 +1,8 @@
 #include "model/api/mask_generator.h"
 
 #include <algorithm>
+#include <future>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -88,8 +90,13 @@ StatusOr<std::vector<GeneratedMask>> GenerateMasks(Engine& engine, const MaskGen
     const int cw = cb[2] - cb[0], ch = cb[3] - cb[1];
     const auto& grid = grids[crop.layer];
     std::vector<Record> recs;
-    for (size_t start = 0; start < grid.size(); start += params.points_per_batch) {
-      const size_t end = std::min(grid.size(), start + static_cast<size_t>(params.points_per_batch));
+    // One batch's points in crop pixels, and its decode started on a thread of its own, so that
+    // batch i + 1 decodes while batch i is filtered (the filter's upscaling and the host's share
+    // overlap the next decoder pass). Batches are still filtered in order: the records come out
+    // as the original's. At most two batches' logits are alive at a time.
+    const size_t per_batch = static_cast<size_t>(params.points_per_batch);
+    auto start_batch = [&](size_t start) {
+      const size_t end = std::min(grid.size(), start + per_batch);
       std::vector<DecodeItem> items;
       std::vector<std::pair<double, double>> pts;
       for (size_t k = start; k < end; ++k) {
@@ -101,10 +108,21 @@ StatusOr<std::vector<GeneratedMask>> GenerateMasks(Engine& engine, const MaskGen
         item.prompt.multimask = true;
         items.push_back(std::move(item));
       }
-      auto decoded = decode(items);
+      auto decoding = std::async(std::launch::async, [&decode, items = std::move(items)] { return decode(items); });
+      return std::make_pair(std::move(pts), std::move(decoding));
+    };
+    std::optional<std::pair<std::vector<std::pair<double, double>>,
+                            std::future<StatusOr<std::vector<StatusOr<DecodedPrompt>>>>>>
+        next;
+    if (!grid.empty()) next = start_batch(0);
+    for (size_t start = 0; start < grid.size(); start += per_batch) {
+      const std::vector<std::pair<double, double>> pts = std::move(next->first);
+      auto decoded = next->second.get();
+      next.reset();
+      if (start + per_batch < grid.size()) next = start_batch(start + per_batch);
       if (!decoded.ok()) return decoded.status();
       ++st.decoder_batches;
-      st.points += static_cast<int>(items.size());
+      st.points += static_cast<int>(pts.size());
       MaskFilterRequest req;
       for (auto& d : *decoded) {
         if (!d.ok()) return d.status();
