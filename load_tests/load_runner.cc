@@ -326,6 +326,8 @@ class BackgroundGenerators {
           const Clock::time_point t0 = Clock::now();
           StatusOr<v1::GenerateMasksResponse> r = c.GenerateMasks(request_);
           const Clock::time_point t1 = Clock::now();
+          // A refused call (an evicted image_id, a full queue) comes back at once: do not spin on it.
+          if (!r.ok() && !stop_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
           std::lock_guard<std::mutex> lock(mu_);
           if (!measuring_ || t1 < measure_from_ || t1 > measure_until_) continue;
           if (!r.ok()) {

@@ -331,7 +331,8 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
       "decoder-launch-when-idle");
   env(app.add_option("--gpu-turns", c.gpu_turns,
                      "Encoder and decoder batches take turns on the device (one kind of work on the GPU "
-                     "at a time) instead of overlapping on two streams; see BENCHMARKS.md for when it pays")
+                     "at a time) instead of overlapping on two streams; for batch throughput, not yet measured on "
+                     "a GPU (BENCHMARKS.md)")
           ->check(boolean_word)
           ->capture_default_str()
           ->group(g_batch),

@@ -7,7 +7,8 @@
 // batcher's batch has finished (Engine calls return after their stream is synchronised), in the
 // order they asked (a FIFO ticket lock, so neither side can take two turns while the other waits):
 // the GPU runs one kind of work at a time, as the offline benchmark does. The price is that a click
-// can wait for the encoder batch in progress, so it is a switch, measured both ways in BENCHMARKS.md.
+// can wait for the encoder batch in progress, so it is a switch, off by default until it has been
+// measured both ways on a GPU (BENCHMARKS.md says where that stands).
 #pragma once
 
 #include <condition_variable>
