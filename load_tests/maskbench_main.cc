@@ -286,7 +286,8 @@ void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared, co
 // cases: on a cached embedding (GenerateMasks by image_id), with the encoder (the image's pixels, no
 // embedding), and on the cached embedding with both thresholds 0 (every candidate goes through the
 // filter, NMS and RLE: the most post-processing a grid can ask for).
-void GenerationBench(Engine& engine, const std::string& arch, int iters, int grid, nlohmann::json& results) {
+void GenerationBench(Engine& engine, const std::string& arch, int iters, int grid, nlohmann::json& results,
+                     const std::string& profile_dir) {
   std::mt19937 rng(3);
   std::uniform_int_distribution<int> byte(0, 255);
   maskd::ImageRGB8 image{1024, 768, std::vector<uint8_t>(1024 * 768 * 3)};
@@ -345,6 +346,23 @@ void GenerationBench(Engine& engine, const std::string& arch, int iters, int gri
                        {"decoder_batches", stats.decoder_batches}, {"candidates", stats.candidates},
                        {"masks", kept}, {"mean_ms", mean}, {"p50_ms", Percentile(ms, 0.5)},
                        {"p99_ms", Percentile(ms, 0.99)}, {"runs", iters}, {"device", engine.device_name()}});
+    if (!profile_dir.empty()) {
+      // One more run of this case under the Kineto profiler: its per-kernel table shows where the
+      // generation's time goes (decoder passes, the filter, NMS) and kernel total against wall
+      // time what it spends off the GPU.
+      FILE* f = std::fopen((profile_dir + "/profiles.txt").c_str(), "a");
+      if (!f) continue;
+      maskd::Status s = maskd::KernelProfiler::Start();
+      if (s.ok()) s = maskd::GenerateMasks(engine, input, params).status();
+      auto p = maskd::KernelProfiler::Stop(s.ok() ? profile_dir + "/trace-" + arch + "-generate-" + Slug(c.name) + ".json"
+                                                  : "");
+      std::fprintf(f, "\n=== %s | generate | %s, %dx%d grid (%s)\n", arch.c_str(), c.name, grid, grid,
+                   engine.device_name().c_str());
+      if (!s.ok()) std::fprintf(f, "failed: %s\n", s.ToString().c_str());
+      else if (!p.ok()) std::fprintf(f, "profiler failed: %s\n", p.status().ToString().c_str());
+      else std::fprintf(f, "%s", maskd::FormatKernelProfile(*p, grid * grid, "point").c_str());
+      std::fclose(f);
+    }
   }
 }
 
@@ -427,7 +445,7 @@ int main(int argc, char** argv) {
         std::printf("%-6s generate: cannot create engine: %s\n", arch.c_str(), e.status().ToString().c_str());
         continue;
       }
-      GenerationBench(**e, arch, generate_iters, generate_grid, results);
+      GenerationBench(**e, arch, generate_iters, generate_grid, results, profile_dir);
       continue;
     }
     // Reference outputs: fp32, plain arithmetic, on the first accuracy_images images.
@@ -620,7 +638,7 @@ int main(int argc, char** argv) {
     if (generate_iters > 0 && engine && current == Precision::kBFloat16) {
       for (const Row& row : Waterfall())
         if (row.name == kLastDenseRow && engine->Reconfigure(row.fast).ok())
-          GenerationBench(*engine, arch, generate_iters, generate_grid, results);
+          GenerationBench(*engine, arch, generate_iters, generate_grid, results, profile_dir);
     }
   }
   if (!json_path.empty()) std::ofstream(json_path) << results.dump(1) << "\n";

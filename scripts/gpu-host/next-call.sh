@@ -8,7 +8,8 @@
 #   1. build (~1.8 min)
 #   2. the fixed or new GPU tests: ModelOomGpu (eager passes no longer padded), the generation parity
 #      cases on CUDA (FilterMasks on the fused post-processing kernel), the server OOM suite (~1 min)
-#   3. maskbench --generate-only vit_h (the filter kernel with thresholds 0; the decode pipelining)
+#   3. maskbench --generate-only vit_h with a Kineto table per case (the filter kernel with thresholds 0;
+#      the decode pipelining)
 #      and maskbench vit_b bs32 offline (the served/offline ratio's denominator) (~1.5 min)
 #   4. anchors amg: the original generator, for the same-call ratio (~2.7 min)
 #   5. served: vit_b batch c64 as is / --gpu-turns=1 / --decoder-max-prompts=64, then vit_h clicks
@@ -34,7 +35,10 @@ export MASKD_GOLDEN_DIR=$PWD/.carry/golden MASKD_AMG_ORACLE_JSON=$PWD/.carry/amg
 } > "$out/tests.log" 2>&1
 grep -E "^\[  (PASSED|FAILED) |^\[oom\]|\[cuda\]" "$out/tests.log" >> "$out/perf.log"
 t tests
-timeout 100 "$B/load_tests/maskbench" --arch vit_h --generate-only --generate 10 --json "$out/gen.json" > "$out/gen.log" 2>&1
+mkdir -p /tmp/gen-prof
+timeout 100 "$B/load_tests/maskbench" --arch vit_h --generate-only --generate 10 --profile /tmp/gen-prof \
+  --json "$out/gen.json" > "$out/gen.log" 2>&1
+cp /tmp/gen-prof/profiles.txt "$out/gen-profiles.txt" 2>/dev/null
 timeout 90 "$B/load_tests/maskbench" --arch vit_b --batch 32 --rows "windows made" --no-latency --fp32-batch 1 \
   --json "$out/offline.json" >> "$out/gen.log" 2>&1
 t bench
@@ -45,6 +49,6 @@ OUT=$out/served SERVED_DURATION=10 timeout $left bash scripts/gpu-host/served-be
   vit_b:bf16::batch:64 vit_b:bf16:--gpu-turns=1:batch:64 vit_b:bf16:--decoder-max-prompts=64:batch:64 \
   vit_h:bf16::interactive:16 vit_h:bf16::interactive:16:--background-generate=1 > "$out/served.log" 2>&1
 t served
-(cd "$out" && tar czf /tmp/all.tgz served anchors gen.json offline.json misc.tar.gz 2>/dev/null &&
-  rm -rf served anchors gen.json offline.json misc.tar.gz && mv /tmp/all.tgz .)
+(cd "$out" && tar czf /tmp/all.tgz served anchors gen.json gen-profiles.txt offline.json misc.tar.gz 2>/dev/null &&
+  rm -rf served anchors gen.json gen-profiles.txt offline.json misc.tar.gz && mv /tmp/all.tgz .)
 ls "$out"
