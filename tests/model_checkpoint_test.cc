@@ -365,6 +365,73 @@ TEST(Checkpoint, SharingNeverAliasesTwoModelTensors) {
   }
 }
 
+// A hand-made torch.save archive: one float storage record "data/0" holding `record`, of which the
+// pickle claims `numel` floats, and tensors viewing it as (name, offset, sizes, strides).
+struct View {
+  std::string name;
+  int32_t offset;
+  std::vector<int32_t> sizes, strides;
+};
+std::string ArchiveWithViews(const std::string& name, const std::vector<float>& record, int32_t numel,
+                             const std::vector<View>& views) {
+  auto int32 = [](int32_t v) {
+    std::string s = "J";
+    for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((static_cast<uint32_t>(v) >> (8 * i)) & 0xff));
+    return s;
+  };
+  auto str = [](const std::string& v) {
+    std::string s = "X";
+    for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v.size() >> (8 * i)) & 0xff));
+    return s + v;
+  };
+  auto tuple = [&](const std::vector<int32_t>& v) {
+    std::string s = "(";
+    for (int32_t x : v) s += int32(x);
+    return s + "t";
+  };
+  std::string p = "\x80\x02"s + "ccollections\nOrderedDict\n)R(";  // split: \x02c would be one escape
+  for (const View& v : views) {
+    p += str(v.name) + "ctorch._utils\n_rebuild_tensor_v2\n(" + "(" + str("storage") +
+         "ctorch\nFloatStorage\n" + str("0") + str("cpu") + int32(numel) + "tQ" + int32(v.offset) +
+         tuple(v.sizes) + tuple(v.strides) + "\x89" + "ccollections\nOrderedDict\n)R" + "tR";
+  }
+  p += "u.";
+  const std::string path = TempPath(name);
+  caffe2::serialize::PyTorchStreamWriter w(path);
+  w.writeRecord("data/0", record.data(), record.size() * sizeof(float));
+  w.writeRecord("data.pkl", p.data(), p.size());
+  w.writeEndOfFile();
+  return path;
+}
+
+// Storages are read after the pickle, all at once: views into them (strided, offset, two tensors
+// of one storage) must still see the file's values, and a record longer than its storage is
+// checked over all its bytes.
+TEST(Checkpoint, ViewsOfOneLongerStorageSeeTheFilesValues) {
+  std::vector<float> record(16);
+  for (size_t i = 0; i < record.size(); ++i) record[i] = static_cast<float>(i);
+  const std::vector<View> views = {{"t", 0, {4, 3}, {1, 4}}, {"s", 2, {5}, {2}}};
+  const std::string path = ArchiveWithViews("views.pth", record, 12, views);
+  auto r = ReadStateDict(path);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->size(), 2u);
+  const at::Tensor storage = torch::arange(12, torch::kFloat);
+  EXPECT_TRUE((*r)[0].second.equal(storage.view({3, 4}).t().contiguous()));
+  EXPECT_TRUE((*r)[0].second.is_contiguous());
+  EXPECT_TRUE((*r)[1].second.equal(torch::tensor({2.0f, 4.0f, 6.0f, 8.0f, 10.0f})));
+
+  // A flipped byte in the record's last float (beyond the 12 the storage uses) is still caught.
+  std::string bytes = ReadAll(path);
+  const std::string last(reinterpret_cast<const char*>(&record[15]), sizeof(float));
+  const size_t at = bytes.find(last);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at] = static_cast<char>(bytes[at] ^ 0x01);
+  WriteAll(path, bytes);
+  auto bad = ReadStateDict(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("data/0 is corrupt (CRC-32"), std::string::npos) << bad.status().message();
+}
+
 TEST(Checkpoint, TruncatedSafetensorsIsAClearError) {
   const std::string path = TempPath("cut.safetensors");
   WriteSafetensors(path, {{"a", torch::randn({64})}}, /*truncate=*/true);
