@@ -1,5 +1,6 @@
 #include "client/model_commands.h"
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -140,15 +141,37 @@ void AddModelCommands(CLI::App& app) {
                 static_cast<unsigned long long>(make->seed));
   });
 
-  auto inspect = std::make_shared<std::pair<std::string, std::string>>("", "cpu");
+  struct InspectArgs {
+    std::string checkpoint;
+    bool timings = false;
+  };
+  auto inspect = std::make_shared<InspectArgs>();
   CLI::App* i = app.add_subcommand("inspect-checkpoint",
                                    "Load a checkpoint (.pth or .safetensors) and print the SAM shape inferred from it.");
-  i->add_option("checkpoint", inspect->first, "Checkpoint path")->required();
+  i->add_option("checkpoint", inspect->checkpoint, "Checkpoint path")->required();
+  i->add_flag("--timings", inspect->timings,
+              "Also print the engine's log and its start-up phases with seconds since the start (stderr)");
   i->callback([inspect] {
+    const auto start = std::chrono::steady_clock::now();
+    auto elapsed = [start] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
     maskd::EngineOptions o;
-    o.checkpoint = inspect->first;
+    o.checkpoint = inspect->checkpoint;
     o.warmup = false;
-    o.log = [](maskd::LogLevel, std::string_view) {};
+    if (inspect->timings) {
+      o.log = [elapsed](maskd::LogLevel, std::string_view m) {
+        std::fprintf(stderr, "%7.2f s  %.*s\n", elapsed(), static_cast<int>(m.size()), m.data());
+      };
+      o.on_startup_phase = [elapsed](maskd::StartupPhase p) {
+        const char* name = p == maskd::StartupPhase::kCheckpointRead ? "checkpoint_read"
+                           : p == maskd::StartupPhase::kWeightsReady  ? "weights_ready"
+                                                                       : "warmed_up";
+        std::fprintf(stderr, "%7.2f s  phase %s\n", elapsed(), name);
+      };
+    } else {
+      o.log = [](maskd::LogLevel, std::string_view) {};
+    }
     auto e = maskd::Engine::Create(o);
     if (!e.ok()) {
       std::fprintf(stderr, "inspect-checkpoint: %s\n", e.status().ToString().c_str());

@@ -3,6 +3,8 @@
 #include <caffe2/serialize/inline_container.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -10,9 +12,13 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <variant>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 namespace maskd {
@@ -369,7 +375,7 @@ class Unpickler {
     if (!empty && (offset < 0 || last >= storage.numel()))
       throw PickleError("a tensor reaches past its storage of " +
                         std::to_string(storage.numel()) + " elements");
-    // Zero or overlapping strides would make .contiguous() below allocate more than the file
+    // Zero or overlapping strides would make .contiguous() (in ToStateDict) allocate more than the file
     // holds (16 bytes could ask for gigabytes); a saved state dict never has them.
     if (!empty && numel > storage.numel())
       throw PickleError("a tensor of " + std::to_string(numel) + " elements views a storage of " +
@@ -377,7 +383,9 @@ class Unpickler {
                         " (zero or overlapping strides; expected a tensor no larger than its "
                         "storage)");
     if (empty) return Make(at::empty(size, storage.options()));
-    return Make(storage.as_strided(size, stride, offset).contiguous());
+    // A view until the storages are read (ToStateDict makes it contiguous); the checks above
+    // bound what .contiguous() can allocate.
+    return Make(storage.as_strided(size, stride, offset));
   }
 
   const char* p_;
@@ -398,7 +406,7 @@ StatusOr<StateDict> ToStateDict(const ValuePtr& root, const std::string& path) {
     if (!name) return InvalidArgument(path + ": a state-dict key is not a string");
     auto* t = std::get_if<at::Tensor>(&v->v);
     if (!t) return InvalidArgument(path + ": entry '" + *name + "' is not a tensor");
-    out.emplace_back(*name, *t);
+    out.emplace_back(*name, t->contiguous());
   }
   return out;
 }
@@ -422,7 +430,12 @@ uint64_t LE(const unsigned char* p, int n) {
 // Record name (below the archive's top folder) -> CRC-32 from the zip central directory (zip64
 // too). miniz as built into LibTorch does not check CRCs, so a checkpoint corrupted in the middle
 // would load and serve; ReadTorchZip checks every record it reads against these.
-StatusOr<std::unordered_map<std::string, uint32_t>> ReadZipCrcs(const std::string& path) {
+struct ZipEntry {
+  uint32_t crc = 0;
+  uint16_t method = 0;  // 0: stored (what torch.save writes), 8: deflated
+};
+
+StatusOr<std::unordered_map<std::string, ZipEntry>> ReadZipCrcs(const std::string& path) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) return InvalidArgument(path + ": cannot open the checkpoint file");
   const uint64_t size = static_cast<uint64_t>(f.tellg());
@@ -461,7 +474,7 @@ StatusOr<std::unordered_map<std::string, uint32_t>> ReadZipCrcs(const std::strin
   }
   std::string cd;
   if (!read_at(cd_offset, cd_size, &cd)) return corrupt;
-  std::unordered_map<std::string, uint32_t> crcs;
+  std::unordered_map<std::string, ZipEntry> crcs;
   const auto* c = reinterpret_cast<const unsigned char*>(cd.data());
   uint64_t at = 0;
   for (uint64_t e = 0; e < entries; ++e) {
@@ -473,33 +486,128 @@ StatusOr<std::unordered_map<std::string, uint32_t>> ReadZipCrcs(const std::strin
     // Records are addressed below the top folder (named after the file, or "archive").
     const size_t slash = name.find('/');
     crcs[slash == std::string::npos ? name : name.substr(slash + 1)] =
-        static_cast<uint32_t>(LE(c + at + 16, 4));
+        ZipEntry{static_cast<uint32_t>(LE(c + at + 16, 4)), static_cast<uint16_t>(LE(c + at + 10, 2))};
     at += 46 + name_len + extra_len + comment_len;
   }
   return crcs;
 }
 
-void CheckRecordCrc(const std::unordered_map<std::string, uint32_t>& crcs, const std::string& rec,
-                    const void* data, size_t n) {
-  auto it = crcs.find(rec);
-  if (it == crcs.end()) throw PickleError("record " + rec + " is not in the zip central directory");
-  uLong crc = crc32(0L, Z_NULL, 0);
+uint32_t Crc32(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const Bytef*>(data);
   for (size_t done = 0; done < n;) {  // crc32 takes a 32-bit length
     const uInt chunk = static_cast<uInt>(std::min<size_t>(n - done, 1u << 30));
-    crc = crc32(crc, p + done, chunk);
+    crc = static_cast<uint32_t>(crc32(crc, p + done, chunk));
     done += chunk;
   }
-  if (static_cast<uint32_t>(crc) != it->second) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "CRC-32 %08x, expected %08x", static_cast<unsigned>(crc),
-                  static_cast<unsigned>(it->second));
-    throw PickleError("record " + rec + " is corrupt (" + buf + " from the zip directory)");
+  return crc;
+}
+
+const ZipEntry& EntryOf(const std::unordered_map<std::string, ZipEntry>& crcs, const std::string& rec) {
+  auto it = crcs.find(rec);
+  if (it == crcs.end()) throw PickleError("record " + rec + " is not in the zip central directory");
+  return it->second;
+}
+
+std::string CrcMismatch(const std::string& rec, uint32_t crc, uint32_t expected) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "CRC-32 %08x, expected %08x", static_cast<unsigned>(crc),
+                static_cast<unsigned>(expected));
+  return "record " + rec + " is corrupt (" + buf + " from the zip directory)";
+}
+
+void CheckRecordCrc(const std::unordered_map<std::string, ZipEntry>& crcs, const std::string& rec,
+                    const void* data, size_t n) {
+  const uint32_t expected = EntryOf(crcs, rec).crc;
+  const uint32_t crc = Crc32(static_cast<uint32_t>(crc32(0L, Z_NULL, 0)), data, n);
+  if (crc != expected) throw PickleError(CrcMismatch(rec, crc, expected));
+}
+
+// One storage record to read into its tensor: `bytes` of it are the tensor's, `have` >= bytes in
+// the file (the CRC covers all of them).
+struct RecordJob {
+  std::string rec;
+  at::Tensor tensor;
+  uint64_t bytes = 0, have = 0;
+  uint64_t offset = 0;  // of the record's data in the file (stored records only)
+  uint32_t crc = 0;
+  bool stored = true;
+  std::string error;
+};
+
+// Reads [offset, offset + n) of the file into `dst` in chunks, extending `crc` over each chunk while
+// it is still in cache. False on a short read (sets `error`).
+bool ReadRange(int fd, uint64_t offset, char* dst, uint64_t n, uint32_t* crc, std::string* error) {
+  constexpr uint64_t kChunk = 4u << 20;
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t want = std::min(kChunk, n - done);
+    const ssize_t got = ::pread(fd, dst + done, want, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      *error = got < 0 ? std::string(std::strerror(errno)) : std::string("the file ends early (truncated?)");
+      return false;
+    }
+    *crc = Crc32(*crc, dst + done, static_cast<uint64_t>(got));
+    done += static_cast<uint64_t>(got);
+  }
+  return true;
+}
+
+// Reads one stored record straight from the file into its tensor (a record longer than the tensor
+// also has its rest read, for the CRC). Sets job.error instead of throwing (worker threads).
+void ReadStoredRecord(int fd, uint64_t file_size, RecordJob& job) {
+  if (job.offset > file_size || job.have > file_size - job.offset) {
+    job.error = "storage record " + job.rec + " runs past the end of the file (truncated?)";
+    return;
+  }
+  uint32_t crc = static_cast<uint32_t>(crc32(0L, Z_NULL, 0));
+  std::string why;
+  bool ok = ReadRange(fd, job.offset, job.bytes ? static_cast<char*>(job.tensor.data_ptr()) : nullptr,
+                      job.bytes, &crc, &why);
+  if (ok && job.have > job.bytes) {
+    std::vector<char> rest(job.have - job.bytes);
+    ok = ReadRange(fd, job.offset + job.bytes, rest.data(), rest.size(), &crc, &why);
+  }
+  if (!ok) {
+    job.error = "storage record " + job.rec + " could not be read: " + why;
+  } else if (crc != job.crc) {
+    job.error = CrcMismatch(job.rec, crc, job.crc);
   }
 }
 
+// Reads every stored record on a few threads (each record's CRC on the thread that read it), the
+// largest first so that the threads finish together. The first failing record in file order is
+// reported, whichever thread saw it first.
+void ReadStoredRecords(const std::string& path, std::vector<RecordJob>& jobs) {
+  std::vector<size_t> order;
+  uint64_t total = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].stored) order.push_back(i), total += jobs[i].have;
+  }
+  if (order.empty()) return;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return jobs[a].have > jobs[b].have; });
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw PickleError(std::string("cannot reopen the file: ") + std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  // Reading from the page cache and the CRC scale with cores; below ~32 MB a thread is not worth it.
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t threads = std::max<size_t>(1, std::min<size_t>({hw, 16, order.size(), total / (32u << 20) + 1}));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < order.size();) ReadStoredRecord(fd, file_size, jobs[order[k]]);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  ::close(fd);
+  for (const auto& j : jobs)
+    if (!j.error.empty()) throw PickleError(j.error);
+}
+
 StatusOr<StateDict> ReadTorchZip(const std::string& path) {
-  StatusOr<std::unordered_map<std::string, uint32_t>> crcs = ReadZipCrcs(path);
+  StatusOr<std::unordered_map<std::string, ZipEntry>> crcs = ReadZipCrcs(path);
   if (!crcs.ok()) return crcs.status();
   try {
     caffe2::serialize::PyTorchStreamReader reader(path);
@@ -509,6 +617,9 @@ StatusOr<StateDict> ReadTorchZip(const std::string& path) {
       return InvalidArgument(path + ": zip archive without data.pkl (not a torch.save checkpoint)");
     auto [pkl, pkl_size] = reader.getRecord("data.pkl");
     CheckRecordCrc(*crcs, "data.pkl", pkl.get(), pkl_size);
+    // The pickle names the storages and sizes; each gets an uninitialised tensor here and is read
+    // after the pickle, all records at once (the tensors built from them are views until then).
+    std::vector<RecordJob> jobs;
     auto load = [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
       const std::string rec = "data/" + key;
       if (!reader.hasRecord(rec)) throw PickleError("storage record " + rec + " is missing");
@@ -518,20 +629,29 @@ StatusOr<StateDict> ReadTorchZip(const std::string& path) {
         throw PickleError("storage record " + rec + " holds " + std::to_string(have) +
                           " bytes, expected " + std::to_string(numel) + " elements of " +
                           std::to_string(elem) + " bytes");
-      const size_t bytes = static_cast<size_t>(numel) * elem;
-      at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
-      if (have == bytes) {
-        if (bytes) reader.getRecord(rec, t.data_ptr(), bytes);
-        CheckRecordCrc(*crcs, rec, t.data_ptr(), bytes);
-      } else {  // a record longer than its storage: the CRC covers all of it
-        auto [all, all_size] = reader.getRecord(rec);
-        CheckRecordCrc(*crcs, rec, all.get(), all_size);
-        if (bytes) std::memcpy(t.data_ptr(), all.get(), bytes);
-      }
-      return t;
+      const ZipEntry& entry = EntryOf(*crcs, rec);
+      RecordJob job;
+      job.rec = rec;
+      job.bytes = static_cast<uint64_t>(numel) * elem;
+      job.have = have;
+      job.crc = entry.crc;
+      job.stored = entry.method == 0;
+      if (job.stored && have) job.offset = reader.getRecordOffset(rec);
+      job.tensor = at::empty({numel}, at::TensorOptions().dtype(dtype));
+      jobs.push_back(job);
+      return job.tensor;
     };
     Unpickler u(static_cast<const char*>(pkl.get()), pkl_size, load);
-    return ToStateDict(u.Run(), path);
+    ValuePtr root = u.Run();
+    // Compressed records (not written by torch.save, but valid zip) go through the zip reader.
+    for (auto& job : jobs) {
+      if (job.stored) continue;
+      auto [all, all_size] = reader.getRecord(job.rec);
+      CheckRecordCrc(*crcs, job.rec, all.get(), all_size);
+      if (job.bytes) std::memcpy(job.tensor.data_ptr(), all.get(), job.bytes);
+    }
+    ReadStoredRecords(path, jobs);
+    return ToStateDict(root, path);
   } catch (const PickleError& e) {
     return InvalidArgument(path + ": " + e.what());
   } catch (const c10::Error& e) {

@@ -2,6 +2,8 @@
 // Reconfigure, warm-up, the identity, cache-tier moves, mask-logit uploads and memory stats.
 #include "model/engine_impl.h"
 
+#include <chrono>
+#include <cstdio>
 #include <sstream>
 
 #include <xxhash.h>
@@ -65,6 +67,13 @@ std::string EngineImpl::device_name() const {
 Status EngineImpl::Init() {
   return Guarded("preparing the model", [&]() -> Status {
     torch::NoGradGuard no_grad;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto since = [](std::chrono::steady_clock::time_point t) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.2f s",
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
+      return std::string(buf);
+    };
     sam_->eval();
     // Positional encodings stay fp32 until they are added (they are precomputed once here).
     dense_pe_ = sam_->prompt_encoder->DensePe().to(device_);
@@ -81,8 +90,12 @@ Status EngineImpl::Init() {
     }
     // The derived tables first: captured graphs hold their addresses, so they must not be
     // recomputed after a capture.
+    const std::string placed = since(t0);
+    const auto t1 = std::chrono::steady_clock::now();
     sam_->image_encoder->Prepare();
     MASKD_RETURN_IF_ERROR(PrepareFastPath());
+    Log(LogLevel::kInfo, "weights placed on " + device_.str() + " in " + PrecisionName(options_.precision) +
+                             " in " + placed + ", tables and fast path prepared in " + since(t1));
     MASKD_RETURN_IF_ERROR(ResetEncoderCosts());
     if (options_.on_startup_phase) options_.on_startup_phase(StartupPhase::kWeightsReady);
     if (options_.warmup) MASKD_RETURN_IF_ERROR(Warmup());

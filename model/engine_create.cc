@@ -9,6 +9,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <sstream>
 #include <thread>
 
@@ -46,6 +48,26 @@ StatusOr<at::Device> ParseDevice(const std::string& name) {
     return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
   }
   return InvalidArgument("device '" + name + "' is not cpu, cuda or cuda:N");
+}
+
+// Seconds since the previous call (or since construction), for the start-up breakdown in the log.
+class StepTimer {
+ public:
+  double Lap() {
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+    return s;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f s", s);
+  return buf;
 }
 
 std::string WeightsDigest(const StateDict& sd) {
@@ -154,26 +176,35 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options_in
           }
         });
       }
+      StepTimer timer;
       auto read = ReadStateDict(options.checkpoint);
+      const double read_s = timer.Lap();
       if (context.joinable()) context.join();
       if (!read.ok()) return read.status();
       sd = std::move(*read);
       auto cfg = InferSamConfig(sd, options.checkpoint);
       if (!cfg.ok()) return cfg.status();
       config = *cfg;
-      model.emplace(config);
-      MASKD_RETURN_IF_ERROR(LoadStateDict(**model, sd, options.checkpoint));
+      model.emplace(MakeSamForLoading(config));
+      const double build_s = timer.Lap();
+      MASKD_RETURN_IF_ERROR(LoadStateDict(**model, sd, options.checkpoint, /*share_storage=*/true));
+      options.log(LogLevel::kInfo, "checkpoint " + options.checkpoint + ": read in " + Seconds(read_s) +
+                                       ", model built in " + Seconds(build_s) + ", weights checked and loaded in " +
+                                       Seconds(timer.Lap()));
     }
     if (options.on_startup_phase) options.on_startup_phase(StartupPhase::kCheckpointRead);
     uint64_t params = 0;
     for (const auto& p : (*model)->parameters()) params += static_cast<uint64_t>(p.numel());
+    StepTimer digest_timer;
     const std::string digest = WeightsDigest(sd);
+    const double digest_s = digest_timer.Lap();
     sd.clear();
     std::ostringstream os;
     os << "SAM " << config.arch << " (embed " << config.embed_dim << ", depth " << config.depth << ", heads "
        << config.num_heads << ", " << params << " parameters) from "
        << (options.checkpoint.empty() ? "random weights" : options.checkpoint) << " on "
-       << device->str() << " in " << PrecisionName(options.precision);
+       << device->str() << " in " << PrecisionName(options.precision) << " (weights hashed in "
+       << Seconds(digest_s) << ")";
     options.log(LogLevel::kInfo, os.str());
     auto engine = std::make_unique<EngineImpl>(options, config, *model, *device, digest, params);
     MASKD_RETURN_IF_ERROR(engine->Init());

@@ -25,10 +25,21 @@ struct SamImpl : torch::nn::Module {
 };
 TORCH_MODULE(Sam);
 
+// The model with uninitialised weights: every parameter and buffer is allocated (untouched, so
+// no memory is committed yet) but not filled. For loading a checkpoint, which overwrites every
+// tensor anyway: LibTorch's Linear/Conv2d constructors draw one uniform number per weight on one
+// thread (641 M for vit_h, seconds of start-up) and touch every page. Its values are garbage until
+// LoadStateDict succeeds; a model whose load failed must be thrown away.
+Sam MakeSamForLoading(const SamConfig& c);
+
 // Copies `tensors` into the model. Strict: every parameter and buffer must be present with its
 // exact shape and nothing else may be in the file; the error lists missing keys, unexpected keys and
-// shape mismatches (name, expected, got).
-Status LoadStateDict(torch::nn::Module& model, const StateDict& tensors, const std::string& source);
+// shape mismatches (name, expected, got). Floating-point tensors must be finite.
+// With `share_storage`, a given tensor that is a contiguous CPU tensor of the model tensor's dtype
+// and alone in its storage becomes that model tensor's storage (Tensor::set_data) instead of being
+// copied: the model and `tensors` then share that memory, so the caller must not change it.
+Status LoadStateDict(torch::nn::Module& model, const StateDict& tensors, const std::string& source,
+                     bool share_storage = false);
 
 // Every parameter and buffer of `model` by state_dict name.
 StateDict ModelStateDict(const torch::nn::Module& model);

@@ -5,11 +5,14 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "model/checkpoint.h"
 #include "model/api/engine.h"
+#include "model/engine_create.h"
 #include "model/sam.h"
 #include "model/sam_config.h"
 #include "tests/golden_dir.h"
@@ -256,6 +259,177 @@ TEST(Checkpoint, ReadsSafetensorsAndLoadsAModelFromIt) {
   auto e = Engine::Create(o);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   EXPECT_EQ((*e)->description().arch, "tiny");
+}
+
+// The checkpoint path builds the model without initialising it and lets the file's tensors become
+// its weights: what it serves must still be exactly the weights in the file.
+TEST(Checkpoint, LoadedModelHoldsTheFilesWeightsBitForBit) {
+  const std::string path = TempPath("seeded.pth");
+  ASSERT_TRUE(MakeRandomCheckpoint({"tiny", 7}, path).ok());
+  auto sd = ReadStateDict(path);
+  ASSERT_TRUE(sd.ok()) << sd.status().ToString();
+  auto cfg = InferSamConfig(*sd, path);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  Sam loaded = MakeSamForLoading(*cfg);
+  ASSERT_TRUE(LoadStateDict(*loaded, *sd, path, /*share_storage=*/true).ok());
+
+  Sam reference(*cfg);
+  RandomizeWeights(*reference, 7);
+  const StateDict want = ModelStateDict(*reference), got = ModelStateDict(*loaded);
+  ASSERT_EQ(got.size(), want.size());
+  std::map<const void*, std::string> file_data;
+  for (const auto& [n, t] : *sd) file_data[t.data_ptr()] = n;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const auto& [name, w] = want[i];
+    const at::Tensor& g = got[i].second;
+    ASSERT_EQ(got[i].first, name);
+    ASSERT_EQ(g.scalar_type(), w.scalar_type()) << name;
+    ASSERT_EQ(g.sizes(), w.sizes()) << name;
+    ASSERT_TRUE(g.device().is_cpu() && g.is_contiguous()) << name;
+    EXPECT_EQ(std::memcmp(g.data_ptr(), w.data_ptr(), w.nbytes()), 0) << name << " differs from seed 7";
+    // Shared with the file's tensor of the same name, not copied.
+    auto it = file_data.find(g.data_ptr());
+    ASSERT_NE(it, file_data.end()) << name << " was copied";
+    EXPECT_EQ(it->second, name);
+  }
+  EXPECT_TRUE(loaded->named_parameters()["image_encoder.pos_embed"].requires_grad());
+}
+
+// The model identity hashes the weights: a checkpoint of the seeded demo model and the demo model
+// itself are one model.
+TEST(Checkpoint, EngineFromASeededCheckpointHasTheSeededModelsIdentity) {
+  const std::string path = TempPath("seeded_engine.pth");
+  ASSERT_TRUE(MakeRandomCheckpoint({"tiny", 9}, path).ok());
+  EngineOptions from_file, seeded;
+  from_file.checkpoint = path;
+  seeded.random_arch = "tiny";
+  seeded.demo_seed = 9;
+  for (EngineOptions* o : {&from_file, &seeded}) {
+    o->warmup = false;
+    o->device = "cpu";
+    o->log = [](LogLevel, std::string_view) {};
+  }
+  auto a = Engine::Create(from_file), b = Engine::Create(seeded);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*a)->description().identity, (*b)->description().identity);
+  EXPECT_EQ((*a)->description().parameter_count, (*b)->description().parameter_count);
+}
+
+TEST(Checkpoint, SkippingInitialisationLeavesTheThreadAsItWas) {
+  Sam model = MakeSamForLoading(*SamPreset("tiny"));
+  for (const auto& [n, t] : ModelStateDict(*model)) ASSERT_TRUE(t.device().is_cpu()) << n;
+  // Plain CPU ops are CPU ops again, with their results ...
+  const at::Tensor x = torch::full({2, 2}, 3.0f);
+  const at::Tensor y = at::mm(x, x);
+  EXPECT_TRUE(y.device().is_cpu());
+  EXPECT_FALSE(y.is_meta());
+  EXPECT_EQ(y[1][1].item<float>(), 18.0f);
+  // ... and modules built afterwards are initialised as LibTorch does it.
+  torch::manual_seed(5);
+  torch::nn::Linear a(16, 16);
+  torch::manual_seed(5);
+  torch::nn::Linear b(16, 16);
+  EXPECT_TRUE(a->weight.equal(b->weight));
+  const float bound = 1.0f / 4.0f;  // kaiming_uniform_(a = sqrt(5)) on fan_in 16
+  EXPECT_LE(a->weight.abs().max().item<float>(), bound);
+  EXPECT_GT(a->weight.abs().max().item<float>(), bound / 2);
+}
+
+// A checkpoint may hold views of one storage (tied or sliced tensors): those are copied, so that
+// no two model tensors share memory.
+TEST(Checkpoint, SharingNeverAliasesTwoModelTensors) {
+  Sam reference(*SamPreset("tiny"));
+  RandomizeWeights(*reference, 3);
+  StateDict sd;
+  for (auto& [n, t] : ModelStateDict(*reference)) sd.emplace_back(n, t.clone());
+  // Two tensors of one shape become views into one storage.
+  size_t first = 0, second = 0;
+  for (size_t i = 0; i < sd.size() && !second; ++i)
+    for (size_t j = 0; j < i && !second; ++j)
+      if (sd[i].second.sizes() == sd[j].second.sizes() && sd[i].second.numel() > 1) first = j, second = i;
+  ASSERT_NE(second, 0u);
+  const at::Tensor a = sd[first].second, b = sd[second].second;
+  const at::Tensor both = at::cat({a.reshape(-1), b.reshape(-1)});
+  sd[first].second = both.slice(0, 0, a.numel()).view(a.sizes());
+  sd[second].second = both.slice(0, a.numel()).view(b.sizes());
+  Sam loaded = MakeSamForLoading(*SamPreset("tiny"));
+  ASSERT_TRUE(LoadStateDict(*loaded, sd, "views.pth", /*share_storage=*/true).ok());
+  const StateDict got = ModelStateDict(*loaded);
+  const char* lo = static_cast<const char*>(both.data_ptr());
+  const char* hi = lo + both.nbytes();
+  for (size_t i = 0; i < got.size(); ++i) {
+    const char* p = static_cast<const char*>(got[i].second.data_ptr());
+    EXPECT_FALSE(p >= lo && p < hi) << got[i].first << " aliases the shared storage";
+    EXPECT_TRUE(got[i].second.equal(sd[i].second)) << got[i].first;
+  }
+}
+
+// A hand-made torch.save archive: one float storage record "data/0" holding `record`, of which the
+// pickle claims `numel` floats, and tensors viewing it as (name, offset, sizes, strides).
+struct View {
+  std::string name;
+  int32_t offset;
+  std::vector<int32_t> sizes, strides;
+};
+std::string ArchiveWithViews(const std::string& name, const std::vector<float>& record, int32_t numel,
+                             const std::vector<View>& views) {
+  auto int32 = [](int32_t v) {
+    std::string s = "J";
+    for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((static_cast<uint32_t>(v) >> (8 * i)) & 0xff));
+    return s;
+  };
+  auto str = [](const std::string& v) {
+    std::string s = "X";
+    for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v.size() >> (8 * i)) & 0xff));
+    return s + v;
+  };
+  auto tuple = [&](const std::vector<int32_t>& v) {
+    std::string s = "(";
+    for (int32_t x : v) s += int32(x);
+    return s + "t";
+  };
+  std::string p = "\x80\x02"s + "ccollections\nOrderedDict\n)R(";  // split: \x02c would be one escape
+  for (const View& v : views) {
+    p += str(v.name) + "ctorch._utils\n_rebuild_tensor_v2\n(" + "(" + str("storage") +
+         "ctorch\nFloatStorage\n" + str("0") + str("cpu") + int32(numel) + "tQ" + int32(v.offset) +
+         tuple(v.sizes) + tuple(v.strides) + "\x89" + "ccollections\nOrderedDict\n)R" + "tR";
+  }
+  p += "u.";
+  const std::string path = TempPath(name);
+  caffe2::serialize::PyTorchStreamWriter w(path);
+  w.writeRecord("data/0", record.data(), record.size() * sizeof(float));
+  w.writeRecord("data.pkl", p.data(), p.size());
+  w.writeEndOfFile();
+  return path;
+}
+
+// Storages are read after the pickle, all at once: views into them (strided, offset, two tensors
+// of one storage) must still see the file's values, and a record longer than its storage is
+// checked over all its bytes.
+TEST(Checkpoint, ViewsOfOneLongerStorageSeeTheFilesValues) {
+  std::vector<float> record(16);
+  for (size_t i = 0; i < record.size(); ++i) record[i] = static_cast<float>(i);
+  const std::vector<View> views = {{"t", 0, {4, 3}, {1, 4}}, {"s", 2, {5}, {2}}};
+  const std::string path = ArchiveWithViews("views.pth", record, 12, views);
+  auto r = ReadStateDict(path);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->size(), 2u);
+  const at::Tensor storage = torch::arange(12, torch::kFloat);
+  EXPECT_TRUE((*r)[0].second.equal(storage.view({3, 4}).t().contiguous()));
+  EXPECT_TRUE((*r)[0].second.is_contiguous());
+  EXPECT_TRUE((*r)[1].second.equal(torch::tensor({2.0f, 4.0f, 6.0f, 8.0f, 10.0f})));
+
+  // A flipped byte in the record's last float (beyond the 12 the storage uses) is still caught.
+  std::string bytes = ReadAll(path);
+  const std::string last(reinterpret_cast<const char*>(&record[15]), sizeof(float));
+  const size_t at = bytes.find(last);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at] = static_cast<char>(bytes[at] ^ 0x01);
+  WriteAll(path, bytes);
+  auto bad = ReadStateDict(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("data/0 is corrupt (CRC-32"), std::string::npos) << bad.status().message();
 }
 
 TEST(Checkpoint, TruncatedSafetensorsIsAClearError) {
