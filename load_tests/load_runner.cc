@@ -338,7 +338,8 @@ class BackgroundGenerators {
           ++stats_.ok;
           stats_.masks += static_cast<uint64_t>(r->masks_size());
           server_total_us_ += r->timing().total_us();
-          latencies_ms_.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+          latencies_us_.push_back(static_cast<uint64_t>(
+              std::chrono::duration_cast<std::chrono::microseconds>(t1 - t0).count()));
         }
       });
     }
@@ -360,18 +361,8 @@ class BackgroundGenerators {
   BackgroundStats Result() {
     std::lock_guard<std::mutex> lock(mu_);
     BackgroundStats s = stats_;
-    std::vector<double> v = latencies_ms_;
-    std::sort(v.begin(), v.end());
-    if (!v.empty()) {
-      double sum = 0;
-      for (double x : v) sum += x;
-      s.mean_ms = sum / v.size();
-      auto pct = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))]; };
-      s.p50_ms = pct(0.5);
-      s.p99_ms = pct(0.99);
-      s.max_ms = v.back();
-      s.server_total_ms = static_cast<double>(server_total_us_) / 1e3 / v.size();
-    }
+    s.latency = Summarize(latencies_us_);
+    if (s.ok > 0) s.server_total_ms = static_cast<double>(server_total_us_) / 1e3 / static_cast<double>(s.ok);
     return s;
   }
 
@@ -387,7 +378,7 @@ class BackgroundGenerators {
   Clock::time_point measure_until_ = Clock::time_point::max();
   BackgroundStats stats_;
   uint64_t server_total_us_ = 0;
-  std::vector<double> latencies_ms_;
+  std::vector<uint64_t> latencies_us_;
 };
 
 std::optional<v1::GetInfoResponse> TryGetInfo(client::Client& control) {

@@ -84,8 +84,8 @@ struct LoadConfig {
 struct BackgroundStats {
   uint64_t ok = 0, errors = 0;
   uint64_t masks = 0;  // over the ok calls
-  double mean_ms = 0, p50_ms = 0, p99_ms = 0, max_ms = 0;
-  // Server-side figures of the ok calls (GenerateMasksResponse.stats), means.
+  LatencySummary latency;  // of the ok calls, as the measured workload's (nearest rank)
+  // The server's CallTiming.total_us of the ok calls, mean.
   double server_total_ms = 0;
   std::string first_error;
 };

@@ -83,6 +83,13 @@ std::vector<Row> Waterfall() {
   return rows;
 }
 
+// The server's default fast path: the last dense row's options.
+FastPathOptions ServedFastPath() {
+  for (const Row& row : Waterfall())
+    if (row.name == kLastDenseRow) return row.fast;
+  return FastPathOptions::Fast();
+}
+
 maskd::ImageRGB8 MakeImage(int w, int h, std::mt19937& rng) {
   // Smooth gradients with a few flat shapes: something a segmenter can bite on, not noise.
   maskd::ImageRGB8 im{w, h, std::vector<uint8_t>(static_cast<size_t>(w) * h * 3)};
@@ -428,17 +435,19 @@ int main(int argc, char** argv) {
               "peak MiB", "prep ms", "max|dlogit|", "mask IoU", "golden", "ms/img: encode decode post");
   }
   for (const std::string& arch : archs) {
+    // Reference outputs: fp32, plain arithmetic, on the first accuracy_images images.
+    maskd::EngineOptions base;
+    base.random_arch = arch;
+    base.demo_seed = seed;
+    base.device = device;
+    base.encoder_batch_sizes = batches;
+    base.warmup = false;
+    base.log = quiet;
     if (generate_only) {
-      maskd::EngineOptions o;
-      o.random_arch = arch;
-      o.demo_seed = seed;
-      o.device = device;
+      maskd::EngineOptions o = base;
       o.encoder_batch_sizes = {1};
-      o.warmup = false;
-      o.log = quiet;
       o.precision = Precision::kBFloat16;
-      for (const Row& row : Waterfall())
-        if (row.name == kLastDenseRow) o.fast = row.fast;
+      o.fast = ServedFastPath();
       if (device.rfind("cpu", 0) == 0) o.fast = FastPathOptions{};  // the fast path's kernels are CUDA's
       auto e = Engine::Create(o);
       if (!e.ok()) {
@@ -448,14 +457,6 @@ int main(int argc, char** argv) {
       GenerationBench(**e, arch, generate_iters, generate_grid, results, profile_dir);
       continue;
     }
-    // Reference outputs: fp32, plain arithmetic, on the first accuracy_images images.
-    maskd::EngineOptions base;
-    base.random_arch = arch;
-    base.demo_seed = seed;
-    base.device = device;
-    base.encoder_batch_sizes = batches;
-    base.warmup = false;
-    base.log = quiet;
     Outputs ref;
     std::unique_ptr<Engine> engine;
     Precision current = Precision::kFloat32;
@@ -562,9 +563,7 @@ int main(int argc, char** argv) {
       // the original decoder and with the shared-image one. Per call: decode + RLE post-processing of
       // masks at 1024 x 768. "1" is one click; "64" 64 prompts of one image in one call; "256/32" 256
       // prompts over 32 images (8 each) in one call, the jagged batch of a loaded server.
-      FastPathOptions served;
-      for (const Row& row : Waterfall())
-        if (row.name == kLastDenseRow) served = row.fast;
+      const FastPathOptions served = ServedFastPath();
       if (current != Precision::kBFloat16) continue;
       std::vector<std::shared_ptr<const maskd::Embedding>> embs;
       for (int i = 0; i < 32 && i < static_cast<int>(w.images.size()); ++i) {
@@ -636,9 +635,8 @@ int main(int argc, char** argv) {
       }
     }
     if (generate_iters > 0 && engine && current == Precision::kBFloat16) {
-      for (const Row& row : Waterfall())
-        if (row.name == kLastDenseRow && engine->Reconfigure(row.fast).ok())
-          GenerationBench(*engine, arch, generate_iters, generate_grid, results, profile_dir);
+      if (engine->Reconfigure(ServedFastPath()).ok())
+        GenerationBench(*engine, arch, generate_iters, generate_grid, results, profile_dir);
     }
   }
   if (!json_path.empty()) std::ofstream(json_path) << results.dump(1) << "\n";

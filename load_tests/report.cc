@@ -173,8 +173,9 @@ nlohmann::json ReportJson(const LoadConfig& c, const LoadResult& r) {
     out["background_generate"] = {{"clients", c.background_generate},
                                   {"points_per_side", c.generate_points_per_side},
                                   {"ok", b.ok}, {"errors", b.errors}, {"masks", b.masks},
-                                  {"mean_ms", b.mean_ms}, {"p50_ms", b.p50_ms}, {"p99_ms", b.p99_ms},
-                                  {"max_ms", b.max_ms}, {"server_total_ms", b.server_total_ms},
+                                  {"mean_ms", b.latency.mean_us / 1e3}, {"p50_ms", b.latency.p50_us / 1e3},
+                                  {"p99_ms", b.latency.p99_us / 1e3}, {"max_ms", b.latency.max_us / 1e3},
+                                  {"server_total_ms", b.server_total_ms},
                                   {"first_error", b.first_error}};
   }
   if (r.info_before) out["server_before"] = ServerJson(*r.info_before);
@@ -257,8 +258,8 @@ std::string HumanSummary(const LoadConfig& c, const LoadResult& r) {
                   "  background GenerateMasks (%d client(s), %dx%d grid): %llu ok, %llu errors, "
                   "p50 %.1f p99 %.1f ms (server %.1f ms), %.1f masks/call%s%s\n",
                   c.background_generate, c.generate_points_per_side, c.generate_points_per_side,
-                  static_cast<unsigned long long>(b.ok), static_cast<unsigned long long>(b.errors), b.p50_ms,
-                  b.p99_ms, b.server_total_ms, b.ok ? static_cast<double>(b.masks) / b.ok : 0.0,
+                  static_cast<unsigned long long>(b.ok), static_cast<unsigned long long>(b.errors),
+                  b.latency.p50_us / 1e3, b.latency.p99_us / 1e3, b.server_total_ms, b.ok ? static_cast<double>(b.masks) / b.ok : 0.0,
                   b.first_error.empty() ? "" : "; first error: ", b.first_error.c_str());
     s << buf;
   }
