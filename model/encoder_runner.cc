@@ -41,18 +41,24 @@ Status EngineImpl::CaptureEncoderGraphs() {
 }
 
 
-at::Tensor EngineImpl::RunEncoder(const at::Tensor& batch) {
+at::Tensor EngineImpl::RunEncoder(const at::Tensor& batch, int64_t pass_size) {
 #ifdef MASKD_WITH_CUDA
   {
     std::lock_guard<std::mutex> lock(graph_mu_);
-    auto it = graphs_.find(static_cast<int>(batch.size(0)));
+    auto it = graphs_.find(static_cast<int>(pass_size));
     if (it != graphs_.end()) {
-      it->second.input.copy_(batch);
+      // Rows past the batch are zeros (the graph's static shape); their outputs are not returned.
+      const int64_t n = batch.size(0);
+      it->second.input.slice(0, 0, n).copy_(batch);
+      if (n < pass_size) it->second.input.slice(0, n).zero_();
       it->second.graph->replay();
-      return it->second.output.clone();
+      return it->second.output.slice(0, 0, n).clone();
     }
   }
 #endif
+  // Eager passes run the images there are: padding them to the planned size cost the compute of
+  // empty rows and, under a memory cap, made a batch of 2 need the memory of 16 (run 16's
+  // ModelOomGpu failure).
   return sam_->image_encoder->forward(batch);
 }
 
@@ -73,22 +79,7 @@ StatusOr<std::vector<std::shared_ptr<const Embedding>>> EngineImpl::Encode(
       const size_t n = std::min<size_t>(left, bs);
       std::vector<at::Tensor> inputs;
       for (size_t i = 0; i < n; ++i) inputs.push_back(PayloadOf(images[start + i]).input);
-      at::Tensor batch = at::stack(inputs);
-      bool graph_for_bs = false;
-#ifdef MASKD_WITH_CUDA
-      {
-        std::lock_guard<std::mutex> lock(graph_mu_);
-        graph_for_bs = graphs_.count(bs) > 0;
-      }
-#endif
-      if (static_cast<int>(n) < bs && graph_for_bs) {
-        // Pad to the graph's static batch size; padded rows are discarded. Eager passes run the
-        // images there are (padding them cost the compute of empty rows and, under a memory cap,
-        // made a batch of 2 need the memory of the prepared size: run 16's ModelOomGpu failure).
-        batch = at::cat({batch, at::zeros({bs - static_cast<int64_t>(n), batch.size(1), batch.size(2),
-                                           batch.size(3)}, batch.options())});
-      }
-      const at::Tensor emb = RunEncoder(batch);
+      const at::Tensor emb = RunEncoder(at::stack(inputs), bs);
       for (size_t i = 0; i < n; ++i) {
         out.push_back(WrapEmbedding(images[start + i].geometry(), emb[static_cast<int64_t>(i)].clone()));
       }
@@ -131,7 +122,7 @@ Status EngineImpl::MeasureEncoderCosts() {
     double seconds = 0;
     for (int i = 0; i < 2; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      RunEncoder(batch);
+      RunEncoder(batch, c.batch_size);
       cs.Sync();
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kernels.h"
 #include "model/api/engine.h"
 #include "model/batch_plan.h"
 #include "model/engine_handles.h"
@@ -286,7 +287,15 @@ class EngineImpl final : public Engine {
   // A host tensor on the engine's device without a host synchronisation: a plain .to(cuda) of
   // pageable memory waits for the stream, which in the decoder stalled the launches of every pass.
   at::Tensor Upload(const at::Tensor& host) const;
-  at::Tensor RunEncoder(const at::Tensor& batch);
+  // One encoder pass of `batch` (its rows <= pass_size): the graph captured for pass_size when
+  // there is one, else eagerly at the batch's own size.
+  at::Tensor RunEncoder(const at::Tensor& batch, int64_t pass_size);
+  // SAM's postprocess_masks + threshold + stats (+ RLE / bitmask) of low-res logits [M, 256, 256]:
+  // the fused kernel with gpu_postprocess (it reads bf16/fp16 itself; with want_rle and
+  // want_rle_string also the COCO strings when gpu_rle_string is on), else its LibTorch reference
+  // in float32 on the engine's device.
+  kernels::MaskPostprocessOutput PostprocessLogits(const at::Tensor& logits, const at::Tensor& geometry,
+                                                   bool want_rle, bool want_bitmask, bool want_rle_string) const;
   MaskDecoderImpl::Output RunDecoder(const at::Tensor& src, const at::Tensor& sparse);
   // The shared-image decoder on group keys [G, HW, D] and, when G > 1, each prompt's group (graph
   // replay for both).

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/kernels.h"
 #include "model/engine_impl.h"
 
 namespace maskd {
@@ -67,9 +66,7 @@ StatusOr<std::vector<MaskCandidate>> EngineImpl::FilterMasks(const MaskFilterReq
       }
       const at::Tensor geometry = at::from_blob(geo.data(), {K, 4}, at::kInt).clone();
       const kernels::MaskPostprocessOutput pp =
-          gpu_post_ ? kernels::MaskPostprocess(low, geometry, config_.img_size, /*want_rle=*/true, /*want_bitmask=*/false)
-                    : kernels::MaskPostprocessReference(low.to(at::kFloat), geometry, config_.img_size,
-                                                        /*want_rle=*/true, /*want_bitmask=*/false);
+          PostprocessLogits(low, geometry, /*want_rle=*/true, /*want_bitmask=*/false, /*want_rle_string=*/false);
       const int64_t* area = pp.area.data_ptr<int64_t>();
       const int32_t* bbox = pp.bbox.data_ptr<int32_t>();
       const float* stab = pp.stability.data_ptr<float>();

@@ -39,17 +39,9 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
       const int64_t M = static_cast<int64_t>(owners.size());
       at::Tensor all = at::cat(logits, 0);
       at::Tensor geom = at::from_blob(geometry.data(), {M, 4}, at::kInt).clone();
-      kernels::MaskPostprocessOutput r;
-      if (gpu_post_) {
-        // The kernel reads bf16/fp16 logits itself (widening is exact): no float copy of the batch.
-        r = kernels::MaskPostprocess(all.contiguous(), geom, config_.img_size,
-                                     enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask,
-                                     /*stream=*/nullptr, /*want_rle_string=*/gpu_rle_string_);
-      } else {
-        // The original's float32 arithmetic in plain LibTorch, on the engine's device.
-        r = kernels::MaskPostprocessReference(all.to(at::kFloat).contiguous(), geom, config_.img_size,
-                                              enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask);
-      }
+      const kernels::MaskPostprocessOutput r =
+          PostprocessLogits(all, geom, enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask,
+                            /*want_rle_string=*/true);
       const at::Tensor area = r.area.to(at::kCPU).contiguous();
       const at::Tensor bbox = r.bbox.to(at::kCPU).contiguous();
       const at::Tensor stab = r.stability.to(at::kCPU, at::kFloat).contiguous();
@@ -78,6 +70,19 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
     cs.Sync();
     return out;
   });
+}
+
+kernels::MaskPostprocessOutput EngineImpl::PostprocessLogits(const at::Tensor& logits, const at::Tensor& geometry,
+                                                         bool want_rle, bool want_bitmask,
+                                                         bool want_rle_string) const {
+  if (gpu_post_) {
+    // The kernel reads bf16/fp16 logits itself (widening is exact): no float copy of the batch.
+    return kernels::MaskPostprocess(logits.contiguous(), geometry, config_.img_size, want_rle, want_bitmask,
+                                    /*stream=*/nullptr, /*want_rle_string=*/want_rle_string && gpu_rle_string_);
+  }
+  // The original's float32 arithmetic in plain LibTorch, on the engine's device.
+  return kernels::MaskPostprocessReference(logits.to(at::kFloat).contiguous(), geometry, config_.img_size,
+                                           want_rle, want_bitmask);
 }
 
 }  // namespace maskd
