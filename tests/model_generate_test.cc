@@ -23,6 +23,7 @@
 #include "model/golden.h"
 #include "model/io/image_codec.h"
 #include "model/io/rle.h"
+#include "tests/generation_params_json.h"
 #include "tests/golden_dir.h"
 
 namespace maskd {
@@ -114,22 +115,6 @@ TEST(MaskGenerationParts, ValidationNamesTheField) {
   { auto q = p; q.points_per_side = 0; q.point_grids = {{{0.5, 0.5}}}; q.crop_n_layers = 1; expect_bad(q, "point_grids"); }
 }
 
-MaskGenerationParams ParamsFrom(const json& j) {
-  MaskGenerationParams p;
-  if (j.contains("points_per_side")) p.points_per_side = j["points_per_side"];
-  if (j.contains("points_per_batch")) p.points_per_batch = j["points_per_batch"];
-  if (j.contains("pred_iou_thresh")) p.pred_iou_thresh = j["pred_iou_thresh"].get<float>();
-  if (j.contains("stability_score_thresh")) p.stability_score_thresh = j["stability_score_thresh"].get<float>();
-  if (j.contains("stability_score_offset")) p.stability_score_offset = j["stability_score_offset"].get<float>();
-  if (j.contains("box_nms_thresh")) p.box_nms_thresh = j["box_nms_thresh"].get<float>();
-  if (j.contains("crop_n_layers")) p.crop_n_layers = j["crop_n_layers"];
-  if (j.contains("crop_nms_thresh")) p.crop_nms_thresh = j["crop_nms_thresh"].get<float>();
-  if (j.contains("crop_overlap_ratio")) p.crop_overlap_ratio = j["crop_overlap_ratio"].get<double>();
-  if (j.contains("crop_n_points_downscale_factor")) p.crop_n_points_downscale_factor = j["crop_n_points_downscale_factor"];
-  if (j.contains("min_mask_region_area")) p.min_mask_region_area = j["min_mask_region_area"];
-  return p;
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::stringstream ss;
@@ -216,7 +201,7 @@ class GenerateParityT : public ::testing::Test {
       if (::maskd::testing::RunningInCi()) FAIL() << (*c)["skipped"].get<std::string>();
       GTEST_SKIP() << "*** " << (*c)["skipped"].get<std::string>() << " ***";
     }
-    const MaskGenerationParams p = ParamsFrom((*c)["params"]);
+    const MaskGenerationParams p = ::maskd::testing::GenerationParamsFromJson((*c)["params"]);
     MaskGenerationInput in;
     in.embedding = *embedding_;
     in.image = image_;

@@ -34,6 +34,7 @@
 #include "model/io/image_codec.h"
 #include "model/io/rle.h"
 #include "server/server.h"
+#include "tests/generation_params_json.h"
 #include "tests/golden_dir.h"
 
 namespace maskd::server {
@@ -74,21 +75,6 @@ const std::vector<GenCase>& Cases() {
         {"min_mask_region_area", 2000}}},
   };
   return cases;
-}
-
-MaskGenerationParams ApiParams(const json& j) {
-  MaskGenerationParams p;
-  if (j.contains("points_per_side")) p.points_per_side = j["points_per_side"];
-  if (j.contains("points_per_batch")) p.points_per_batch = j["points_per_batch"];
-  if (j.contains("pred_iou_thresh")) p.pred_iou_thresh = j["pred_iou_thresh"].get<float>();
-  if (j.contains("stability_score_thresh")) p.stability_score_thresh = j["stability_score_thresh"].get<float>();
-  if (j.contains("stability_score_offset")) p.stability_score_offset = j["stability_score_offset"].get<float>();
-  if (j.contains("box_nms_thresh")) p.box_nms_thresh = j["box_nms_thresh"].get<float>();
-  if (j.contains("crop_n_layers")) p.crop_n_layers = j["crop_n_layers"];
-  if (j.contains("crop_nms_thresh")) p.crop_nms_thresh = j["crop_nms_thresh"].get<float>();
-  if (j.contains("crop_n_points_downscale_factor")) p.crop_n_points_downscale_factor = j["crop_n_points_downscale_factor"];
-  if (j.contains("min_mask_region_area")) p.min_mask_region_area = j["min_mask_region_area"];
-  return p;
 }
 
 // The same parameters as the wire's optional fields (only those the case sets).
@@ -293,7 +279,7 @@ TEST_F(ServerGenerate, RpcGivesTheEngineSideGeneratorsMasks) {
     ASSERT_TRUE(r.ok()) << c.name << ": " << r.status().ToString();
     EXPECT_EQ(r->width(), static_cast<uint32_t>(image_->width));
     EXPECT_EQ(r->height(), static_cast<uint32_t>(image_->height));
-    const MaskGenerationParams p = ApiParams(c.params);
+    const MaskGenerationParams p = ::maskd::testing::GenerationParamsFromJson(c.params);
     const int crops = p.crop_n_layers == 0 ? 1 : 5;
     EXPECT_EQ(r->stats().crops(), static_cast<uint32_t>(crops)) << c.name;
     const std::vector<NormalizedPoint> grid = BuildPointGrid(p.points_per_side);
@@ -357,7 +343,7 @@ TEST_F(ServerGenerate, ByImageIdUsesTheCachedEmbedding) {
   EXPECT_EQ(r->request_tag(), "by-id");
   EXPECT_EQ(r->timing().encoder_compute_us(), 0u);
   EXPECT_GT(r->timing().decoder_compute_us(), 0u);
-  const std::vector<GeneratedMask> reference = EngineSide(ApiParams(params));
+  const std::vector<GeneratedMask> reference = EngineSide(::maskd::testing::GenerationParamsFromJson(params));
   ExpectSameMasks(*r, reference, "by image_id");
   // Explicit point grids: the 4 x 4 grid written out gives the same masks.
   v1::GenerateMasksRequest grid = req;
@@ -501,7 +487,7 @@ TEST_F(ServerGenerate, HttpRouteIsTheSameCall) {
   v1::GenerateMasksResponse via_http;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(res->body, &via_http).ok()) << res->body.substr(0, 400);
   EXPECT_EQ(via_http.image_id(), id);
-  ExpectSameMasks(via_http, EngineSide(ApiParams(params)), "POST /v1/generate");
+  ExpectSameMasks(via_http, EngineSide(::maskd::testing::GenerationParamsFromJson(params)), "POST /v1/generate");
   // Errors are the gRPC errors, as JSON.
   auto bad = http.Post("/v1/generate", "{\"image_id\": \"" + id + "\", \"params\": {\"points_per_side\": 0}}",
                        "application/json");
