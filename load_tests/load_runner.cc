@@ -447,13 +447,23 @@ StatusOr<LoadResult> LoadRunner::Run() {
   LoadResult result;
   result.info_before = TryGetInfo(**control);
 
-  // Interactive calls name images by id: embed each once, before anything is measured.
+  // Interactive calls (and --background-generate) name images by id: each is embedded once, before
+  // anything is measured.
   std::vector<std::string> image_ids(images_.size());
+  client::ClientOptions embed_options = control_options;
+  embed_options.timeout = call_timeout;
+  embed_options.affinity_header = config_.affinity_header;
+  client::Client embedder(embed_options);
+  auto embed = [&](size_t i, const char* purpose) -> Status {
+    StatusOr<v1::EmbedResponse> r = embedder.Embed(images_[i].encoded);
+    if (!r.ok()) {
+      return Status(r.status().code(),
+                    "embedding image " + images_[i].name + " for " + purpose + ": " + r.status().message());
+    }
+    image_ids[i] = r->image_id();
+    return Status::Ok();
+  };
   if (config_.workload != Workload::kBatch) {
-    client::ClientOptions embed_options = control_options;
-    embed_options.timeout = call_timeout;
-    embed_options.affinity_header = config_.affinity_header;
-    client::Client embedder(embed_options);
     // A pool of large images on a busy server takes minutes to embed: say so, about once a second
     // and at the end, so that a silent start does not look like a hang.
     const Clock::time_point embed_start = Clock::now();
@@ -463,12 +473,7 @@ StatusOr<LoadResult> LoadRunner::Run() {
         progress_(FormatPreEmbedProgress(i, images_.size(), SecondsSince(embed_start)), false);
         next_line = Clock::now() + std::chrono::seconds(1);
       }
-      StatusOr<v1::EmbedResponse> r = embedder.Embed(images_[i].encoded);
-      if (!r.ok()) {
-        return Status(r.status().code(), "embedding image " + images_[i].name +
-                                             " for the interactive workload: " + r.status().message());
-      }
-      image_ids[i] = r->image_id();
+      if (Status s = embed(i, "the interactive workload"); !s.ok()) return s;
     }
     if (progress_) {
       progress_(FormatPreEmbedProgress(images_.size(), images_.size(), SecondsSince(embed_start)), true);
@@ -479,19 +484,10 @@ StatusOr<LoadResult> LoadRunner::Run() {
   // when it ran).
   std::unique_ptr<BackgroundGenerators> background;
   if (config_.background_generate > 0) {
-    std::string id = image_ids[0];
-    if (id.empty()) {
-      client::ClientOptions embed_options = control_options;
-      embed_options.timeout = call_timeout;
-      client::Client embedder(embed_options);
-      StatusOr<v1::EmbedResponse> r = embedder.Embed(images_[0].encoded);
-      if (!r.ok()) {
-        return Status(r.status().code(), "embedding image " + images_[0].name +
-                                             " for --background-generate: " + r.status().message());
-      }
-      id = r->image_id();
+    if (image_ids[0].empty()) {
+      if (Status st = embed(0, "--background-generate"); !st.ok()) return st;
     }
-    background = std::make_unique<BackgroundGenerators>(config_, id);
+    background = std::make_unique<BackgroundGenerators>(config_, image_ids[0]);
   }
 
   std::vector<std::unique_ptr<client::Client>> clients;
