@@ -111,10 +111,10 @@ void MaskService::BeginDrain() {
     std::lock_guard<std::mutex> lock(state_mu_);
     state_ = State::kDraining;
   }
-  std::vector<std::pair<StreamReactor*, StreamReactor::Actions>> todo;
+  std::vector<std::pair<StreamSession*, StreamSession::Actions>> todo;
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
-    for (StreamReactor* s : streams_) todo.emplace_back(s, s->Drain());
+    for (StreamSession* s : streams_) todo.emplace_back(s, s->Drain());
   }
   // Outside streams_mu_: a finish may run OnDone (RemoveStream) inline. A stream with no action may
   // be gone already and is not touched.
@@ -163,12 +163,12 @@ void MaskService::RecordCall(const char* method, const Status& status, Clock::ti
   }
 }
 
-void MaskService::AddStream(StreamReactor* s) {
+void MaskService::AddStream(StreamSession* s) {
   std::lock_guard<std::mutex> lock(streams_mu_);
   streams_.insert(s);
 }
 
-void MaskService::RemoveStream(StreamReactor* s) {
+void MaskService::RemoveStream(StreamSession* s) {
   std::lock_guard<std::mutex> lock(streams_mu_);
   streams_.erase(s);
 }
@@ -384,36 +384,30 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MaskService::Segmen
     }
     return new Unauthenticated();
   }
+  return new StreamReactor(this, context);
+}
+
+StatusOr<std::unique_ptr<StreamSession>> MaskService::OpenStream(StreamTransport* transport,
+                                                                 StreamCallInfo call) {
+  CallStarted();
   Backend backend;
   Status admit = Admit(&backend);
   if (!admit.ok()) {
-    // A reactor that only finishes: streams refused while loading or draining.
-    class Refuse final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
-     public:
-      Refuse(MaskService* s, const Status& st) : service_(s) { Finish(ToGrpcStatus(st)); }
-      void OnDone() override {
-        MaskService* s = service_;
-        delete this;
-        s->CallEnded();
-      }
-
-     private:
-      MaskService* service_;
-    };
-    CallStarted();
     RecordCall("SegmentStream", admit, Clock::now());
-    return new Refuse(this, admit);
+    return admit;
   }
-  CallStarted();
-  auto* s = new StreamReactor(this, context, backend);
-  AddStream(s);
+  auto s = std::make_unique<StreamSession>(this, transport, std::move(call), backend);
+  // The first read before the stream is visible to BeginDrain: a drain that ended it first would
+  // make this read start after the end. (gRPC queues the operations of a reactor not yet returned
+  // to it, and a test transport its completions until bound, so nothing runs inline here.)
+  s->Start();
+  AddStream(s.get());
   bool draining;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
     draining = state_ == State::kDraining;
   }
-  // A drain that began between Admit and AddStream must still reach this stream. (Operations on a
-  // reactor not yet returned to gRPC are queued until it is bound, so nothing runs inline here.)
+  // A drain that began between Admit and AddStream must still reach this stream.
   if (draining) s->Run(s->Drain());
   return s;
 }

@@ -29,6 +29,9 @@
 namespace maskd::server {
 
 class StreamReactor;
+class StreamSession;
+class StreamTransport;
+struct StreamCallInfo;
 
 struct ServiceOptions {
   RequestLimits limits;
@@ -104,8 +107,17 @@ class MaskService final : public MaskServiceBase {
   // answered INVALID_ARGUMENT.
   void RecordUnparsable();
 
+  // Opens a SegmentStream on `transport` (gRPC's reactor in maskd; tests' transports too) and
+  // starts its first read; the transport's completions go to the session it returns. Counts as a
+  // call until StreamSession::Close. Refused while loading or draining: the status to end the
+  // stream with, counted as a call until RefusedStreamEnded.
+  StatusOr<std::unique_ptr<StreamSession>> OpenStream(StreamTransport* transport, StreamCallInfo call);
+  // What a refused OpenStream's transport calls once it has ended the stream with the refusal.
+  void RefusedStreamEnded() { CallEnded(); }
+
  private:
   friend class StreamReactor;
+  friend class StreamSession;
   enum class State { kLoading, kServing, kDraining };
   struct UnaryCall;
 
@@ -119,8 +131,8 @@ class MaskService final : public MaskServiceBase {
   void RecordCall(const char* method, const Status& status, Clock::time_point arrival);
   void CallStarted();
   void CallEnded();
-  void AddStream(StreamReactor* s);
-  void RemoveStream(StreamReactor* s);
+  void AddStream(StreamSession* s);
+  void RemoveStream(StreamSession* s);
 
   const ServiceOptions options_;
   const std::chrono::steady_clock::time_point started_;
@@ -139,7 +151,7 @@ class MaskService final : public MaskServiceBase {
 
   // Guards streams_. Lock order: streams_mu_, then a stream's own lock.
   std::mutex streams_mu_;
-  std::set<StreamReactor*> streams_;
+  std::set<StreamSession*> streams_;
 };
 
 }  // namespace maskd::server
