@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <grpcpp/generic/generic_stub.h>
-#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "client/client.h"
@@ -168,43 +167,6 @@ TEST(HardeningLogSafe, EscapesControlsBackslashesAndInvalidUtf8) {
   EXPECT_EQ(LogSafe("\xed\xa0\x80"), "\\xed\\xa0\\x80");                      // a UTF-16 surrogate
   EXPECT_EQ(LogSafe("cut at the end \xe2\x82"), "cut at the end \\xe2\\x82");
 }
-
-// Captures what the server logs (spdlog's default logger) for one test.
-// A sink whose text may be read while server threads still log (under the sink's own lock).
-class StringSink final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  std::string text() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return text_;
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    spdlog::memory_buf_t formatted;
-    formatter_->format(msg, formatted);
-    text_.append(formatted.data(), formatted.size());
-  }
-  void flush_() override {}
-
- private:
-  std::string text_;
-};
-
-class CapturedLog {
- public:
-  CapturedLog() : old_(spdlog::default_logger()), sink_(std::make_shared<StringSink>()) {
-    sink_->set_pattern("%L %v");
-    auto logger = std::make_shared<spdlog::logger>("hardening-capture", sink_);
-    logger->set_level(spdlog::level::debug);
-    spdlog::set_default_logger(logger);
-  }
-  ~CapturedLog() { spdlog::set_default_logger(old_); }
-  std::string text() { return sink_->text(); }
-
- private:
-  std::shared_ptr<spdlog::logger> old_;
-  std::shared_ptr<StringSink> sink_;
-};
 
 TEST(HardeningLogSafe, NewlinesInRequestTagAndEchoedIdsStayOnTheirLine) {
   TestServer t;  // sets the level to err: capture from here on
