@@ -659,15 +659,32 @@ std::string HttpSegmentBody(const std::string& image_id) {
          "\"label\": \"POINT_LABEL_FOREGROUND\"}]}]}";
 }
 
+// A TLS server with the scoped token file and the HTTP front, and a client for each token: alpha and
+// alpha2 are two tokens of scope "alpha", beta has a scope of its own. The clients only make a
+// channel, so they may be built before the test checks r.status.
+struct ScopedServer {
+  explicit ScopedServer(bool shared_cache = false)
+      : r(Config(shared_cache)),
+        alpha(Options(r, TrustingCa(kAlphaToken))),
+        alpha2(Options(r, TrustingCa(kAlphaToken2))),
+        beta(Options(r, TrustingCa(kBetaToken))) {}
+  static ServerConfig Config(bool shared_cache) {
+    ServerConfig cfg = TlsConfig();
+    cfg.auth_tokens = ScopedTokenFile();
+    cfg.auth_shared_cache = shared_cache;
+    cfg.http_listen = "127.0.0.1:0";
+    return cfg;
+  }
+  Running r;
+  Client alpha;
+  Client alpha2;
+  Client beta;
+};
+
 TEST_F(ServerSecurity, CachesAreScopedPerTokenWithAuthOn) {
-  ServerConfig cfg = TlsConfig();
-  cfg.auth_tokens = ScopedTokenFile();
-  cfg.http_listen = "127.0.0.1:0";
-  Running r(cfg);
+  ScopedServer scoped;
+  auto& [r, alpha, alpha2, beta] = scoped;
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  Client alpha(Options(r, TrustingCa(kAlphaToken)));
-  Client alpha2(Options(r, TrustingCa(kAlphaToken2)));
-  Client beta(Options(r, TrustingCa(kBetaToken)));
 
   v1::EmbedRequest embed;
   *embed.mutable_image() = ScopeTestImage(1);
@@ -754,14 +771,9 @@ TEST_F(ServerSecurity, CachesAreScopedPerTokenWithAuthOn) {
 // another scope's id is NOT_FOUND over gRPC and through POST /v1/generate, and the same scope finds it
 // (the fake engine then answers that it cannot generate: the lookup succeeded).
 TEST_F(ServerSecurity, GenerateMasksByIdIsScopedToo) {
-  ServerConfig cfg = TlsConfig();
-  cfg.auth_tokens = ScopedTokenFile();
-  cfg.http_listen = "127.0.0.1:0";
-  Running r(cfg);
+  ScopedServer scoped;
+  auto& [r, alpha, alpha2, beta] = scoped;
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  Client alpha(Options(r, TrustingCa(kAlphaToken)));
-  Client alpha2(Options(r, TrustingCa(kAlphaToken2)));
-  Client beta(Options(r, TrustingCa(kBetaToken)));
   v1::EmbedRequest embed;
   *embed.mutable_image() = ScopeTestImage(3);
   auto a = alpha.Embed(embed);
@@ -791,14 +803,9 @@ TEST_F(ServerSecurity, GenerateMasksByIdIsScopedToo) {
 }
 
 TEST_F(ServerSecurity, SharedCacheFlagRestoresOneCache) {
-  ServerConfig cfg = TlsConfig();
-  cfg.auth_tokens = ScopedTokenFile();
-  cfg.auth_shared_cache = true;
-  cfg.http_listen = "127.0.0.1:0";
-  Running r(cfg);
+  ScopedServer scoped(/*shared_cache=*/true);
+  auto& [r, alpha, alpha2, beta] = scoped;
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  Client alpha(Options(r, TrustingCa(kAlphaToken)));
-  Client beta(Options(r, TrustingCa(kBetaToken)));
   v1::EmbedRequest embed;
   *embed.mutable_image() = ScopeTestImage(3);
   auto a = alpha.Embed(embed);
