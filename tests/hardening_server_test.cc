@@ -681,32 +681,48 @@ TEST(HardeningShutdown, SignalDuringLoadingExitsZeroPromptly) {
   EXPECT_LT(took, 10.0) << "waited for the 60 s load";
 }
 
-TEST(HardeningShutdown, LongBatchDoesNotHoldTheExitPastTheGracePeriod) {
-  ChildProcess p(FakeMaskdArgs({"--fake-decode-ms", "60000", "--shutdown-grace-s", "1",
-                                "--decoder-queue-delay-us", "0"}));
-  const std::optional<std::string> port =
-      p.WaitFor("listening on 127\\.0\\.0\\.1:([0-9]+)", std::chrono::seconds(20));
-  ASSERT_TRUE(port) << p.output();
-  ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
-  ClientOptions co;
-  co.target = "127.0.0.1:" + *port;
-  co.timeout = std::chrono::milliseconds(120000);
-  Client client(co);
-  auto call = std::async(std::launch::async, [&] {
-    v1::SegmentRequest r;
-    *r.mutable_image() = EncodedPicture(32, 32, 4);
-    *r.add_prompts() = Point(5, 5);
-    return client.Segment(r);
-  });
-  // Until the 60 s decoder batch runs.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  bool running = false;
-  while (!running && std::chrono::steady_clock::now() < until) {
-    auto info = client.GetInfo();
-    running = info.ok() && info->decoder_queue().batches() >= 1;
-    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+// maskd_fake whose decoder batches take 60 s, and one Segment call in such a batch: what a signal does
+// while a batch runs.
+struct LongBatch {
+  explicit LongBatch(const std::string& shutdown_grace_s)
+      : p(FakeMaskdArgs({"--fake-decode-ms", "60000", "--shutdown-grace-s", shutdown_grace_s,
+                         "--decoder-queue-delay-us", "0"})) {}
+
+  // Returns once the call's decoder batch runs (fatal failure if maskd does not get there in 20 s).
+  void Start(int seed) {
+    const std::optional<std::string> port =
+        p.WaitFor("listening on 127\\.0\\.0\\.1:([0-9]+)", std::chrono::seconds(20));
+    ASSERT_TRUE(port) << p.output();
+    ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
+    ClientOptions co;
+    co.target = "127.0.0.1:" + *port;
+    co.timeout = std::chrono::milliseconds(120000);
+    client = std::make_unique<Client>(co);
+    call = std::async(std::launch::async, [this, seed] {
+      v1::SegmentRequest r;
+      *r.mutable_image() = EncodedPicture(32, 32, seed);
+      *r.add_prompts() = Point(5, 5);
+      return client->Segment(r);
+    });
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    bool running = false;
+    while (!running && std::chrono::steady_clock::now() < until) {
+      auto info = client->GetInfo();
+      running = info.ok() && info->decoder_queue().batches() >= 1;
+      if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(running) << p.output();
   }
-  ASSERT_TRUE(running) << p.output();
+
+  ChildProcess p;
+  std::unique_ptr<Client> client;
+  std::future<StatusOr<v1::SegmentResponse>> call;
+};
+
+TEST(HardeningShutdown, LongBatchDoesNotHoldTheExitPastTheGracePeriod) {
+  LongBatch batch("1");
+  ASSERT_NO_FATAL_FAILURE(batch.Start(/*seed=*/4));
+  ChildProcess& p = batch.p;
   const auto t0 = std::chrono::steady_clock::now();
   p.Signal(SIGTERM);
   const std::optional<int> code = p.WaitExit(std::chrono::seconds(40));
@@ -716,35 +732,14 @@ TEST(HardeningShutdown, LongBatchDoesNotHoldTheExitPastTheGracePeriod) {
   // --shutdown-grace-s 1 + kShutdownMarginS (2 s), with room for a loaded machine; the batch: 60 s.
   EXPECT_LT(took, 1 + kShutdownMarginS + 4) << p.output();
   EXPECT_NE(p.output().find("exiting without waiting"), std::string::npos) << p.output();
-  auto res = call.get();
+  auto res = batch.call.get();
   EXPECT_FALSE(res.ok());
 }
 
 TEST(HardeningShutdown, SecondSignalExitsAtOnce) {
-  ChildProcess p(FakeMaskdArgs({"--fake-decode-ms", "60000", "--shutdown-grace-s", "60",
-                                "--decoder-queue-delay-us", "0"}));
-  const std::optional<std::string> port =
-      p.WaitFor("listening on 127\\.0\\.0\\.1:([0-9]+)", std::chrono::seconds(20));
-  ASSERT_TRUE(port) << p.output();
-  ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
-  ClientOptions co;
-  co.target = "127.0.0.1:" + *port;
-  co.timeout = std::chrono::milliseconds(120000);
-  Client client(co);
-  auto call = std::async(std::launch::async, [&] {
-    v1::SegmentRequest r;
-    *r.mutable_image() = EncodedPicture(32, 32, 6);
-    *r.add_prompts() = Point(5, 5);
-    return client.Segment(r);
-  });
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  bool running = false;
-  while (!running && std::chrono::steady_clock::now() < until) {
-    auto info = client.GetInfo();
-    running = info.ok() && info->decoder_queue().batches() >= 1;
-    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_TRUE(running) << p.output();
+  LongBatch batch("60");
+  ASSERT_NO_FATAL_FAILURE(batch.Start(/*seed=*/6));
+  ChildProcess& p = batch.p;
   p.Signal(SIGTERM);
   ASSERT_TRUE(p.WaitFor("received SIGTERM: shutting down", std::chrono::seconds(10))) << p.output();
   // Draining (the call has 60 s of grace): the operator insists.
@@ -756,7 +751,7 @@ TEST(HardeningShutdown, SecondSignalExitsAtOnce) {
   EXPECT_EQ(*code, 0) << p.output();
   EXPECT_LT(took, 3.0) << p.output();
   EXPECT_NE(p.output().find("received SIGINT again: exiting at once"), std::string::npos) << p.output();
-  EXPECT_FALSE(call.get().ok());
+  EXPECT_FALSE(batch.call.get().ok());
 }
 
 TEST(HardeningShutdown, IdleServerDrainsAndExitsZero) {
