@@ -458,6 +458,24 @@ StatusOr<std::vector<std::string>> JsonToArgs(const std::string& path) {
   return args;
 }
 
+// Flags and environment onto `config`. False when maskd should exit instead: `out` then holds the
+// --help or --version text, or the error, and the exit code.
+bool ParseFlags(int argc, const char* const* argv, ServerConfig& config, ConfigParseResult& out) {
+  CLI::App app{"maskd", "maskd"};
+  Describe(app);
+  AddOptions(app, config);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::ostringstream o, err;
+    out.exit = true;
+    out.exit_code = app.exit(e, o, err);
+    out.output = o.str() + err.str();
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 ConfigParseResult ParseConfig(int argc, const char* const* argv) {
@@ -465,20 +483,7 @@ ConfigParseResult ParseConfig(int argc, const char* const* argv) {
   // Pass 1: flags and environment alone, to find --config (and to answer --help/--version or a bad
   // flag before anything is read).
   ServerConfig scratch;
-  {
-    CLI::App app{"maskd", "maskd"};
-    Describe(app);
-    AddOptions(app, scratch);
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-      std::ostringstream o, err;
-      out.exit = true;
-      out.exit_code = app.exit(e, o, err);
-      out.output = o.str() + err.str();
-      return out;
-    }
-  }
+  if (!ParseFlags(argc, argv, scratch, out)) return out;
   ServerConfig config;
   // Pass 2: the file onto the defaults.
   if (!scratch.config_file.empty()) {
@@ -502,20 +507,7 @@ ConfigParseResult ParseConfig(int argc, const char* const* argv) {
     }
   }
   // Pass 3: environment and flags over the file.
-  {
-    CLI::App app{"maskd", "maskd"};
-    Describe(app);
-    AddOptions(app, config);
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-      std::ostringstream o, err;
-      out.exit = true;
-      out.exit_code = app.exit(e, o, err);
-      out.output = o.str() + err.str();
-      return out;
-    }
-  }
+  if (!ParseFlags(argc, argv, config, out)) return out;
   config.config_file = scratch.config_file;
   if (!config.checkpoint.empty()) {
     bool flag = false;
