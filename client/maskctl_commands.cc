@@ -432,6 +432,17 @@ int RunEverything(const MaskctlConfig& config, const EverythingFlags& f, std::os
   return 0;
 }
 
+// --format and --polygon-tolerance for segment and everything, which differ only in the formats
+// they offer (everything has no low-res logits).
+void AddMaskFormatOptions(CLI::App* cmd, std::string* format, float* polygon_tolerance,
+                          const std::string& format_help, const std::vector<std::string>& formats) {
+  cmd->add_option("--format", *format, format_help)->check(CLI::IsMember(formats))->capture_default_str();
+  cmd->add_option("--polygon-tolerance", *polygon_tolerance,
+                  "--format polygons: Douglas-Peucker tolerance in pixels (0 = exact pixel outline)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+}
+
 }  // namespace
 
 void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, std::ostream& out,
@@ -542,15 +553,10 @@ void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, st
                     "which mask of --mask-from to use (default: its best)")
         ->check(CLI::NonNegativeNumber);
     seg->add_flag("--multimask", f->multimask, "return SAM's three candidate masks instead of one");
-    seg->add_option("--format", f->format,
-                    "mask format: rle (COCO RLE), png, logits (256x256 low-res), polygons (outer "
-                    "contours and holes)")
-        ->check(CLI::IsMember({"rle", "png", "logits", "polygons"}))
-        ->capture_default_str();
-    seg->add_option("--polygon-tolerance", f->polygon_tolerance,
-                    "--format polygons: Douglas-Peucker tolerance in pixels (0 = exact pixel outline)")
-        ->check(CLI::NonNegativeNumber)
-        ->capture_default_str();
+    AddMaskFormatOptions(seg, &f->format, &f->polygon_tolerance,
+                         "mask format: rle (COCO RLE), png, logits (256x256 low-res), polygons "
+                         "(outer contours and holes)",
+                         {"rle", "png", "logits", "polygons"});
     seg->add_option("--out-json", f->out_json, "write the SegmentResponse as JSON to FILE");
     seg->add_option("--out-coco", f->out_coco,
                     "write the masks as a COCO annotations JSON to FILE (images, annotations with "
@@ -577,13 +583,8 @@ void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, st
         "an image or every image of a folder, with progress; parameters not given take the "
         "original's defaults");
     ev->add_option("IMAGE_OR_FOLDER", f->input, "JPEG, PNG or WebP file, or a folder of them")->required();
-    ev->add_option("--format", f->format, "mask format: rle (COCO RLE), png, polygons")
-        ->check(CLI::IsMember({"rle", "png", "polygons"}))
-        ->capture_default_str();
-    ev->add_option("--polygon-tolerance", f->polygon_tolerance,
-                   "--format polygons: Douglas-Peucker tolerance in pixels (0 = exact pixel outline)")
-        ->check(CLI::NonNegativeNumber)
-        ->capture_default_str();
+    AddMaskFormatOptions(ev, &f->format, &f->polygon_tolerance, "mask format: rle (COCO RLE), png, polygons",
+                         {"rle", "png", "polygons"});
     ev->add_option("--out-coco", f->out_coco,
                    "write every image's masks as one COCO annotations JSON to FILE (images, "
                    "annotations with segmentation, area, bbox, score; categories), readable by "

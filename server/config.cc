@@ -148,6 +148,12 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
             ->type_name("BYTES"),
         name);
   };
+  // Most settings: a flag and its environment variable under one name, a range check and the
+  // default shown in --help.
+  auto ranged = [&](const std::string& name, auto& field, const std::string& help,
+                    const CLI::Validator& check, const char* group) {
+    env(app.add_option("--" + name, field, help)->check(check)->capture_default_str()->group(group), name);
+  };
   auto tristate = [&](const std::string& name, std::optional<bool>* target, const std::string& help) {
     env(app.add_option_function<std::string>(
                 "--" + name,
@@ -243,22 +249,20 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
                                           "yes or no)";
       },
       "BOOL");
-  env(app.add_option("--warmup", c.warmup,
-                     "Warm every prepared shape up before serving (health stays NOT_SERVING until "
-                     "then)")
-          ->check(boolean_word)
-          ->type_name("BOOL")
-          ->capture_default_str()
-          ->group(g_dev),
-      "warmup");
-  env(app.add_option("--require-checkpoint", c.require_checkpoint,
-                     "Refuse to start when no checkpoint is found, instead of serving the built-in "
-                     "demo model with random weights (for deployments: a missing mount fails loudly)")
-          ->check(boolean_word)
-          ->type_name("BOOL")
-          ->capture_default_str()
-          ->group(g_model),
-      "require-checkpoint");
+  auto boolean = [&](const std::string& name, bool& field, const std::string& help, const char* group) {
+    env(app.add_option("--" + name, field, help)
+            ->check(boolean_word)
+            ->type_name("BOOL")
+            ->capture_default_str()
+            ->group(group),
+        name);
+  };
+  boolean("warmup", c.warmup,
+          "Warm every prepared shape up before serving (health stays NOT_SERVING until then)", g_dev);
+  boolean("require-checkpoint", c.require_checkpoint,
+          "Refuse to start when no checkpoint is found, instead of serving the built-in demo model "
+          "with random weights (for deployments: a missing mount fails loudly)",
+          g_model);
 
   auto* g_net = "Network";
   env(app.add_option("--listen", c.listen,
@@ -286,42 +290,21 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
       "metrics-listen");
 
   auto* g_batch = "Batching (per device)";
-  env(app.add_option("--encoder-max-batch", c.encoder_max_batch, "Images per encoder batch")
-          ->check(CLI::Range(1, 1024))
-          ->capture_default_str()
-          ->group(g_batch),
-      "encoder-max-batch");
-  env(app.add_option("--encoder-queue-delay-us", c.encoder_queue_delay_us,
-                     "Longest an image waits for its encoder batch to fill, microseconds")
-          ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))
-          ->capture_default_str()
-          ->group(g_batch),
-      "encoder-queue-delay-us");
-  env(app.add_option("--encoder-queue-capacity", c.encoder_queue_capacity,
-                     "Images queued for the encoder before RESOURCE_EXHAUSTED")
-          ->check(CLI::Range(1, 1'000'000))
-          ->capture_default_str()
-          ->group(g_batch),
-      "encoder-queue-capacity");
-  env(app.add_option("--decoder-max-prompts", c.decoder_max_prompts,
-                     "Prompts per mask-decoder batch (from any requests and images)")
-          ->check(CLI::Range(1, 65536))
-          ->capture_default_str()
-          ->group(g_batch),
-      "decoder-max-prompts");
-  env(app.add_option("--decoder-request-prompts", c.decoder_request_prompts,
-                     "Most prompts of one request in one mask-decoder batch; bigger requests run in "
-                     "parts that take turns with other requests' prompts (fairness, cancellation)")
-          ->check(CLI::Range(1, 65536))
-          ->capture_default_str()
-          ->group(g_batch),
-      "decoder-request-prompts");
-  env(app.add_option("--decoder-queue-delay-us", c.decoder_queue_delay_us,
-                     "Longest a prompt waits for its decoder batch to fill, microseconds")
-          ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))
-          ->capture_default_str()
-          ->group(g_batch),
-      "decoder-queue-delay-us");
+  ranged("encoder-max-batch", c.encoder_max_batch, "Images per encoder batch", CLI::Range(1, 1024), g_batch);
+  ranged("encoder-queue-delay-us", c.encoder_queue_delay_us,
+         "Longest an image waits for its encoder batch to fill, microseconds",
+         CLI::Range(int64_t{0}, int64_t{10'000'000}), g_batch);
+  ranged("encoder-queue-capacity", c.encoder_queue_capacity,
+         "Images queued for the encoder before RESOURCE_EXHAUSTED", CLI::Range(1, 1'000'000), g_batch);
+  ranged("decoder-max-prompts", c.decoder_max_prompts,
+         "Prompts per mask-decoder batch (from any requests and images)", CLI::Range(1, 65536), g_batch);
+  ranged("decoder-request-prompts", c.decoder_request_prompts,
+         "Most prompts of one request in one mask-decoder batch; bigger requests run in "
+         "parts that take turns with other requests' prompts (fairness, cancellation)",
+         CLI::Range(1, 65536), g_batch);
+  ranged("decoder-queue-delay-us", c.decoder_queue_delay_us,
+         "Longest a prompt waits for its decoder batch to fill, microseconds",
+         CLI::Range(int64_t{0}, int64_t{10'000'000}), g_batch);
   env(app.add_option("--decoder-launch-when-idle", c.decoder_launch_when_idle,
                      "A prompt that finds the decoder idle runs at once; --decoder-queue-delay-us "
                      "then applies only while a decoder batch is running (under load)")
@@ -337,12 +320,8 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_batch),
       "gpu-turns");
-  env(app.add_option("--decoder-queue-capacity", c.decoder_queue_capacity,
-                     "Prompts queued for the decoder before RESOURCE_EXHAUSTED")
-          ->check(CLI::Range(1, 100'000'000))
-          ->capture_default_str()
-          ->group(g_batch),
-      "decoder-queue-capacity");
+  ranged("decoder-queue-capacity", c.decoder_queue_capacity,
+         "Prompts queued for the decoder before RESOURCE_EXHAUSTED", CLI::Range(1, 100'000'000), g_batch);
 
   auto* g_mem = "Memory (per device)";
   bytes("cache-device-bytes", &c.cache_device_bytes,
@@ -364,90 +343,45 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
   app.get_option("--max-inflight-bytes")->group("Memory (whole server)");
 
   auto* g_thr = "Threads";
-  env(app.add_option("--decode-threads", c.decode_threads,
-                     "Threads hashing, decoding and resizing images (0: half the cores, at least 2)")
-          ->check(CLI::Range(0, 1024))
-          ->capture_default_str()
-          ->group(g_thr),
-      "decode-threads");
-  env(app.add_option("--decode-queue-capacity", c.decode_queue_capacity,
-                     "Requests waiting for a decode thread before RESOURCE_EXHAUSTED")
-          ->check(CLI::Range(1, 1'000'000))
-          ->capture_default_str()
-          ->group(g_thr),
-      "decode-queue-capacity");
-  env(app.add_option("--postprocess-threads", c.postprocess_threads,
-                     "Threads post-processing masks and building responses (0: half the cores, at "
-                     "least 2)")
-          ->check(CLI::Range(0, 1024))
-          ->capture_default_str()
-          ->group(g_thr),
-      "postprocess-threads");
+  ranged("decode-threads", c.decode_threads,
+         "Threads hashing, decoding and resizing images (0: half the cores, at least 2)",
+         CLI::Range(0, 1024), g_thr);
+  ranged("decode-queue-capacity", c.decode_queue_capacity,
+         "Requests waiting for a decode thread before RESOURCE_EXHAUSTED", CLI::Range(1, 1'000'000), g_thr);
+  ranged("postprocess-threads", c.postprocess_threads,
+         "Threads post-processing masks and building responses (0: half the cores, at "
+         "least 2)",
+         CLI::Range(0, 1024), g_thr);
 
-  env(app.add_option("--generate-threads", c.generate_threads,
-                     "GenerateMasks calls running at once (each runs the generator loop and waits for "
-                     "its point batches in the shared decoder batches)")
-          ->check(CLI::Range(1, 1024))
-          ->capture_default_str()
-          ->group(g_thr),
-      "generate-threads");
-  env(app.add_option("--generate-queue-capacity", c.generate_queue_capacity,
-                     "GenerateMasks calls waiting for a generation thread before RESOURCE_EXHAUSTED")
-          ->check(CLI::Range(1, 1'000'000))
-          ->capture_default_str()
-          ->group(g_thr),
-      "generate-queue-capacity");
+  ranged("generate-threads", c.generate_threads,
+         "GenerateMasks calls running at once (each runs the generator loop and waits for "
+         "its point batches in the shared decoder batches)",
+         CLI::Range(1, 1024), g_thr);
+  ranged("generate-queue-capacity", c.generate_queue_capacity,
+         "GenerateMasks calls waiting for a generation thread before RESOURCE_EXHAUSTED",
+         CLI::Range(1, 1'000'000), g_thr);
 
   auto* g_lim = "Request limits";
   bytes("max-image-bytes", &c.max_image_bytes, "Largest encoded image accepted");
   app.get_option("--max-image-bytes")->group(g_lim);
-  env(app.add_option("--max-image-pixels", c.max_image_pixels, "Largest decoded width * height")
-          ->check(CLI::Range(uint64_t{1}, uint64_t{268'435'456}))
-          ->capture_default_str()
-          ->group(g_lim),
-      "max-image-pixels");
-  env(app.add_option("--max-prompts-per-request", c.max_prompts_per_request,
-                     "Prompts in one Segment request or stream message")
-          ->check(CLI::Range(1u, 65536u))
-          ->capture_default_str()
-          ->group(g_lim),
-      "max-prompts-per-request");
-  env(app.add_option("--max-points-per-prompt", c.max_points_per_prompt, "Points in one prompt")
-          ->check(CLI::Range(1u, 4096u))
-          ->capture_default_str()
-          ->group(g_lim),
-      "max-points-per-prompt");
-  env(app.add_option("--max-generate-points-per-side", c.max_generate_points_per_side,
-                     "GenerateMasks: largest params.points_per_side")
-          ->check(CLI::Range(1, 1024))
-          ->capture_default_str()
-          ->group(g_lim),
-      "max-generate-points-per-side");
-  env(app.add_option("--max-generate-grid-points", c.max_generate_grid_points,
-                     "GenerateMasks: most grid points over all crop layers (points_per_side^2 per "
-                     "layer, or the explicit point_grids)")
-          ->check(CLI::Range(1, 1'048'576))
-          ->capture_default_str()
-          ->group(g_lim),
-      "max-generate-grid-points");
-  env(app.add_option("--max-generate-points-per-batch", c.max_generate_points_per_batch,
-                     "GenerateMasks: largest params.points_per_batch")
-          ->check(CLI::Range(1, 65536))
-          ->capture_default_str()
-          ->group(g_lim),
-      "max-generate-points-per-batch");
-  env(app.add_option("--max-generate-crop-layers", c.max_generate_crop_layers,
-                     "GenerateMasks: largest params.crop_n_layers (layer i encodes 4^i crops)")
-          ->check(CLI::Range(0, 8))
-          ->capture_default_str()
-          ->group(g_lim),
-      "max-generate-crop-layers");
-  env(app.add_option("--max-generate-downscale-factor", c.max_generate_downscale_factor,
-                     "GenerateMasks: largest params.crop_n_points_downscale_factor")
-          ->check(CLI::Range(1, 64))
-          ->capture_default_str()
-          ->group(g_lim),
-      "max-generate-downscale-factor");
+  ranged("max-image-pixels", c.max_image_pixels,
+         "Largest decoded width * height", CLI::Range(uint64_t{1}, uint64_t{268'435'456}), g_lim);
+  ranged("max-prompts-per-request", c.max_prompts_per_request,
+         "Prompts in one Segment request or stream message", CLI::Range(1u, 65536u), g_lim);
+  ranged("max-points-per-prompt", c.max_points_per_prompt,
+         "Points in one prompt", CLI::Range(1u, 4096u), g_lim);
+  ranged("max-generate-points-per-side", c.max_generate_points_per_side,
+         "GenerateMasks: largest params.points_per_side", CLI::Range(1, 1024), g_lim);
+  ranged("max-generate-grid-points", c.max_generate_grid_points,
+         "GenerateMasks: most grid points over all crop layers (points_per_side^2 per "
+         "layer, or the explicit point_grids)",
+         CLI::Range(1, 1'048'576), g_lim);
+  ranged("max-generate-points-per-batch", c.max_generate_points_per_batch,
+         "GenerateMasks: largest params.points_per_batch", CLI::Range(1, 65536), g_lim);
+  ranged("max-generate-crop-layers", c.max_generate_crop_layers,
+         "GenerateMasks: largest params.crop_n_layers (layer i encodes 4^i crops)", CLI::Range(0, 8), g_lim);
+  ranged("max-generate-downscale-factor", c.max_generate_downscale_factor,
+         "GenerateMasks: largest params.crop_n_points_downscale_factor", CLI::Range(1, 64), g_lim);
 
   auto* g_log = "Logging and lifecycle";
   env(app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error, critical or off")
@@ -462,19 +396,11 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
           ->capture_default_str()
           ->group(g_log),
       "log-format");
-  env(app.add_option("--access-log", c.access_log, "One log line per call")
-          ->check(boolean_word)
-          ->type_name("BOOL")
-          ->capture_default_str()
-          ->group(g_log),
-      "access-log");
-  env(app.add_option("--shutdown-grace-s", c.shutdown_grace_s,
-                     "On SIGINT/SIGTERM: seconds in-flight calls may take to finish before they are "
-                     "cancelled")
-          ->check(CLI::Range(0.0, 3600.0))
-          ->capture_default_str()
-          ->group(g_log),
-      "shutdown-grace-s");
+  boolean("access-log", c.access_log, "One log line per call", g_log);
+  ranged("shutdown-grace-s", c.shutdown_grace_s,
+         "On SIGINT/SIGTERM: seconds in-flight calls may take to finish before they are "
+         "cancelled",
+         CLI::Range(0.0, 3600.0), g_log);
   AddSecurityOptions(app, c, boolean_word);
 }
 
@@ -532,6 +458,24 @@ StatusOr<std::vector<std::string>> JsonToArgs(const std::string& path) {
   return args;
 }
 
+// Flags and environment onto `config`. False when maskd should exit instead: `out` then holds the
+// --help or --version text, or the error, and the exit code.
+bool ParseFlags(int argc, const char* const* argv, ServerConfig& config, ConfigParseResult& out) {
+  CLI::App app{"maskd", "maskd"};
+  Describe(app);
+  AddOptions(app, config);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::ostringstream o, err;
+    out.exit = true;
+    out.exit_code = app.exit(e, o, err);
+    out.output = o.str() + err.str();
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 ConfigParseResult ParseConfig(int argc, const char* const* argv) {
@@ -539,20 +483,7 @@ ConfigParseResult ParseConfig(int argc, const char* const* argv) {
   // Pass 1: flags and environment alone, to find --config (and to answer --help/--version or a bad
   // flag before anything is read).
   ServerConfig scratch;
-  {
-    CLI::App app{"maskd", "maskd"};
-    Describe(app);
-    AddOptions(app, scratch);
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-      std::ostringstream o, err;
-      out.exit = true;
-      out.exit_code = app.exit(e, o, err);
-      out.output = o.str() + err.str();
-      return out;
-    }
-  }
+  if (!ParseFlags(argc, argv, scratch, out)) return out;
   ServerConfig config;
   // Pass 2: the file onto the defaults.
   if (!scratch.config_file.empty()) {
@@ -576,20 +507,7 @@ ConfigParseResult ParseConfig(int argc, const char* const* argv) {
     }
   }
   // Pass 3: environment and flags over the file.
-  {
-    CLI::App app{"maskd", "maskd"};
-    Describe(app);
-    AddOptions(app, config);
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-      std::ostringstream o, err;
-      out.exit = true;
-      out.exit_code = app.exit(e, o, err);
-      out.output = o.str() + err.str();
-      return out;
-    }
-  }
+  if (!ParseFlags(argc, argv, config, out)) return out;
   config.config_file = scratch.config_file;
   if (!config.checkpoint.empty()) {
     bool flag = false;

@@ -301,6 +301,17 @@ void TimingToProto(const CallTiming& t, v1::CallTiming* p) {
   p->set_total_us(t.total_us);
 }
 
+// The image fields that EmbedResponse, SegmentResponse and GenerateMasksResponse all carry under
+// the same names; a template because the three messages share no base type.
+template <typename Response>
+void ImageOutcomeToProto(const ImageOutcome& o, Response* r) {
+  r->set_image_id(o.image_id);
+  r->set_width(o.width);
+  r->set_height(o.height);
+  r->set_cached(o.cached);
+  TimingToProto(o.timing, r->mutable_timing());
+}
+
 // A mask's contours as Polygons (Segment's MaskResult and GenerateMasks' GeneratedMask alike).
 void PolygonsToProto(const std::vector<Contour>& contours, v1::Polygons* ps) {
   for (const Contour& c : contours) {
@@ -327,11 +338,7 @@ StatusOr<std::optional<Precision>> EmbeddingDtypeFrom(int value, const std::stri
 }
 
 void ToProto(const ImageOutcome& o, v1::EmbedResponse* r) {
-  r->set_image_id(o.image_id);
-  r->set_width(o.width);
-  r->set_height(o.height);
-  r->set_cached(o.cached);
-  TimingToProto(o.timing, r->mutable_timing());
+  ImageOutcomeToProto(o, r);
   if (o.embedding) {
     v1::ImageEmbedding* e = r->mutable_embedding();
     e->set_dtype(o.embedding->dtype == Precision::kBFloat16  ? v1::EMBEDDING_DTYPE_BF16
@@ -347,11 +354,7 @@ void ToProto(const ImageOutcome& o, v1::EmbedResponse* r) {
 }
 
 void ToProto(const SegmentOutcome& o, const Status& status, v1::SegmentResponse* r) {
-  r->set_image_id(o.image.image_id);
-  r->set_width(o.image.width);
-  r->set_height(o.image.height);
-  r->set_cached(o.image.cached);
-  TimingToProto(o.image.timing, r->mutable_timing());
+  ImageOutcomeToProto(o.image, r);
   r->clear_results();
   if (!status.ok()) return;
   for (const PromptResult& p : o.results) {
@@ -393,11 +396,7 @@ void ToProto(const SegmentOutcome& o, const Status& status, v1::SegmentResponse*
 }
 
 void ToProto(const GenerateOutcome& o, const Status& status, v1::GenerateMasksResponse* r) {
-  r->set_image_id(o.image.image_id);
-  r->set_width(o.image.width);
-  r->set_height(o.image.height);
-  r->set_cached(o.image.cached);
-  TimingToProto(o.image.timing, r->mutable_timing());
+  ImageOutcomeToProto(o.image, r);
   r->clear_masks();
   if (!status.ok()) return;
   v1::GenerationStats* st = r->mutable_stats();

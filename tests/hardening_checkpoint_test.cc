@@ -12,42 +12,19 @@
 #include "model/api/engine.h"
 #include "model/sam.h"
 #include "model/sam_config.h"
+#include "tests/checkpoint_files.h"
 
 namespace maskd {
 namespace {
 
 using namespace std::string_literals;
+using testing::ReadAll;
+using testing::Safetensors;
+using testing::TempPath;
+using testing::TinyStateDict;
+using testing::WriteAll;
 
-std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "/maskd_hardening_" + std::to_string(::getpid()) + "_" + name;
-}
-
-std::string ReadAll(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-void WriteAll(const std::string& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(s.data(), static_cast<std::streamsize>(s.size()));
-}
-
-StateDict TinyStateDict() {
-  Sam model(*SamPreset("tiny"));
-  RandomizeWeights(*model, 11);
-  StateDict sd;
-  for (auto& [n, t] : ModelStateDict(*model)) sd.emplace_back(n, t.clone());
-  return sd;
-}
-
-// A safetensors file: `header` is the JSON header text, padded with spaces to `pad_to` bytes.
-std::string Safetensors(const std::string& header, const std::string& data, size_t pad_to = 0) {
-  std::string h = header;
-  if (h.size() < pad_to) h.append(pad_to - h.size(), ' ');
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
-  return out + h + data;
-}
+constexpr uint64_t kSeed = 11;  // TinyStateDict's weights: any seed, fixed so that a failure repeats
 
 // `sd` as safetensors, tensors in the given order.
 std::string SafetensorsOf(const StateDict& sd) {
@@ -91,7 +68,7 @@ TEST(HardeningCheckpoint, SafetensorsWhoseHeaderLengthStartsWith0x80IsNotCalledL
 }
 
 TEST(HardeningCheckpoint, SameWeightsHaveOneIdentityWhateverTheContainerOrOrder) {
-  StateDict sd = TinyStateDict();
+  StateDict sd = TinyStateDict(kSeed);
   const std::string pth = TempPath("same.pth");
   ASSERT_TRUE(WriteStateDict(sd, pth).ok());
   StateDict reversed(sd.rbegin(), sd.rend());
@@ -114,7 +91,7 @@ TEST(HardeningCheckpoint, SameWeightsHaveOneIdentityWhateverTheContainerOrOrder)
 
 TEST(HardeningCheckpoint, PthCorruptedMidFileIsRefusedByItsCrc) {
   const std::string path = TempPath("corrupt.pth");
-  ASSERT_TRUE(WriteStateDict(TinyStateDict(), path).ok());
+  ASSERT_TRUE(WriteStateDict(TinyStateDict(kSeed), path).ok());
   std::string bytes = ReadAll(path);
   // The middle of the file lies inside the largest weight record (deterministic layout).
   bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x5a);
@@ -130,7 +107,7 @@ TEST(HardeningCheckpoint, PthCorruptedMidFileIsRefusedByItsCrc) {
 
 TEST(HardeningCheckpoint, NanOrInfWeightsAreRefusedNamingTheTensor) {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
-    StateDict sd = TinyStateDict();
+    StateDict sd = TinyStateDict(kSeed);
     const std::string name = sd[sd.size() / 2].first;
     sd[sd.size() / 2].second.view(-1)[0] = bad;
     const std::string path = TempPath("nan.pth");

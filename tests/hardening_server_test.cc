@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <grpcpp/generic/generic_stub.h>
-#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "client/client.h"
@@ -168,43 +167,6 @@ TEST(HardeningLogSafe, EscapesControlsBackslashesAndInvalidUtf8) {
   EXPECT_EQ(LogSafe("\xed\xa0\x80"), "\\xed\\xa0\\x80");                      // a UTF-16 surrogate
   EXPECT_EQ(LogSafe("cut at the end \xe2\x82"), "cut at the end \\xe2\\x82");
 }
-
-// Captures what the server logs (spdlog's default logger) for one test.
-// A sink whose text may be read while server threads still log (under the sink's own lock).
-class StringSink final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  std::string text() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return text_;
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    spdlog::memory_buf_t formatted;
-    formatter_->format(msg, formatted);
-    text_.append(formatted.data(), formatted.size());
-  }
-  void flush_() override {}
-
- private:
-  std::string text_;
-};
-
-class CapturedLog {
- public:
-  CapturedLog() : old_(spdlog::default_logger()), sink_(std::make_shared<StringSink>()) {
-    sink_->set_pattern("%L %v");
-    auto logger = std::make_shared<spdlog::logger>("hardening-capture", sink_);
-    logger->set_level(spdlog::level::debug);
-    spdlog::set_default_logger(logger);
-  }
-  ~CapturedLog() { spdlog::set_default_logger(old_); }
-  std::string text() { return sink_->text(); }
-
- private:
-  std::shared_ptr<spdlog::logger> old_;
-  std::shared_ptr<StringSink> sink_;
-};
 
 TEST(HardeningLogSafe, NewlinesInRequestTagAndEchoedIdsStayOnTheirLine) {
   TestServer t;  // sets the level to err: capture from here on
@@ -719,32 +681,48 @@ TEST(HardeningShutdown, SignalDuringLoadingExitsZeroPromptly) {
   EXPECT_LT(took, 10.0) << "waited for the 60 s load";
 }
 
-TEST(HardeningShutdown, LongBatchDoesNotHoldTheExitPastTheGracePeriod) {
-  ChildProcess p(FakeMaskdArgs({"--fake-decode-ms", "60000", "--shutdown-grace-s", "1",
-                                "--decoder-queue-delay-us", "0"}));
-  const std::optional<std::string> port =
-      p.WaitFor("listening on 127\\.0\\.0\\.1:([0-9]+)", std::chrono::seconds(20));
-  ASSERT_TRUE(port) << p.output();
-  ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
-  ClientOptions co;
-  co.target = "127.0.0.1:" + *port;
-  co.timeout = std::chrono::milliseconds(120000);
-  Client client(co);
-  auto call = std::async(std::launch::async, [&] {
-    v1::SegmentRequest r;
-    *r.mutable_image() = EncodedPicture(32, 32, 4);
-    *r.add_prompts() = Point(5, 5);
-    return client.Segment(r);
-  });
-  // Until the 60 s decoder batch runs.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  bool running = false;
-  while (!running && std::chrono::steady_clock::now() < until) {
-    auto info = client.GetInfo();
-    running = info.ok() && info->decoder_queue().batches() >= 1;
-    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+// maskd_fake whose decoder batches take 60 s, and one Segment call in such a batch: what a signal does
+// while a batch runs.
+struct LongBatch {
+  explicit LongBatch(const std::string& shutdown_grace_s)
+      : p(FakeMaskdArgs({"--fake-decode-ms", "60000", "--shutdown-grace-s", shutdown_grace_s,
+                         "--decoder-queue-delay-us", "0"})) {}
+
+  // Returns once the call's decoder batch runs (fatal failure if maskd does not get there in 20 s).
+  void Start(int seed) {
+    const std::optional<std::string> port =
+        p.WaitFor("listening on 127\\.0\\.0\\.1:([0-9]+)", std::chrono::seconds(20));
+    ASSERT_TRUE(port) << p.output();
+    ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
+    ClientOptions co;
+    co.target = "127.0.0.1:" + *port;
+    co.timeout = std::chrono::milliseconds(120000);
+    client = std::make_unique<Client>(co);
+    call = std::async(std::launch::async, [this, seed] {
+      v1::SegmentRequest r;
+      *r.mutable_image() = EncodedPicture(32, 32, seed);
+      *r.add_prompts() = Point(5, 5);
+      return client->Segment(r);
+    });
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    bool running = false;
+    while (!running && std::chrono::steady_clock::now() < until) {
+      auto info = client->GetInfo();
+      running = info.ok() && info->decoder_queue().batches() >= 1;
+      if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(running) << p.output();
   }
-  ASSERT_TRUE(running) << p.output();
+
+  ChildProcess p;
+  std::unique_ptr<Client> client;
+  std::future<StatusOr<v1::SegmentResponse>> call;
+};
+
+TEST(HardeningShutdown, LongBatchDoesNotHoldTheExitPastTheGracePeriod) {
+  LongBatch batch("1");
+  ASSERT_NO_FATAL_FAILURE(batch.Start(/*seed=*/4));
+  ChildProcess& p = batch.p;
   const auto t0 = std::chrono::steady_clock::now();
   p.Signal(SIGTERM);
   const std::optional<int> code = p.WaitExit(std::chrono::seconds(40));
@@ -754,35 +732,14 @@ TEST(HardeningShutdown, LongBatchDoesNotHoldTheExitPastTheGracePeriod) {
   // --shutdown-grace-s 1 + kShutdownMarginS (2 s), with room for a loaded machine; the batch: 60 s.
   EXPECT_LT(took, 1 + kShutdownMarginS + 4) << p.output();
   EXPECT_NE(p.output().find("exiting without waiting"), std::string::npos) << p.output();
-  auto res = call.get();
+  auto res = batch.call.get();
   EXPECT_FALSE(res.ok());
 }
 
 TEST(HardeningShutdown, SecondSignalExitsAtOnce) {
-  ChildProcess p(FakeMaskdArgs({"--fake-decode-ms", "60000", "--shutdown-grace-s", "60",
-                                "--decoder-queue-delay-us", "0"}));
-  const std::optional<std::string> port =
-      p.WaitFor("listening on 127\\.0\\.0\\.1:([0-9]+)", std::chrono::seconds(20));
-  ASSERT_TRUE(port) << p.output();
-  ASSERT_TRUE(p.WaitFor("serving maskd", std::chrono::seconds(20))) << p.output();
-  ClientOptions co;
-  co.target = "127.0.0.1:" + *port;
-  co.timeout = std::chrono::milliseconds(120000);
-  Client client(co);
-  auto call = std::async(std::launch::async, [&] {
-    v1::SegmentRequest r;
-    *r.mutable_image() = EncodedPicture(32, 32, 6);
-    *r.add_prompts() = Point(5, 5);
-    return client.Segment(r);
-  });
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  bool running = false;
-  while (!running && std::chrono::steady_clock::now() < until) {
-    auto info = client.GetInfo();
-    running = info.ok() && info->decoder_queue().batches() >= 1;
-    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_TRUE(running) << p.output();
+  LongBatch batch("60");
+  ASSERT_NO_FATAL_FAILURE(batch.Start(/*seed=*/6));
+  ChildProcess& p = batch.p;
   p.Signal(SIGTERM);
   ASSERT_TRUE(p.WaitFor("received SIGTERM: shutting down", std::chrono::seconds(10))) << p.output();
   // Draining (the call has 60 s of grace): the operator insists.
@@ -794,7 +751,7 @@ TEST(HardeningShutdown, SecondSignalExitsAtOnce) {
   EXPECT_EQ(*code, 0) << p.output();
   EXPECT_LT(took, 3.0) << p.output();
   EXPECT_NE(p.output().find("received SIGINT again: exiting at once"), std::string::npos) << p.output();
-  EXPECT_FALSE(call.get().ok());
+  EXPECT_FALSE(batch.call.get().ok());
 }
 
 TEST(HardeningShutdown, IdleServerDrainsAndExitsZero) {

@@ -44,15 +44,19 @@ LoadConfig ShortRun(const std::string& target) {
   return c;
 }
 
+// Runs `c` on GenerateImagePool(images, width, height, seed); a pool that cannot be made fails the run.
+StatusOr<LoadResult> RunWithPool(const LoadConfig& c, int images, int width, int height, uint64_t seed) {
+  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(images, width, height, seed);
+  if (!pool.ok()) return pool.status();
+  return LoadRunner(c, *pool).Run();
+}
+
 TEST(MaskloadFake, InteractiveClosedLoopIsCheapPerCall) {
   testing::FakeMaskd server;
-  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(4, 128, 96, 1);
-  ASSERT_TRUE(pool.ok());
   LoadConfig c = ShortRun(server.target());
   c.workload = Workload::kInteractive;
   c.concurrency = 32;
-  LoadRunner runner(c, *pool);
-  StatusOr<LoadResult> r = runner.Run();
+  StatusOr<LoadResult> r = RunWithPool(c, /*images=*/4, 128, 96, /*seed=*/1);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->whole_run.errors, 0u) << nlohmann::json(r->whole_run.errors_by_code).dump();
   EXPECT_GT(r->summary.ok, 0u);
@@ -111,15 +115,12 @@ TEST(MaskloadFake, EveryCallCarriesTheAffinityHeaderOfItsImage) {
 
 TEST(MaskloadFake, BatchSendsUniqueImagesWithJaggedPrompts) {
   testing::FakeMaskd server;
-  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(2, 160, 120, 3);
-  ASSERT_TRUE(pool.ok());
   LoadConfig c = ShortRun(server.target());
   c.workload = Workload::kBatch;
   c.concurrency = 4;
   c.max_requests = 300;
   c.max_duration_s = 20;
-  LoadRunner runner(c, *pool);
-  StatusOr<LoadResult> r = runner.Run();
+  StatusOr<LoadResult> r = RunWithPool(c, /*images=*/2, 160, 120, /*seed=*/3);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->whole_run.errors, 0u);
   EXPECT_EQ(r->whole_run.ok, r->whole_run.images);  // each batch call is one image
@@ -150,15 +151,12 @@ TEST(MaskloadFake, BatchSendsUniqueImagesWithJaggedPrompts) {
 
 TEST(MaskloadFake, OpenLoopHoldsTheTargetRate) {
   testing::FakeMaskd server;
-  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(2, 64, 48, 1);
-  ASSERT_TRUE(pool.ok());
   LoadConfig c = ShortRun(server.target());
   c.workload = Workload::kInteractive;
   c.rate = 800;
   c.window_s = 1;
   c.max_duration_s = 8;
-  LoadRunner runner(c, *pool);
-  StatusOr<LoadResult> r = runner.Run();
+  StatusOr<LoadResult> r = RunWithPool(c, /*images=*/2, 64, 48, /*seed=*/1);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->whole_run.errors, 0u);
   // Poisson(800) over >= 3 s: sd of the rate ~ 2 %; allow for a busy machine.
@@ -167,14 +165,11 @@ TEST(MaskloadFake, OpenLoopHoldsTheTargetRate) {
 
 TEST(MaskloadFake, MixedCountsBothKinds) {
   testing::FakeMaskd server;
-  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(2, 64, 48, 1);
-  ASSERT_TRUE(pool.ok());
   LoadConfig c = ShortRun(server.target());
   c.workload = Workload::kMixed;
   c.batch_fraction = 0.3;
   c.concurrency = 8;
-  LoadRunner runner(c, *pool);
-  StatusOr<LoadResult> r = runner.Run();
+  StatusOr<LoadResult> r = RunWithPool(c, /*images=*/2, 64, 48, /*seed=*/1);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->whole_run.errors, 0u);
   ASSERT_EQ(r->whole_run.latency_by_kind.size(), 2u);
@@ -226,15 +221,12 @@ TEST(MaskloadFake, CommandLineWritesJsonCsvAndPlot) {
 // completion, not an open-ended window (once UINT64_MAX us, printed as 18446744073709.551 s).
 TEST(MaskloadFake, WholeRunDurationIsTheMeasuredSpan) {
   testing::FakeMaskd server;
-  StatusOr<std::vector<ImageAsset>> pool = GenerateImagePool(2, 64, 48, 1);
-  ASSERT_TRUE(pool.ok());
   LoadConfig c = ShortRun(server.target());
   c.workload = Workload::kInteractive;
   c.concurrency = 4;
   c.max_duration_s = 2;
   c.stable_windows = 100;  // never stable: the run goes to max-duration
-  LoadRunner runner(c, *pool);
-  StatusOr<LoadResult> r = runner.Run();
+  StatusOr<LoadResult> r = RunWithPool(c, /*images=*/2, 64, 48, /*seed=*/1);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->stop_reason, "max-duration");
   EXPECT_DOUBLE_EQ(r->whole_run.start_s, 0);

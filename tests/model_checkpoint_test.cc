@@ -15,26 +15,19 @@
 #include "model/engine_create.h"
 #include "model/sam.h"
 #include "model/sam_config.h"
+#include "tests/checkpoint_files.h"
 #include "tests/golden_dir.h"
 
 namespace maskd {
 namespace {
 
 using namespace std::string_literals;
+using testing::ReadAll;
+using testing::TempPath;
+using testing::TinyStateDict;
+using testing::WriteAll;
 
-std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "/maskd_ckpt_" + std::to_string(::getpid()) + "_" + name;
-}
-
-std::string ReadAll(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-void WriteAll(const std::string& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(s.data(), static_cast<std::streamsize>(s.size()));
-}
+constexpr uint64_t kSeed = 7;  // TinyStateDict's weights: any seed, fixed so that a failure repeats
 
 TEST(Checkpoint, WriteThenReadRoundTripsEveryDtypeAndShape) {
   StateDict sd = {{"a.weight", torch::randn({3, 4})},
@@ -170,17 +163,9 @@ TEST(Checkpoint, RejectsTensorsReachingPastTheirStorage) {
   EXPECT_NE(r.status().message().find("past its storage"), std::string::npos) << r.status().message();
 }
 
-StateDict TinyStateDict() {
-  Sam model(*SamPreset("tiny"));
-  RandomizeWeights(*model, 7);
-  StateDict sd;
-  for (auto& [n, t] : ModelStateDict(*model)) sd.emplace_back(n, t.clone());
-  return sd;
-}
-
 TEST(Checkpoint, MissingUnexpectedAndMismatchedKeysAreListed) {
   Sam model(*SamPreset("tiny"));
-  StateDict sd = TinyStateDict();
+  StateDict sd = TinyStateDict(kSeed);
   StateDict missing(sd.begin() + 1, sd.end());
   Status s = LoadStateDict(*model, missing, "m.pth");
   ASSERT_FALSE(s.ok());
@@ -205,7 +190,7 @@ TEST(Checkpoint, MissingUnexpectedAndMismatchedKeysAreListed) {
 
 TEST(Checkpoint, EngineReportsCheckpointErrorsWithTheFileName) {
   const std::string path = TempPath("broken_sam.pth");
-  StateDict sd = TinyStateDict();
+  StateDict sd = TinyStateDict(kSeed);
   sd.erase(std::remove_if(sd.begin(), sd.end(),
                           [](const auto& kv) { return kv.first == "image_encoder.blocks.0.norm1.weight"; }),
            sd.end());
@@ -232,16 +217,13 @@ void WriteSafetensors(const std::string& path, const StateDict& sd, bool truncat
     data.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
   }
   header["__metadata__"] = {{"format", "pt"}};
-  const std::string h = header.dump();
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
-  out += h + data;
+  std::string out = testing::Safetensors(header.dump(), data);
   if (truncate) out.resize(out.size() - 16);
   WriteAll(path, out);
 }
 
 TEST(Checkpoint, ReadsSafetensorsAndLoadsAModelFromIt) {
-  StateDict sd = TinyStateDict();
+  StateDict sd = TinyStateDict(kSeed);
   const std::string path = TempPath("tiny.safetensors");
   WriteSafetensors(path, sd);
   auto back = ReadStateDict(path);

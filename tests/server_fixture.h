@@ -8,9 +8,11 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "client/client.h"
@@ -87,6 +89,48 @@ struct TestServer {
   std::atomic<FakeEngine*> engine{nullptr};  // before `server`, whose factory writes it
   MaskServer server;
   std::unique_ptr<Client> client;
+};
+
+// What the server logs (spdlog's default logger) while one of these is alive, one "<level letter>
+// <message>" line per record. Its text may be read while server threads still log: the sink's own
+// lock guards it. `level` is the lowest level kept (tests that check a secret never reaches the log
+// pass trace, so no level hides it).
+class CapturedLog {
+ public:
+  explicit CapturedLog(spdlog::level::level_enum level = spdlog::level::debug)
+      : old_(spdlog::default_logger()), sink_(std::make_shared<StringSink>()) {
+    sink_->set_pattern("%L %v");
+    auto logger = std::make_shared<spdlog::logger>("test-capture", sink_);
+    logger->set_level(level);
+    spdlog::set_default_logger(logger);
+  }
+  ~CapturedLog() { spdlog::set_default_logger(old_); }
+  CapturedLog(const CapturedLog&) = delete;
+  CapturedLog& operator=(const CapturedLog&) = delete;
+  std::string text() { return sink_->text(); }
+
+ private:
+  class StringSink final : public spdlog::sinks::base_sink<std::mutex> {
+   public:
+    std::string text() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return text_;
+    }
+
+   protected:
+    void sink_it_(const spdlog::details::log_msg& msg) override {
+      spdlog::memory_buf_t formatted;
+      formatter_->format(msg, formatted);
+      text_.append(formatted.data(), formatted.size());
+    }
+    void flush_() override {}
+
+   private:
+    std::string text_;
+  };
+
+  std::shared_ptr<spdlog::logger> old_;
+  std::shared_ptr<StringSink> sink_;
 };
 
 inline grpc::ByteBuffer Wire(const std::string& bytes) {

@@ -11,7 +11,6 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <httplib.h>
-#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -301,40 +300,10 @@ TEST_F(ServerSecurity, MutualTlsNeedsAClientCertificateFromTheCa) {
 // ---------------------------------------------------------------------------------------------------
 // Bearer tokens.
 
-class CapturingSink final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  std::string text() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return text_;
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    spdlog::memory_buf_t formatted;
-    formatter_->format(msg, formatted);
-    text_.append(formatted.data(), formatted.size());
-  }
-  void flush_() override {}
-
- private:
-  std::string text_;
-};
-
-struct CapturedLog {
-  CapturedLog() : old(spdlog::default_logger()), sink(std::make_shared<CapturingSink>()) {
-    auto logger = std::make_shared<spdlog::logger>("security-capture", sink);
-    logger->set_level(spdlog::level::trace);
-    spdlog::set_default_logger(logger);
-  }
-  ~CapturedLog() { spdlog::set_default_logger(old); }
-  std::shared_ptr<spdlog::logger> old;
-  std::shared_ptr<CapturingSink> sink;
-};
-
 TEST_F(ServerSecurity, TokensMissingOrWrongAreUnauthenticatedWithNoDetail) {
   ServerConfig cfg = TlsConfig();
   cfg.auth_tokens = Pki::Get().path("tokens.txt");
-  CapturedLog log;
+  CapturedLog log(spdlog::level::trace);
   MaskServer server(cfg, FakeFactory(), 0);
   Status started = server.Start();
   ASSERT_TRUE(started.ok()) << started.ToString();
@@ -381,7 +350,7 @@ TEST_F(ServerSecurity, TokensMissingOrWrongAreUnauthenticatedWithNoDetail) {
     EXPECT_NE(r.status().message().find("image_id"), std::string::npos) << r.status().ToString();
   }
   server.Shutdown();
-  const std::string logged = log.sink->text();
+  const std::string logged = log.text();
   EXPECT_EQ(logged.find(kToken), std::string::npos) << logged;
   EXPECT_EQ(logged.find(kOtherToken), std::string::npos) << logged;
   EXPECT_NE(logged.find("bearer tokens required (2 accepted)"), std::string::npos) << logged;
@@ -500,25 +469,25 @@ TEST_F(ServerSecurity, ReflectionCanBeTurnedOff) {
 TEST_F(ServerSecurity, PlaintextOnAPublicAddressWarnsLoudly) {
   const std::string warning = "PLAINTEXT WITHOUT AUTHENTICATION";
   {
-    CapturedLog log;
+    CapturedLog log(spdlog::level::trace);
     ServerConfig cfg = BaseConfig();
     cfg.listen = "0.0.0.0:0";
     MaskServer server(cfg, FakeFactory(), 0);
     ASSERT_TRUE(server.StartListening().ok());
     server.Shutdown();
-    EXPECT_NE(log.sink->text().find(warning), std::string::npos) << log.sink->text();
+    EXPECT_NE(log.text().find(warning), std::string::npos) << log.text();
   }
   for (ServerConfig cfg : {BaseConfig(), [] {
                              ServerConfig c = TlsConfig();
                              c.listen = "0.0.0.0:0";
                              return c;
                            }()}) {
-    CapturedLog log;
+    CapturedLog log(spdlog::level::trace);
     MaskServer server(cfg, FakeFactory(), 0);
     Status s = server.StartListening();
     ASSERT_TRUE(s.ok()) << s.ToString();
     server.Shutdown();
-    EXPECT_EQ(log.sink->text().find(warning), std::string::npos) << cfg.listen << ": " << log.sink->text();
+    EXPECT_EQ(log.text().find(warning), std::string::npos) << cfg.listen << ": " << log.text();
   }
 }
 
@@ -690,15 +659,32 @@ std::string HttpSegmentBody(const std::string& image_id) {
          "\"label\": \"POINT_LABEL_FOREGROUND\"}]}]}";
 }
 
+// A TLS server with the scoped token file and the HTTP front, and a client for each token: alpha and
+// alpha2 are two tokens of scope "alpha", beta has a scope of its own. The clients only make a
+// channel, so they may be built before the test checks r.status.
+struct ScopedServer {
+  explicit ScopedServer(bool shared_cache = false)
+      : r(Config(shared_cache)),
+        alpha(Options(r, TrustingCa(kAlphaToken))),
+        alpha2(Options(r, TrustingCa(kAlphaToken2))),
+        beta(Options(r, TrustingCa(kBetaToken))) {}
+  static ServerConfig Config(bool shared_cache) {
+    ServerConfig cfg = TlsConfig();
+    cfg.auth_tokens = ScopedTokenFile();
+    cfg.auth_shared_cache = shared_cache;
+    cfg.http_listen = "127.0.0.1:0";
+    return cfg;
+  }
+  Running r;
+  Client alpha;
+  Client alpha2;
+  Client beta;
+};
+
 TEST_F(ServerSecurity, CachesAreScopedPerTokenWithAuthOn) {
-  ServerConfig cfg = TlsConfig();
-  cfg.auth_tokens = ScopedTokenFile();
-  cfg.http_listen = "127.0.0.1:0";
-  Running r(cfg);
+  ScopedServer scoped;
+  auto& [r, alpha, alpha2, beta] = scoped;
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  Client alpha(Options(r, TrustingCa(kAlphaToken)));
-  Client alpha2(Options(r, TrustingCa(kAlphaToken2)));
-  Client beta(Options(r, TrustingCa(kBetaToken)));
 
   v1::EmbedRequest embed;
   *embed.mutable_image() = ScopeTestImage(1);
@@ -785,14 +771,9 @@ TEST_F(ServerSecurity, CachesAreScopedPerTokenWithAuthOn) {
 // another scope's id is NOT_FOUND over gRPC and through POST /v1/generate, and the same scope finds it
 // (the fake engine then answers that it cannot generate: the lookup succeeded).
 TEST_F(ServerSecurity, GenerateMasksByIdIsScopedToo) {
-  ServerConfig cfg = TlsConfig();
-  cfg.auth_tokens = ScopedTokenFile();
-  cfg.http_listen = "127.0.0.1:0";
-  Running r(cfg);
+  ScopedServer scoped;
+  auto& [r, alpha, alpha2, beta] = scoped;
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  Client alpha(Options(r, TrustingCa(kAlphaToken)));
-  Client alpha2(Options(r, TrustingCa(kAlphaToken2)));
-  Client beta(Options(r, TrustingCa(kBetaToken)));
   v1::EmbedRequest embed;
   *embed.mutable_image() = ScopeTestImage(3);
   auto a = alpha.Embed(embed);
@@ -822,14 +803,9 @@ TEST_F(ServerSecurity, GenerateMasksByIdIsScopedToo) {
 }
 
 TEST_F(ServerSecurity, SharedCacheFlagRestoresOneCache) {
-  ServerConfig cfg = TlsConfig();
-  cfg.auth_tokens = ScopedTokenFile();
-  cfg.auth_shared_cache = true;
-  cfg.http_listen = "127.0.0.1:0";
-  Running r(cfg);
+  ScopedServer scoped(/*shared_cache=*/true);
+  auto& [r, alpha, alpha2, beta] = scoped;
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  Client alpha(Options(r, TrustingCa(kAlphaToken)));
-  Client beta(Options(r, TrustingCa(kBetaToken)));
   v1::EmbedRequest embed;
   *embed.mutable_image() = ScopeTestImage(3);
   auto a = alpha.Embed(embed);
