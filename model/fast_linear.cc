@@ -116,6 +116,26 @@ std::shared_ptr<FastLinear> MakeInt8Linear(const torch::nn::Linear& linear) {
   return std::make_shared<Int8Linear>(linear);
 }
 
+namespace {
+
+class Pruned24DenseLinear final : public FastLinear {
+ public:
+  explicit Pruned24DenseLinear(const torch::nn::Linear& l)
+      : w_(l->weight.detach() * Prune24(l->weight.detach())),
+        bias_(l->bias.defined() ? l->bias.detach() : at::Tensor()) {}
+  at::Tensor Forward(const at::Tensor& x) const override { return at::linear(x, w_, bias_); }
+  const char* name() const override { return "pruned-2:4-dense"; }
+
+ private:
+  at::Tensor w_, bias_;
+};
+
+}  // namespace
+
+std::shared_ptr<FastLinear> MakePruned24DenseLinear(const torch::nn::Linear& linear) {
+  return std::make_shared<Pruned24DenseLinear>(linear);
+}
+
 std::shared_ptr<FastLinear> MakeSparse24Linear(const torch::nn::Linear& linear) {
   return std::make_shared<Sparse24Linear>(linear);
 }

@@ -35,6 +35,10 @@ std::shared_ptr<FastLinear> MakeFp8Linear(const torch::nn::Linear& linear);
 // dimension (the 2 largest |w| of every 4 kept) and compressed for cuSPARSELt. CUDA only.
 std::shared_ptr<FastLinear> MakeSparse24Linear(const torch::nn::Linear& linear);
 
+// The 2:4-pruned weight (as MakeSparse24Linear prunes it) in a dense linear: the sparse kernel's
+// exact reference, and what pruning alone does. Any device.
+std::shared_ptr<FastLinear> MakePruned24DenseLinear(const torch::nn::Linear& linear);
+
 // 2:4 magnitude pruning of a weight [out, in] (in % 4 == 0), any device: the mask that keeps the two
 // largest-magnitude values of every group of four consecutive inputs.
 at::Tensor Prune24(const at::Tensor& weight);

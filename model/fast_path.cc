@@ -49,24 +49,31 @@ Status EngineImpl::PrepareFastPath() {
     // Static shapes (per batch and bucket): let cuDNN pick its fastest kernels once per shape.
     at::globalContext().setBenchmarkCuDNN(true);
   }
+  if (static_cast<int>(f.int8) + static_cast<int>(f.sparse24) + static_cast<int>(f.fp8) +
+          static_cast<int>(f.prune24_dense) > 1)
+    return InvalidArgument("choose one of int8, fp8, 2:4 sparsity and 2:4-pruned dense, not several");
   if ((f.int8 || f.sparse24 || f.fp8) && !cuda) {
     Log(LogLevel::kWarning, "int8, fp8 and 2:4 sparsity are CUDA-only; ignored on " + device_.str());
-  } else if (f.int8 || f.sparse24 || f.fp8) {
-    if (static_cast<int>(f.int8) + static_cast<int>(f.sparse24) + static_cast<int>(f.fp8) > 1)
-      return InvalidArgument("choose one of int8, fp8 and 2:4 sparsity, not several");
+  } else if (f.int8 || f.sparse24 || f.fp8 || f.prune24_dense) {
     if (f.fp8 && options_.precision != Precision::kBFloat16)
       return InvalidArgument(std::string("fp8 linears need precision bf16 (their GEMM writes bf16), not ") +
                              PrecisionName(options_.precision));
     for (auto& b : sam_->image_encoder->block_list) {
       auto make = [&](const torch::nn::Linear& l) {
-        return f.int8 ? MakeInt8Linear(l) : f.fp8 ? MakeFp8Linear(l) : MakeSparse24Linear(l);
+        return f.int8            ? MakeInt8Linear(l)
+               : f.fp8           ? MakeFp8Linear(l)
+               : f.prune24_dense ? MakePruned24DenseLinear(l)
+                                 : MakeSparse24Linear(l);
       };
       b->attn->qkv_fast = make(b->attn->qkv);
       b->attn->proj_fast = make(b->attn->proj);
       b->mlp->lin1_fast = make(b->mlp->lin1);
       b->mlp->lin2_fast = make(b->mlp->lin2);
     }
-    optimisations_.push_back(f.int8 ? "int8-dynamic-quant" : f.fp8 ? "fp8-e4m3-linears" : "sparse-2:4");
+    optimisations_.push_back(f.int8            ? "int8-dynamic-quant"
+                             : f.fp8           ? "fp8-e4m3-linears"
+                             : f.prune24_dense ? "pruned-2:4-dense"
+                                               : "sparse-2:4");
   }
   shared_dec_.reset();
   if (f.shared_image_decoder) {

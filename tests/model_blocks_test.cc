@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/api/engine.h"
@@ -309,6 +310,53 @@ TEST(Blocks, MatmulUpscalingEqualsTransposedConvolutions) {
   const auto got = dec->forward(src, pos, sparse);
   EXPECT_LT(MaxAbs(got.masks, ref.masks), 1e-4);
   EXPECT_TRUE(torch::equal(got.iou_predictions, ref.iou_predictions));
+}
+
+}  // namespace
+}  // namespace maskd
+
+namespace maskd {
+namespace {
+
+TEST(Engine, PrunedDenseLinearsChangeTheNumericsAndExcludeTheOtherLinears) {
+  EngineOptions o;
+  o.warmup = false;
+  auto made = Engine::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Engine& e = **made;
+  ImageRGB8 im{64, 48, std::vector<uint8_t>(64 * 48 * 3)};
+  for (size_t i = 0; i < im.pixels.size(); ++i) im.pixels[i] = static_cast<uint8_t>((i * 7) % 251);
+  auto embed = [&] {
+    auto p = e.Prepare(im);
+    EXPECT_TRUE(p.ok());
+    auto emb = e.Encode({*p});
+    EXPECT_TRUE(emb.ok()) << emb.status().ToString();
+    return (*emb)[0]->ToFloat();
+  };
+  const std::string dense_id = e.description().identity;
+  const std::vector<float> dense = embed();
+
+  FastPathOptions pruned;
+  pruned.prune24_dense = true;
+  ASSERT_TRUE(e.Reconfigure(pruned).ok());
+  const auto& opts = e.optimisations();
+  EXPECT_NE(std::find(opts.begin(), opts.end(), "pruned-2:4-dense"), opts.end());
+  EXPECT_NE(e.description().identity, dense_id) << "numerics changed, so must the cache identity";
+  const std::vector<float> got = embed();
+  ASSERT_EQ(got.size(), dense.size());
+  double diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(got[i] - dense[i])));
+  EXPECT_GT(diff, 1e-4) << "the pruned weights did not reach the encoder";
+
+  FastPathOptions both = pruned;
+  both.int8 = true;
+  const Status s = e.Reconfigure(both);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("2:4-pruned dense"), std::string::npos) << s.message();
+
+  ASSERT_TRUE(e.Reconfigure(FastPathOptions{}).ok());
+  EXPECT_EQ(e.description().identity, dense_id);
+  EXPECT_EQ(embed(), dense);
 }
 
 }  // namespace

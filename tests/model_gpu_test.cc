@@ -320,5 +320,84 @@ TEST(EngineCuda, Sparse24LinearEqualsTheDenseLinearOfThePrunedWeight) {
   EXPECT_LT(rel, 1e-2);
 }
 
+// Issue #12, 2:4 item (a): the sparse path against dense math on the same pruned weights, through
+// the whole vit_b encoder in bf16 and a decode of 8 clicks. Only the kernels' rounding differs, so
+// the issue's bar applies: mask IoU >= 0.99. (b), what pruning does against the unpruned weights,
+// is a property of the weights: maskbench's "2:4-pruned weights, dense GEMMs" row.
+TEST(EngineCuda, Sparse24EncoderMatchesDenseMathOnThePrunedWeights) {
+  REQUIRE_CUDA();
+  EngineOptions o;
+  o.random_arch = "vit_b";
+  o.device = "cuda";
+  o.precision = Precision::kBFloat16;
+  o.warmup = false;
+  auto e = MakeEngine(o);
+  ASSERT_TRUE(e);
+  const ImageRGB8 im = TestImage(1024, 768, 9);
+  struct Run {
+    std::vector<float> embedding;
+    std::vector<std::vector<uint8_t>> masks;
+  };
+  auto run = [&](const FastPathOptions& f) {
+    Run r;
+    Status st = e->Reconfigure(f);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    if (!st.ok()) return r;
+    auto emb = e->Encode({*e->Prepare(im)});
+    EXPECT_TRUE(emb.ok()) << emb.status().ToString();
+    if (!emb.ok()) return r;
+    r.embedding = (*emb)[0]->ToFloat();
+    std::vector<DecodeItem> items;
+    for (int i = 0; i < 8; ++i) {
+      PromptSpec p;
+      p.points = {{60.f + 110 * i, 50.f + 80 * i, 1}};
+      items.push_back({(*emb)[0], p});
+    }
+    auto dec = e->Decode(items);
+    EXPECT_TRUE(dec.ok()) << dec.status().ToString();
+    if (!dec.ok()) return r;
+    std::vector<PostprocessItem> post;
+    for (const auto& d : *dec)
+      post.push_back({d.logits, im.width, im.height, (*emb)[0]->input_width(), (*emb)[0]->input_height(),
+                      MaskEncoding::kBitmask});
+    auto masks = e->Postprocess(post);
+    EXPECT_TRUE(masks.ok()) << masks.status().ToString();
+    if (!masks.ok()) return r;
+    for (const auto& per_prompt : *masks)
+      for (const auto& m : per_prompt) r.masks.push_back(m.bitmask);
+    return r;
+  };
+  FastPathOptions pruned;
+  pruned.prune24_dense = true;
+  FastPathOptions sparse;
+  sparse.sparse24 = true;
+  const Run ref = run(pruned);
+  const Run got = run(sparse);
+  ASSERT_FALSE(ref.masks.empty());
+  ASSERT_EQ(got.masks.size(), ref.masks.size());
+  const double rel = RelL2(got.embedding, ref.embedding);
+  double iou_sum = 0;
+  size_t partial = 0;  // masks neither empty nor full: an IoU of empty masks would prove nothing
+  for (size_t m = 0; m < ref.masks.size(); ++m) {
+    ASSERT_EQ(got.masks[m].size(), ref.masks[m].size());
+    size_t inter = 0, uni = 0, area = 0;
+    for (size_t k = 0; k < ref.masks[m].size(); ++k) {
+      inter += ref.masks[m][k] & got.masks[m][k];
+      uni += ref.masks[m][k] | got.masks[m][k];
+      area += ref.masks[m][k] != 0;
+    }
+    iou_sum += uni ? static_cast<double>(inter) / uni : 1.0;
+    partial += area > 0 && area < ref.masks[m].size();
+  }
+  EXPECT_GT(partial, ref.masks.size() / 2) << "most reference masks are empty or full";
+  const double iou = iou_sum / static_cast<double>(ref.masks.size());
+  std::printf("vit_b 2:4 sparse vs dense math on the same pruned weights: embedding rel L2 %.3e, "
+              "mean mask IoU %.4f over %zu masks\n", rel, iou, ref.masks.size());
+  // Per layer the sparse GEMM is within bf16 output rounding (~1e-2 relative, above); twelve
+  // blocks of that stay well under 5 %.
+  EXPECT_LT(rel, 5e-2);
+  EXPECT_GE(iou, 0.99);
+}
+
 }  // namespace
 }  // namespace maskd

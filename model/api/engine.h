@@ -58,8 +58,14 @@ struct FastPathOptions {
   // int8 dynamic quantisation of the encoder's linear layers (per-token activation scales,
   // per-channel weight scales, int8 tensor-core GEMM).
   bool int8 = false;
-  // 2:4 semi-structured sparsity of the encoder's MLP weights (magnitude pruned), sparse GEMM.
+  // 2:4 semi-structured sparsity of the encoder's linear weights (qkv, proj, fc1, fc2; magnitude
+  // pruned), cuSPARSELt GEMMs. CUDA only.
   bool sparse24 = false;
+  // The same 2:4-pruned weights computed with dense GEMMs (any device). Not a speed option: it
+  // separates what pruning does to the outputs (a property of the weights: large for weights not
+  // trained sparse) from what the sparse kernel does (it must compute the pruned layers exactly):
+  // maskbench's pruning-loss row and the sparse row's reference. Excludes int8 / fp8 / 2:4.
+  bool prune24_dense = false;
   // fp8 (e4m3) encoder linears with row-wise scales (Hopper fp8 tensor cores via at::_scaled_mm),
   // weights quantised once at load, activations per token at each call. Opt-in (an accuracy
   // trade, reported by maskbench against fp32); bf16 precision on CUDA only; excludes int8 / 2:4.

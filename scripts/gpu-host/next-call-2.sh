@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The second device call planned for the next session (after next-call.sh): the #12 precision
+# decisions and the #13 served-click targets, in one call of < 10 min.
+#   carry .gpu-debs and .carry (golden tiny-one as .carry/golden/tiny, ../shared/anchors as
+#   .carry/anchors), then run:  bash scripts/gpu-host/next-call-2.sh
+# Writes $OUT/perf.log (the summary), tests.log, bench.log, served.log and all.tgz.
+#   1. build (~1.8 min)
+#   2. the 2:4 exactness test (EngineCuda.Sparse24*: the sparse encoder against dense math on the
+#      same pruned weights, mask IoU >= 0.99) (~20 s)
+#   3. maskbench vit_b and vit_h at batch 32: the last dense row, int8, fp8, the 2:4-pruned dense row
+#      (pruning loss) and the 2:4 sparse row (speed; exactness against the pruned row), each with its
+#      IoU against fp32 and peak memory: whether int8 is retired for fp8 and whether 2:4 stays
+#      (issue #12 items 4 and 5) (~3 min)
+#   4. the one-click / 64-prompt / jagged rows with MASKD_DECODER_PROBS_KERNEL=0 and =1 (the knob
+#      goes once the kernel has been shown faster) (~1 min)
+#   5. anchors quick: the seed in the same call, for the ratios (~1.5 min)
+#   6. served clicks: vit_b interactive sweep 1,16,256 clients (#13's 1.5 / 2.5 ms and 20k prompts/s)
+#      (the rest of the time)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-gpu-out}
+S=$(date +%s)
+t() { echo "$1 at $(( $(date +%s) - S )) s" >> "$out/perf.log"; }
+STEPS="build" OUT=$out bash scripts/gpu-host/encoder-perf.sh > "$out/perf.log" 2>&1
+t build
+B=${MASKD_GPU_BUILD:-/tmp/maskd-build}
+source scripts/gpu-host/unpack.sh .gpu-debs /tmp/gpu-prefix > /dev/null
+export LD_LIBRARY_PATH="$(python3 -c 'import os,torch;print(os.path.dirname(torch.__file__))')/lib:$LD_LIBRARY_PATH"
+timeout 90 "$B/tests/model_gpu_test" --gtest_filter='EngineCuda.Sparse24*:EngineCuda.Int8AndSparse*' \
+  > "$out/tests.log" 2>&1
+grep -E "^\[  (PASSED|FAILED) |rel L2|mask IoU" "$out/tests.log" >> "$out/perf.log"
+t tests
+timeout 240 "$B/load_tests/maskbench" --arch vit_b,vit_h --batch 32 --fp32-batch 1 --no-latency \
+  --rows "windows made,int8,fp8,2:4" --json "$out/precision.json" > "$out/bench.log" 2>&1
+t precision
+for k in 1 0; do
+  echo "--- MASKD_DECODER_PROBS_KERNEL=$k" >> "$out/bench.log"
+  MASKD_DECODER_PROBS_KERNEL=$k timeout 60 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 \
+    --rows "windows made" --json "$out/probs$k.json" >> "$out/bench.log" 2>&1
+done
+grep -E "^vit|vs the 2:4|click|prompts|^---" "$out/bench.log" >> "$out/perf.log"
+t probs
+timeout 150 bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
+grep -h RESULT "$out"/anchors/*.txt 2>/dev/null | head -20 >> "$out/perf.log"
+t anchors
+left=$(( 575 - ($(date +%s) - S) ))
+OUT=$out/served SERVED_DURATION=8 timeout $left bash scripts/gpu-host/served-bench.sh \
+  vit_b:bf16::interactive:1 vit_b:bf16::interactive:16 vit_b:bf16::interactive:256 > "$out/served.log" 2>&1
+t served
+(cd "$out" && tar czf /tmp/all.tgz served anchors precision.json probs0.json probs1.json misc.tar.gz 2>/dev/null &&
+  rm -rf served anchors precision.json probs0.json probs1.json misc.tar.gz && mv /tmp/all.tgz .)
+ls "$out"
