@@ -24,6 +24,7 @@
 #include "model/api/engine.h"
 #include "model/api/mask_generator.h"
 #include "model/golden.h"
+#include "model/memory_account.h"
 #include "model/profiler.h"
 
 namespace {
@@ -408,7 +409,12 @@ int main(int argc, char** argv) {
   app.add_option("--golden", golden, "Golden folder: also run verify-golden (tiny model) with each row's options");
   app.add_option("--json", json_path, "Write every number as JSON");
   std::string profile_dir;
+  bool memory_account = false;
   std::vector<std::string> profile_rows = {"+ fused rel-pos kernel", "+ GPU pre/post-processing", kLastDenseRow};
+  app.add_flag("--memory-account", memory_account,
+               "After each reported row's timed pass at its largest batch, one more pass (encode + decode + "
+               "post-processing of that batch) with the CUDA allocator's history recorded: the peak, and what "
+               "was allocated at that moment grouped by the model code that allocated it (CUDA only)");
   app.add_option("--profile", profile_dir,
                  "Folder for per-kernel profiles (LibTorch's Kineto profiler): for each --profile-rows row and "
                  "batch, one encoder pass and one 64-prompt decode are profiled; tables go to "
@@ -570,12 +576,31 @@ int main(int argc, char** argv) {
                         [&](const std::string& r) { return row.name.find(r) != std::string::npos; })) {
           ProfileRow(*engine, prepared, arch, row.name, bs, profile_dir, /*encoder=*/true, /*decode=*/false);
         }
+        nlohmann::json account_json;
+        if (memory_account && bs == bss.back()) {
+          const std::string& dev = engine->device();
+          const int index = dev.rfind("cuda:", 0) == 0 ? std::atoi(dev.c_str() + 5) : 0;
+          auto acct = maskd::AccountDevicePeak(index, [&] { return RunPass(*engine, w, prepared, 0, bs, bs, enc, nullptr); });
+          if (!acct.ok()) {
+            std::printf("%-6s %-34s  memory account: %s\n", arch.c_str(), row.name.c_str(), acct.status().ToString().c_str());
+          } else {
+            std::printf("--- memory account: %s, %s, batch %d\n%s", arch.c_str(), row.name.c_str(), bs,
+                        maskd::FormatMemoryAccount(*acct).c_str());
+            account_json = {{"peak_mib", acct->peak_bytes / 1048576.0}, {"before_mib", acct->before_bytes / 1048576.0},
+                            {"truncated", acct->truncated}, {"rows", nlohmann::json::array()}};
+            for (const auto& r : acct->rows)
+              account_json["rows"].push_back({{"label", r.label}, {"mib", r.bytes / 1048576.0}, {"blocks", r.count},
+                                              {"largest_mib", r.largest / 1048576.0}});
+          }
+          std::fflush(stdout);
+        }
         results.push_back({{"arch", arch}, {"row", row.name}, {"batch", bs}, {"images", n}, {"img_per_s", n / sec},
                            {"ms_per_img", 1000 * sec / n}, {"peak_mib", peak}, {"prepare_ms", prep_ms},
                            {"max_logit_err_vs_fp32", acc.max_logit_err}, {"mean_mask_iou_vs_fp32", acc.mean_mask_iou},
                            {"golden", golden_result}, {"optimisations", opts}, {"device", engine->device_name()},
                            {"encode_ms_per_img", 1000 * st.encode / n}, {"decode_ms_per_img", 1000 * st.decode / n},
                            {"postprocess_ms_per_img", 1000 * st.post / n}});
+        if (!account_json.is_null()) results.back()["memory_account"] = account_json;
         if (vs_pruned) {
           results.back()["max_logit_err_vs_pruned_dense"] = vs_pruned->max_logit_err;
           results.back()["mean_mask_iou_vs_pruned_dense"] = vs_pruned->mean_mask_iou;

@@ -6,6 +6,7 @@
 #include "model/engine_impl.h"
 
 #include "kernels/kernels.h"
+#include "model/memory_scope.h"
 
 namespace maskd {
 
@@ -216,6 +217,7 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
                              : StatusOr<DecodedPrompt>(std::move(s)));
   }
   return Guarded("running the mask decoder on " + Count(items.size(), "prompt", "prompts"), [&]() -> StatusOr<std::vector<StatusOr<DecodedPrompt>>> {
+    MemoryScope scope("Decode");
     torch::NoGradGuard no_grad;
     CallStream cs(device_, decoder_priority_);
     std::vector<StatusOr<DecodedPrompt>> out = checked;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "model/memory_scope.h"
+
 namespace maskd {
 
 Status EngineImpl::CaptureEncoderGraphs() {
@@ -68,6 +70,7 @@ StatusOr<std::vector<std::shared_ptr<const Embedding>>> EngineImpl::Encode(
   if (images.empty()) return std::vector<std::shared_ptr<const Embedding>>{};
   return Guarded("running the image encoder on " + Count(images.size(), "image", "images"),
                  [&]() -> StatusOr<std::vector<std::shared_ptr<const Embedding>>> {
+    MemoryScope scope("Encode");
     torch::NoGradGuard no_grad;
     CallStream cs(device_);
     std::vector<std::shared_ptr<const Embedding>> out;

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/kernels.h"
+#include "model/memory_scope.h"
 
 namespace maskd {
 
@@ -245,17 +246,26 @@ EncoderBlockImpl::EncoderBlockImpl(const SamConfig& c, int64_t window) : window_
 }
 
 at::Tensor EncoderBlockImpl::forward(const at::Tensor& x0) {
+  MemoryScope block(window_size > 0 ? "block.windowed" : "block.global");
   const at::Tensor shortcut = x0;
-  at::Tensor x = norm1->forward(x0);
-  const int64_t B = x.size(0), H = x.size(1), W = x.size(2);
-  if (window_size > 0) {
-    // Window partition with zero padding to a multiple of the window (the padded tokens take part
-    // in attention, exactly as in the original), and back.
-    x = kernels::WindowUnpartition(attn->forward(kernels::WindowPartition(x, window_size)), window_size, B, H, W);
-  } else {
-    x = attn->forward(x);
+  at::Tensor x;
+  {
+    MemoryScope s("norm1");
+    x = norm1->forward(x0);
   }
-  x = shortcut + x;
+  const int64_t B = x.size(0), H = x.size(1), W = x.size(2);
+  {
+    MemoryScope s("attention");
+    if (window_size > 0) {
+      // Window partition with zero padding to a multiple of the window (the padded tokens take part
+      // in attention, exactly as in the original), and back.
+      x = kernels::WindowUnpartition(attn->forward(kernels::WindowPartition(x, window_size)), window_size, B, H, W);
+    } else {
+      x = attn->forward(x);
+    }
+    x = shortcut + x;
+  }
+  MemoryScope s("mlp");
   return x + mlp->forward(norm2->forward(x));
 }
 
@@ -263,12 +273,22 @@ at::Tensor EncoderBlockImpl::ForwardFused(at::Tensor& x, const at::Tensor& pendi
   // norm1 (+ the previous block's residual) written straight into the window layout, attention,
   // then the un-partitioned attention output added to the residual stream together with norm2.
   // With raster_windows the tokens stay raster and the attention kernel makes the windows.
+  MemoryScope block(window_size > 0 ? "block.windowed" : "block.global");
   const int64_t layout_window = raster_windows ? 0 : window_size;
-  const at::Tensor xn = kernels::AddLayerNorm(x, pending, 0, norm1->weight, norm1->bias,
-                                              norm1->options.eps(), layout_window);
-  const at::Tensor a = (raster_windows ? attn->ForwardRasterWindows(xn) : attn->forward(xn)).contiguous();
-  const at::Tensor xn2 = kernels::AddLayerNorm(x, a, layout_window, norm2->weight, norm2->bias,
-                                               norm2->options.eps(), 0);
+  at::Tensor xn, a, xn2;
+  {
+    MemoryScope s("norm1");
+    xn = kernels::AddLayerNorm(x, pending, 0, norm1->weight, norm1->bias, norm1->options.eps(), layout_window);
+  }
+  {
+    MemoryScope s("attention");
+    a = (raster_windows ? attn->ForwardRasterWindows(xn) : attn->forward(xn)).contiguous();
+  }
+  {
+    MemoryScope s("norm2");
+    xn2 = kernels::AddLayerNorm(x, a, layout_window, norm2->weight, norm2->bias, norm2->options.eps(), 0);
+  }
+  MemoryScope s("mlp");
   return mlp->ForwardFused(xn2, gelu_epilogue);
 }
 
@@ -314,10 +334,16 @@ void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu, bool rel_pos_in_kerne
 }
 
 at::Tensor ImageEncoderViTImpl::forward(const at::Tensor& input) {
-  const at::Tensor patches = patch_embed->forward(input);
+  MemoryScope encoder("encoder");
+  at::Tensor patches;
+  {
+    MemoryScope s("patch_embed");
+    patches = patch_embed->forward(input);
+  }
   if (!fused_ops) {
     at::Tensor x = patches + pos_embed;
     for (auto& b : block_list) x = b->forward(x);
+    MemoryScope s("neck");
     return neck->forward(x.permute({0, 3, 1, 2}));
   }
   // The residual stream must be contiguous for the fused kernels: add into a fresh buffer (the
@@ -327,6 +353,7 @@ at::Tensor ImageEncoderViTImpl::forward(const at::Tensor& input) {
   at::Tensor pending;
   for (auto& b : block_list) pending = b->ForwardFused(x, pending, gelu_epilogue);
   if (pending.defined()) x.add_(pending);
+  MemoryScope s("neck");
   return neck->forward(x.permute({0, 3, 1, 2}));
 }
 

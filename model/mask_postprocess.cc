@@ -4,6 +4,7 @@
 #include "model/engine_impl.h"
 
 #include "kernels/kernels.h"
+#include "model/memory_scope.h"
 
 namespace maskd {
 
@@ -17,6 +18,7 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
       return InvalidArgument("postprocess item " + std::to_string(i) + " has an invalid geometry");
   }
   return Guarded("post-processing the masks of " + Count(items.size(), "prompt", "prompts"), [&]() -> StatusOr<std::vector<std::vector<MaskData>>> {
+    MemoryScope scope("Postprocess");
     torch::NoGradGuard no_grad;
     CallStream cs(device_, decoder_priority_);
     std::vector<std::vector<MaskData>> out(items.size());

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "model/api/engine.h"
+#include "model/memory_account.h"
 #include "model/fast_linear.h"
 #include "model/golden.h"
 #include "tests/golden_dir.h"
@@ -397,6 +398,40 @@ TEST(EngineCuda, Sparse24EncoderMatchesDenseMathOnThePrunedWeights) {
   // blocks of that stay well under 5 %.
   EXPECT_LT(rel, 5e-2);
   EXPECT_GE(iou, 0.99);
+}
+
+// maskbench --memory-account: the recorded allocations replayed to their peak must give the peak the
+// allocator itself reports, and the encoder's blocks must be named in it.
+TEST(EngineCuda, MemoryAccountAddsUpToTheAllocatorsPeak) {
+  REQUIRE_CUDA();
+  EngineOptions o;
+  o.random_arch = "vit_b";
+  o.device = "cuda";
+  o.precision = Precision::kBFloat16;
+  o.warmup = false;
+  auto e = MakeEngine(o);
+  ASSERT_TRUE(e);
+  std::vector<PreparedImage> prepared;
+  for (int i = 0; i < 2; ++i) prepared.push_back(*e->Prepare(TestImage(1024, 768, 20 + i)));
+  ASSERT_TRUE(e->Encode(prepared).ok());  // handles and workspaces exist before the account
+  e->ResetPeakMemory();
+  auto acct = AccountDevicePeak(0, [&] {
+    auto r = e->Encode(prepared);
+    return r.ok() ? Status::Ok() : r.status();
+  });
+  ASSERT_TRUE(acct.ok()) << acct.status().ToString();
+  const double peak = static_cast<double>(e->memory().peak_allocated);
+  std::printf("%s", FormatMemoryAccount(*acct).c_str());
+  EXPECT_FALSE(acct->truncated);
+  EXPECT_NEAR(static_cast<double>(acct->peak_bytes), peak, 0.02 * peak);
+  uint64_t sum = acct->before_bytes;
+  bool block = false;
+  for (const auto& r : acct->rows) {
+    sum += r.bytes;
+    block = block || r.label.rfind("Encode/encoder/block.", 0) == 0;
+  }
+  EXPECT_EQ(sum, acct->peak_bytes);
+  EXPECT_TRUE(block) << "no allocation of the encoder's blocks was live at the peak";
 }
 
 }  // namespace

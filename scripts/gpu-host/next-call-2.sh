@@ -10,7 +10,7 @@
 #   3. maskbench vit_b and vit_h at batch 32: the last dense row, int8, fp8, the 2:4-pruned dense row
 #      (pruning loss) and the 2:4 sparse row (speed; exactness against the pruned row), each with its
 #      IoU against fp32 and peak memory: whether int8 is retired for fp8 and whether 2:4 stays
-#      (issue #12 items 4 and 5) (~3 min)
+#      (issue #12 items 4 and 5); with --memory-account, what makes each row's peak (item 6) (~3 min)
 #   4. the one-click / 64-prompt / jagged rows with MASKD_DECODER_PROBS_KERNEL=0 and =1 (the knob
 #      goes once the kernel has been shown faster) (~1 min)
 #   5. anchors quick: the seed in the same call, for the ratios (~1.5 min)
@@ -31,14 +31,14 @@ timeout 90 "$B/tests/model_gpu_test" --gtest_filter='EngineCuda.Sparse24*:Engine
 grep -E "^\[  (PASSED|FAILED) |rel L2|mask IoU" "$out/tests.log" >> "$out/perf.log"
 t tests
 timeout 240 "$B/load_tests/maskbench" --arch vit_b,vit_h --batch 32 --fp32-batch 1 --no-latency \
-  --rows "windows made,int8,fp8,2:4" --json "$out/precision.json" > "$out/bench.log" 2>&1
+  --rows "windows made,int8,fp8,2:4" --memory-account --json "$out/precision.json" > "$out/bench.log" 2>&1
 t precision
 for k in 1 0; do
   echo "--- MASKD_DECODER_PROBS_KERNEL=$k" >> "$out/bench.log"
   MASKD_DECODER_PROBS_KERNEL=$k timeout 60 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 \
     --rows "windows made" --json "$out/probs$k.json" >> "$out/bench.log" 2>&1
 done
-grep -E "^vit|vs the 2:4|click|prompts|^---" "$out/bench.log" >> "$out/perf.log"
+grep -E "^vit|vs the 2:4|click|prompts|^---|^peak" "$out/bench.log" >> "$out/perf.log"
 t probs
 timeout 150 bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
 grep -h RESULT "$out"/anchors/*.txt 2>/dev/null | head -20 >> "$out/perf.log"
