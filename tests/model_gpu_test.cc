@@ -54,6 +54,16 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions o) {
   return e.ok() ? std::move(*e) : nullptr;
 }
 
+// vit_b with random weights, bf16, on CUDA, without warm-up: the precision and memory tests' model.
+std::unique_ptr<Engine> RandomVitBBf16() {
+  EngineOptions o;
+  o.random_arch = "vit_b";
+  o.device = "cuda";
+  o.precision = Precision::kBFloat16;
+  o.warmup = false;
+  return MakeEngine(o);
+}
+
 void RunGoldenOnCuda(Precision p, bool fast) {
   MASKD_REQUIRE_GOLDEN(dir, "tiny");
   EngineOptions o;
@@ -261,12 +271,7 @@ TEST(EngineCuda, GpuPostprocessMatchesCpuMasks) {
 
 TEST(EngineCuda, Int8AndSparseStayCloseToBf16) {
   REQUIRE_CUDA();
-  EngineOptions o;
-  o.random_arch = "vit_b";
-  o.device = "cuda";
-  o.precision = Precision::kBFloat16;
-  o.warmup = false;
-  auto e = MakeEngine(o);
+  auto e = RandomVitBBf16();
   ASSERT_TRUE(e);
   const ImageRGB8 im = TestImage(1024, 768, 5);
   FastPathOptions f;
@@ -327,12 +332,7 @@ TEST(EngineCuda, Sparse24LinearEqualsTheDenseLinearOfThePrunedWeight) {
 // is a property of the weights: maskbench's "2:4-pruned weights, dense GEMMs" row.
 TEST(EngineCuda, Sparse24EncoderMatchesDenseMathOnThePrunedWeights) {
   REQUIRE_CUDA();
-  EngineOptions o;
-  o.random_arch = "vit_b";
-  o.device = "cuda";
-  o.precision = Precision::kBFloat16;
-  o.warmup = false;
-  auto e = MakeEngine(o);
+  auto e = RandomVitBBf16();
   ASSERT_TRUE(e);
   const ImageRGB8 im = TestImage(1024, 768, 9);
   struct Run {
@@ -404,12 +404,7 @@ TEST(EngineCuda, Sparse24EncoderMatchesDenseMathOnThePrunedWeights) {
 // allocator itself reports, and the encoder's blocks must be named in it.
 TEST(EngineCuda, MemoryAccountAddsUpToTheAllocatorsPeak) {
   REQUIRE_CUDA();
-  EngineOptions o;
-  o.random_arch = "vit_b";
-  o.device = "cuda";
-  o.precision = Precision::kBFloat16;
-  o.warmup = false;
-  auto e = MakeEngine(o);
+  auto e = RandomVitBBf16();
   ASSERT_TRUE(e);
   std::vector<PreparedImage> prepared;
   for (int i = 0; i < 2; ++i) prepared.push_back(*e->Prepare(TestImage(1024, 768, 20 + i)));

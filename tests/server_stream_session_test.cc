@@ -388,14 +388,27 @@ void ExpectAnsweredInOrder(const std::vector<v1::SegmentResponse>& got,
 constexpr int kStreams = 6;
 constexpr int kMessages = 40;
 
+// kStreams scripted streams of kMessages each, opened at once; `corrupt` may change a stream's
+// bytes before it opens.
+struct Streams {
+  std::vector<std::vector<v1::SegmentRequest>> scripts;
+  std::vector<std::unique_ptr<ThreadTransport>> transports;
+};
+Streams OpenAll(MaskService& service, ClientEnd end, uint64_t seed,
+                const std::function<void(int, std::vector<std::string>&)>& corrupt = nullptr) {
+  Streams out;
+  for (int s = 0; s < kStreams; ++s) {
+    out.scripts.push_back(Script(s, kMessages));
+    std::vector<std::string> bytes = Bytes(out.scripts.back());
+    if (corrupt) corrupt(s, bytes);
+    out.transports.push_back(Open(service, std::move(bytes), end, seed + static_cast<uint64_t>(s)));
+  }
+  return out;
+}
+
 TEST(StreamSession, ManyStreamsAnswerEveryMessageInOrder) {
   Server srv;
-  std::vector<std::vector<v1::SegmentRequest>> scripts;
-  std::vector<std::unique_ptr<ThreadTransport>> streams;
-  for (int s = 0; s < kStreams; ++s) {
-    scripts.push_back(Script(s, kMessages));
-    streams.push_back(Open(*srv.service, Bytes(scripts.back()), ClientEnd::kHalfClose, 100 + s));
-  }
+  auto [scripts, streams] = OpenAll(*srv.service, ClientEnd::kHalfClose, 100);
   for (int s = 0; s < kStreams; ++s) {
     ASSERT_TRUE(streams[s]->WaitClosed(60s)) << "stream " << s << " never ended";
     EXPECT_TRUE(streams[s]->status().ok()) << streams[s]->status().error_message();
@@ -409,12 +422,9 @@ TEST(StreamSession, ManyStreamsAnswerEveryMessageInOrder) {
 
 TEST(StreamSession, CancelledStreamsEndCancelledWithAnOrderedPrefix) {
   Server srv;
-  std::vector<std::vector<v1::SegmentRequest>> scripts;
-  std::vector<std::unique_ptr<ThreadTransport>> streams;
-  for (int s = 0; s < kStreams; ++s) {
-    scripts.push_back(Script(s, kMessages));
-    streams.push_back(Open(*srv.service, Bytes(scripts.back()), ClientEnd::kStayOpen, 200 + s));
-  }
+  Streams all = OpenAll(*srv.service, ClientEnd::kStayOpen, 200);
+  auto& scripts = all.scripts;
+  auto& streams = all.transports;  // (not structured bindings: the cancellers capture it)
   // Cancelled at different points: before anything was answered, mid-way, after all were read.
   std::mt19937 rng(7);
   std::vector<std::thread> cancellers;
@@ -447,12 +457,7 @@ TEST(StreamSession, CancelledStreamsEndCancelledWithAnOrderedPrefix) {
 
 TEST(StreamSession, ADrainAnswersWhatWasReadThenEndsUnavailable) {
   auto srv = std::make_unique<Server>();
-  std::vector<std::vector<v1::SegmentRequest>> scripts;
-  std::vector<std::unique_ptr<ThreadTransport>> streams;
-  for (int s = 0; s < kStreams; ++s) {
-    scripts.push_back(Script(s, kMessages));
-    streams.push_back(Open(*srv->service, Bytes(scripts.back()), ClientEnd::kStayOpen, 300 + s));
-  }
+  auto [scripts, streams] = OpenAll(*srv->service, ClientEnd::kStayOpen, 300);
   streams[0]->WaitWritten(3);
   srv->service->BeginDrain();  // as MaskServer::Shutdown does, while the streams run
   for (int s = 0; s < kStreams; ++s) {
@@ -516,14 +521,9 @@ TEST(StreamSession, StreamsOpenedAsADrainBeginsEndCleanly) {
 
 TEST(StreamSession, AMalformedMessageEndsTheStreamAfterTheEarlierAnswers) {
   Server srv;
-  std::vector<std::vector<v1::SegmentRequest>> scripts;
-  std::vector<std::unique_ptr<ThreadTransport>> streams;
-  for (int s = 0; s < kStreams; ++s) {
-    scripts.push_back(Script(s, kMessages));
-    std::vector<std::string> bytes = Bytes(scripts.back());
-    bytes[10 + s] = std::string("\x0a\xff\xff\xff", 4);  // a length-delimited field cut short
-    streams.push_back(Open(*srv.service, std::move(bytes), ClientEnd::kHalfClose, 400 + s));
-  }
+  auto [scripts, streams] = OpenAll(*srv.service, ClientEnd::kHalfClose, 400, [](int s, std::vector<std::string>& b) {
+    b[static_cast<size_t>(10 + s)] = std::string("\x0a\xff\xff\xff", 4);  // a length-delimited field cut short
+  });
   for (int s = 0; s < kStreams; ++s) {
     ASSERT_TRUE(streams[s]->WaitClosed(60s)) << "stream " << s << " never ended";
     const grpc::Status st = streams[s]->status();

@@ -18,14 +18,7 @@
 #      (the rest of the time)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:-gpu-out}
-S=$(date +%s)
-t() { echo "$1 at $(( $(date +%s) - S )) s" >> "$out/perf.log"; }
-STEPS="build" OUT=$out bash scripts/gpu-host/encoder-perf.sh > "$out/perf.log" 2>&1
-t build
-B=${MASKD_GPU_BUILD:-/tmp/maskd-build}
-source scripts/gpu-host/unpack.sh .gpu-debs /tmp/gpu-prefix > /dev/null
-export LD_LIBRARY_PATH="$(python3 -c 'import os,torch;print(os.path.dirname(torch.__file__))')/lib:$LD_LIBRARY_PATH"
+source scripts/gpu-host/call-prelude.sh  # $out, t, the build, $B and its environment
 timeout 90 "$B/tests/model_gpu_test" --gtest_filter='EngineCuda.Sparse24*:EngineCuda.Int8AndSparse*' \
   > "$out/tests.log" 2>&1
 grep -E "^\[  (PASSED|FAILED) |rel L2|mask IoU" "$out/tests.log" >> "$out/perf.log"

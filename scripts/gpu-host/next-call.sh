@@ -16,14 +16,7 @@
 #      at 16 clients without and beside one GenerateMasks loop (~2.5 min)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:-gpu-out}
-S=$(date +%s)
-t() { echo "$1 at $(( $(date +%s) - S )) s" >> "$out/perf.log"; }
-STEPS="build" OUT=$out bash scripts/gpu-host/encoder-perf.sh > "$out/perf.log" 2>&1
-t build
-B=${MASKD_GPU_BUILD:-/tmp/maskd-build}
-source scripts/gpu-host/unpack.sh .gpu-debs /tmp/gpu-prefix > /dev/null
-export LD_LIBRARY_PATH="$(python3 -c 'import os,torch;print(os.path.dirname(torch.__file__))')/lib:$LD_LIBRARY_PATH"
+source scripts/gpu-host/call-prelude.sh  # $out, t, the build, $B and its environment
 # The tests look for the golden data as GOLDEN/tiny-one.
 [ -d .carry/golden/tiny-one ] || cp -r .carry/golden/tiny .carry/golden/tiny-one
 gunzip -kf .carry/amg_oracle.json.gz

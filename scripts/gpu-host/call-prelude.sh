@@ -1,0 +1,11 @@
+# Sourced (from the repository root) by the planned device calls, scripts/gpu-host/next-call*.sh:
+# $out and the step timer t (lines in $out/perf.log), the build through encoder-perf.sh's build step,
+# then $B (the build) and the environment to run it (the unpacked .debs, LibTorch's libraries).
+out=${OUT:-gpu-out}
+S=$(date +%s)
+t() { echo "$1 at $(( $(date +%s) - S )) s" >> "$out/perf.log"; }
+STEPS="build" OUT=$out bash scripts/gpu-host/encoder-perf.sh > "$out/perf.log" 2>&1
+t build
+B=${MASKD_GPU_BUILD:-/tmp/maskd-build}
+source scripts/gpu-host/unpack.sh .gpu-debs /tmp/gpu-prefix > /dev/null
+export LD_LIBRARY_PATH="$(python3 -c 'import os,torch;print(os.path.dirname(torch.__file__))')/lib:$LD_LIBRARY_PATH"
