@@ -193,6 +193,7 @@ struct MaskPostprocessOutput {
   at::Tensor stability;
   // want_rle: COCO RLE counts (column-major, first run counts zeros, possibly 0), all masks
   //   concatenated, int32 [total]; rle_offsets [M + 1] int64 into it. On the host (CPU tensors).
+  //   rle_counts is left undefined when the string below is made and want_rle_counts is false.
   at::Tensor rle_counts;
   at::Tensor rle_offsets;
   // want_rle and want_rle_string on CUDA only (undefined from the reference and otherwise): the same runs as COCO's compressed counts
@@ -205,9 +206,12 @@ struct MaskPostprocessOutput {
   at::Tensor bitmask;
   at::Tensor bitmask_offsets;
 };
+// want_rle_counts = false with the string: the host copies only the string (a noisy mask's counts
+// take 4 bytes a run across PCIe, its string about 1.5), for callers that need nothing else.
 MaskPostprocessOutput MaskPostprocess(const at::Tensor& logits, const at::Tensor& geometry,
                                       int64_t pad_size, bool want_rle, bool want_bitmask,
-                                      Stream stream = nullptr, bool want_rle_string = false);
+                                      Stream stream = nullptr, bool want_rle_string = false,
+                                      bool want_rle_counts = true);
 // Reference: the original's two F.interpolate calls (upsample_bilinear2d) and a CPU encoder.
 MaskPostprocessOutput MaskPostprocessReference(const at::Tensor& logits, const at::Tensor& geometry,
                                                int64_t pad_size, bool want_rle, bool want_bitmask);

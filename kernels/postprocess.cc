@@ -99,7 +99,7 @@ float Stability(int64_t n_hi, int64_t n_lo) {
 #ifdef MASKD_WITH_CUDA
 MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at::Tensor& geometry,
                                           int64_t pad_size, bool want_rle, bool want_bitmask,
-                                          Stream stream, bool want_rle_string) {
+                                          Stream stream, bool want_rle_string, bool want_rle_counts) {
   internal::StreamScope scope(stream, logits_in.device());
   const std::vector<Geometry> geo = CheckPostprocessArgs(logits_in, geometry, pad_size);
   const int64_t M = static_cast<int64_t>(geo.size());
@@ -187,8 +187,10 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
         detail::LaunchMaskRleDiff(ra.positions, offsets.data_ptr<int64_t>(), ea.table, ea.num_masks,
                                   rle_dev.data_ptr<int32_t>(), scope.get()),
         "MaskRleDiffKernel");
-    out.rle_counts = at::empty({total}, pinned(at::kInt));
-    out.rle_counts.copy_(rle_dev, /*non_blocking=*/true);
+    if (want_rle_counts || !want_rle_string) {
+      out.rle_counts = at::empty({total}, pinned(at::kInt));
+      out.rle_counts.copy_(rle_dev, /*non_blocking=*/true);
+    }
     out.rle_offsets = offsets_host;
 
     if (want_rle_string) {
@@ -323,15 +325,16 @@ MaskPostprocessOutput MaskPostprocessReference(const at::Tensor& logits, const a
 
 MaskPostprocessOutput MaskPostprocess(const at::Tensor& logits, const at::Tensor& geometry,
                                       int64_t pad_size, bool want_rle, bool want_bitmask,
-                                      Stream stream, bool want_rle_string) {
+                                      Stream stream, bool want_rle_string, bool want_rle_counts) {
 #ifdef MASKD_WITH_CUDA
   if (logits.is_cuda()) {
     return MaskPostprocessCuda(logits, geometry, pad_size, want_rle, want_bitmask, stream,
-                               want_rle_string);
+                               want_rle_string, want_rle_counts);
   }
 #endif
   (void)stream;
   (void)want_rle_string;
+  (void)want_rle_counts;
   return MaskPostprocessReference(logits, geometry, pad_size, want_rle, want_bitmask);
 }
 

@@ -293,9 +293,11 @@ class EngineImpl final : public Engine {
   // SAM's postprocess_masks + threshold + stats (+ RLE / bitmask) of low-res logits [M, 256, 256]:
   // the fused kernel with gpu_postprocess (it reads bf16/fp16 itself; with want_rle and
   // want_rle_string also the COCO strings when gpu_rle_string is on), else its LibTorch reference
-  // in float32 on the engine's device.
+  // in float32 on the engine's device. Without rle_counts_with_string, the counts stay on the device
+  // (rle_counts undefined) whenever the strings are made.
   kernels::MaskPostprocessOutput PostprocessLogits(const at::Tensor& logits, const at::Tensor& geometry,
-                                                   bool want_rle, bool want_bitmask, bool want_rle_string) const;
+                                                   bool want_rle, bool want_bitmask, bool want_rle_string,
+                                                   bool rle_counts_with_string = true) const;
   MaskDecoderImpl::Output RunDecoder(const at::Tensor& src, const at::Tensor& sparse);
   // The shared-image decoder on group keys [G, HW, D] and, when G > 1, each prompt's group (graph
   // replay for both).

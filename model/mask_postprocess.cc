@@ -43,7 +43,7 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
       at::Tensor geom = at::from_blob(geometry.data(), {M, 4}, at::kInt).clone();
       const kernels::MaskPostprocessOutput r =
           PostprocessLogits(all, geom, enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask,
-                            /*want_rle_string=*/true);
+                            /*want_rle_string=*/true, /*rle_counts_with_string=*/false);
       const at::Tensor area = r.area.to(at::kCPU).contiguous();
       const at::Tensor bbox = r.bbox.to(at::kCPU).contiguous();
       const at::Tensor stab = r.stability.to(at::kCPU, at::kFloat).contiguous();
@@ -53,9 +53,12 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
         for (int k = 0; k < 4; ++k) d.bbox[k] = static_cast<uint32_t>(bbox.data_ptr<int32_t>()[m * 4 + k]);
         d.stability_score = stab.data_ptr<float>()[m];
         if (enc == MaskEncoding::kRle) {
-          const int64_t* off = r.rle_offsets.data_ptr<int64_t>();
-          const int32_t* cnt = r.rle_counts.data_ptr<int32_t>();
-          d.rle_counts.assign(cnt + off[m], cnt + off[m + 1]);
+          // The string alone when the device made it (what every caller sends); else the counts.
+          if (r.rle_counts.defined()) {
+            const int64_t* off = r.rle_offsets.data_ptr<int64_t>();
+            const int32_t* cnt = r.rle_counts.data_ptr<int32_t>();
+            d.rle_counts.assign(cnt + off[m], cnt + off[m + 1]);
+          }
           if (r.rle_string.defined()) {
             const int64_t* so = r.rle_string_offsets.data_ptr<int64_t>();
             const char* chars = reinterpret_cast<const char*>(r.rle_string.data_ptr<uint8_t>());
@@ -76,11 +79,12 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
 
 kernels::MaskPostprocessOutput EngineImpl::PostprocessLogits(const at::Tensor& logits, const at::Tensor& geometry,
                                                          bool want_rle, bool want_bitmask,
-                                                         bool want_rle_string) const {
+                                                         bool want_rle_string, bool rle_counts_with_string) const {
   if (gpu_post_) {
     // The kernel reads bf16/fp16 logits itself (widening is exact): no float copy of the batch.
     return kernels::MaskPostprocess(logits.contiguous(), geometry, config_.img_size, want_rle, want_bitmask,
-                                    /*stream=*/nullptr, /*want_rle_string=*/want_rle_string && gpu_rle_string_);
+                                    /*stream=*/nullptr, /*want_rle_string=*/want_rle_string && gpu_rle_string_,
+                                    /*want_rle_counts=*/rle_counts_with_string);
   }
   // The original's float32 arithmetic in plain LibTorch, on the engine's device.
   return kernels::MaskPostprocessReference(logits.to(at::kFloat).contiguous(), geometry, config_.img_size,

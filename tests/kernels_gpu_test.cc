@@ -358,6 +358,15 @@ TEST(kernels_gpu, MaskPostprocessManyRunsAndStatsOnly) {
   const mk::MaskPostprocessOutput ref = mk::MaskPostprocessReference(logits, geometry, 256, true, true);
   ExpectMasksMatch(out, ref, geo);
   EXPECT_GT(out.rle_counts.numel(), 10000);
+  // Only the string to the host: the same string and offsets, no counts.
+  const mk::MaskPostprocessOutput strings_only =
+      mk::MaskPostprocess(logits, geometry, 256, true, false, nullptr, /*want_rle_string=*/true,
+                          /*want_rle_counts=*/false);
+  EXPECT_FALSE(strings_only.rle_counts.defined());
+  ASSERT_TRUE(strings_only.rle_string.defined());
+  EXPECT_TRUE(at::equal(strings_only.rle_string, out.rle_string));
+  EXPECT_TRUE(at::equal(strings_only.rle_string_offsets, out.rle_string_offsets));
+  EXPECT_TRUE(at::equal(strings_only.area, out.area));
   const mk::MaskPostprocessOutput stats = mk::MaskPostprocess(logits, geometry, 256, false, false);
   EXPECT_FALSE(stats.rle_counts.defined());
   EXPECT_FALSE(stats.bitmask.defined());

@@ -275,9 +275,11 @@ struct MaskData {
   // Tight box (x, y, width, height), zero for an empty mask.
   std::array<uint32_t, 4> bbox{};
   uint64_t area = 0;
-  std::vector<uint32_t> rle_counts;  // kRle
-  // kRle, when the device also made COCO's compressed counts string of rle_counts (else empty: an
-  // RLE string is never empty, it holds at least one count).
+  // kRle: the counts, unless the device made rle_string (then empty: only the string crosses to
+  // the host, and every consumer sends the string; model/io/rle.h converts between the two).
+  std::vector<uint32_t> rle_counts;
+  // kRle, when the device made COCO's compressed counts string (else empty: an RLE string is never
+  // empty, it holds at least one count).
   std::string rle_string;
   std::vector<uint8_t> bitmask;      // kBitmask
 };
