@@ -89,7 +89,8 @@ class StreamSession {
   Actions Drain();
 
  private:
-  // The first read (OpenStream, once the session is registered with the service).
+  // The first read (OpenStream, before the session is visible to a drain: a drain that ended it
+  // first would have this read start after the end).
   void Start();
 
   struct CurrentImage {
