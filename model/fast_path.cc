@@ -7,6 +7,7 @@
 #include "model/engine_impl.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "kernels/kernels.h"
 #include "model/fast_linear.h"
@@ -58,22 +59,19 @@ Status EngineImpl::PrepareFastPath() {
     if (f.fp8 && options_.precision != Precision::kBFloat16)
       return InvalidArgument(std::string("fp8 linears need precision bf16 (their GEMM writes bf16), not ") +
                              PrecisionName(options_.precision));
+    // The one replacement (they are exclusive, above): how each linear is made, and its name in
+    // optimisations().
+    const auto [make, name] = f.int8            ? std::pair{&MakeInt8Linear, "int8-dynamic-quant"}
+                              : f.fp8           ? std::pair{&MakeFp8Linear, "fp8-e4m3-linears"}
+                              : f.prune24_dense ? std::pair{&MakePruned24DenseLinear, "pruned-2:4-dense"}
+                                                : std::pair{&MakeSparse24Linear, "sparse-2:4"};
     for (auto& b : sam_->image_encoder->block_list) {
-      auto make = [&](const torch::nn::Linear& l) {
-        return f.int8            ? MakeInt8Linear(l)
-               : f.fp8           ? MakeFp8Linear(l)
-               : f.prune24_dense ? MakePruned24DenseLinear(l)
-                                 : MakeSparse24Linear(l);
-      };
       b->attn->qkv_fast = make(b->attn->qkv);
       b->attn->proj_fast = make(b->attn->proj);
       b->mlp->lin1_fast = make(b->mlp->lin1);
       b->mlp->lin2_fast = make(b->mlp->lin2);
     }
-    optimisations_.push_back(f.int8            ? "int8-dynamic-quant"
-                             : f.fp8           ? "fp8-e4m3-linears"
-                             : f.prune24_dense ? "pruned-2:4-dense"
-                                               : "sparse-2:4");
+    optimisations_.push_back(name);
   }
   shared_dec_.reset();
   if (f.shared_image_decoder) {
