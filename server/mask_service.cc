@@ -111,14 +111,14 @@ void MaskService::BeginDrain() {
     std::lock_guard<std::mutex> lock(state_mu_);
     state_ = State::kDraining;
   }
-  std::vector<std::pair<StreamSession*, StreamSession::Actions>> todo;
+  std::vector<std::pair<StreamSession*, StreamSession::Actions>> drains;
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
-    for (StreamSession* s : streams_) todo.emplace_back(s, s->Drain());
+    for (StreamSession* s : streams_) drains.emplace_back(s, s->Drain());
   }
   // Outside streams_mu_: a finish may run OnDone (RemoveStream) inline. A stream with no action may
   // be gone already and is not touched.
-  for (auto& [s, a] : todo) {
+  for (auto& [s, a] : drains) {
     if (!a.empty()) s->Run(a);
   }
 }
