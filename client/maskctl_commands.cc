@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iomanip>
 #include <ostream>
 #include <sstream>
+#include <thread>
 
 #include "client/client.h"
 #include "client/embedding.h"
@@ -644,21 +646,38 @@ void AddClientCommands(CLI::App& app, MaskctlConfig& config, MaskctlRun& run, st
     auto service = std::make_shared<std::string>("maskd.v1.MaskService");
     CLI::App* health = app.add_subcommand(
         "health", "Ask grpc.health.v1 whether the server is SERVING (exit 0) or not (exit 2)");
+    auto wait_s = std::make_shared<double>(0);
     health->add_option("--service", *service, "service name to check (\"\" = the whole server)")
         ->capture_default_str();
-    health->callback([&config, &run, &out, &err, service] {
-      StatusOr<std::unique_ptr<Client>> client = ConnectFrom(config);
-      if (!client.ok()) {
-        run.exit_code = Fail(err, client.status());
-        return;
+    health->add_option("--wait", *wait_s,
+                       "keep asking (every 10 ms, reconnecting while the server is not up yet) until it "
+                       "is SERVING or this many seconds have passed; 0 = ask once")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    health->callback([&config, &run, &out, &err, service, wait_s] {
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::microseconds(static_cast<int64_t>(*wait_s * 1e6));
+      for (;;) {
+        StatusOr<ServingStatus> s = [&]() -> StatusOr<ServingStatus> {
+          MaskctlConfig c = config;
+          // While waiting, a server that is not listening yet is one more try, not a 10 s stall.
+          if (*wait_s > 0) c.connect_timeout_s = std::min(c.connect_timeout_s, 0.25);
+          StatusOr<std::unique_ptr<Client>> client = ConnectFrom(c);
+          if (!client.ok()) return client.status();
+          return (*client)->Health(*service);
+        }();
+        const bool serving = s.ok() && *s == ServingStatus::kServing;
+        if (serving || std::chrono::steady_clock::now() >= deadline) {
+          if (!s.ok()) {
+            run.exit_code = Fail(err, s.status());
+            return;
+          }
+          out << ServingStatusName(*s) << "\n";
+          run.exit_code = serving ? 0 : 2;
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
-      StatusOr<ServingStatus> s = (*client)->Health(*service);
-      if (!s.ok()) {
-        run.exit_code = Fail(err, s.status());
-        return;
-      }
-      out << ServingStatusName(*s) << "\n";
-      run.exit_code = *s == ServingStatus::kServing ? 0 : 2;
     });
   }
 }

@@ -2,10 +2,12 @@
 // requests they build, how they decode masks, how errors come back, and the command line itself.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -415,6 +417,46 @@ TEST_F(MaskctlFake, EmbedInfoHealth) {
     EXPECT_EQ(m.Run({"health"}), 0) << m.err.str();
     ::unsetenv("MASKD_SERVER");
   }
+}
+
+TEST(MaskctlFakeHealth, WaitReturnsOnceServingAndGivesUpWithExitTwo) {
+  FakeMaskd server;
+  server.SetServing(false);
+  {
+    // Not serving and no --wait: one answer, exit 2.
+    Maskctl m;
+    EXPECT_EQ(m.Run({"--server", server.target(), "health"}), 2) << m.err.str();
+    EXPECT_EQ(m.out.str(), "NOT_SERVING\n");
+  }
+  {
+    // --wait gives up after its time with the last answer.
+    Maskctl m;
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(m.Run({"--server", server.target(), "health", "--wait", "0.3"}), 2) << m.err.str();
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+    EXPECT_EQ(m.out.str(), "NOT_SERVING\n");
+  }
+  {
+    // It returns once the server says SERVING, long before its time is up.
+    std::thread flip([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      server.SetServing(true);
+    });
+    Maskctl m;
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(m.Run({"--server", server.target(), "health", "--wait", "30"}), 0) << m.err.str();
+    flip.join();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+    EXPECT_EQ(m.out.str(), "SERVING\n");
+  }
+}
+
+TEST(MaskctlFakeHealth, WaitOnANonListeningAddressFailsUnavailableAfterItsTime) {
+  Maskctl m;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(m.Run({"--server", "127.0.0.1:1", "health", "--wait", "0.5"}), 1);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+  EXPECT_NE(m.err.str().find("UNAVAILABLE"), std::string::npos) << m.err.str();
 }
 
 }  // namespace

@@ -274,6 +274,9 @@ class FakeMaskd {
   }
   ~FakeMaskd() { server_->Shutdown(); }
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  void SetServing(bool serving) {
+    server_->GetHealthCheckService()->SetServingStatus("maskd.v1.MaskService", serving);
+  }
 
   FakeMaskService service;
 
