@@ -152,6 +152,15 @@ at::Tensor ImageToTokenProbs(const at::Tensor& q, const at::Tensor& k, const at:
                              double scale, Stream stream = nullptr);
 at::Tensor ImageToTokenProbsReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows,
                                       int64_t heads, double scale);
+// softmax(scale q k^T) v for a few queries against many keys: q [N, H, L, C], k and v [N, H, S, C]
+// (any strides, last dimension contiguous; the decoder's projections viewed per head). Returns
+// [N, L, H, C] contiguous in q's dtype (the layout of out_proj's input), scores, softmax and the
+// weighted sum in fp32. CUDA kernel (split over the keys, few_query_attention.cu) when
+// FewQueryAttentionFits; otherwise FewQueryAttentionReference.
+bool FewQueryAttentionFits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+at::Tensor FewQueryAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                             Stream stream = nullptr);
+at::Tensor FewQueryAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
 // For each i: a contiguous tensor of its own holding src[row[i]].narrow(0, first[i], count[i])
 // (src [G, K, ...]; the decoder's per-prompt mask logits out of its [G, 4, 256, 256] batch). On
 // CUDA all of them are copied by one kernel when every slice is 16-byte aligned; otherwise (and on

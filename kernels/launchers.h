@@ -127,6 +127,30 @@ struct ImageToTokenProbsArgs {
   float scale = 1.f;
 };
 cudaError_t LaunchImageToTokenProbs(const ImageToTokenProbsArgs& args, DType dtype, cudaStream_t stream);
+// softmax(scale q k^T) v for at most kFewQueryMaxQueries queries per (batch, head) against many keys
+// (few_query_attention.cu), split over the keys: LaunchFewQueryAttention writes `out` itself when
+// splits == 1, else fp32 partials that LaunchFewQueryCombine merges into `out`.
+constexpr int kFewQueryMaxQueries = 16;
+struct FewQueryAttentionArgs {
+  // [N, H, rows, head_dim] with the last dimension contiguous; strides in elements for (n, h, row).
+  // k and v rows 16-byte aligned (base and strides); q is read element-wise.
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t q_stride[3] = {0, 0, 0};
+  int64_t k_stride[3] = {0, 0, 0};
+  int64_t v_stride[3] = {0, 0, 0};
+  void* out = nullptr;       // [N, queries, H, head_dim] contiguous, q's dtype
+  float* partial = nullptr;  // splits > 1: [N, H, splits, queries, head_dim + 2] (acc, max, sum)
+  int batch = 0, heads = 0, queries = 0, keys = 0, head_dim = 0;
+  // Split s takes keys [s, s + 1) * chunks_per_split * FewQueryChunkKeys(); every split has keys.
+  int splits = 1, chunks_per_split = 1;
+  float scale = 1.f;
+};
+bool FewQueryAttentionSupported(int queries, int head_dim, DType dtype);  // head_dim 16 or 32
+int FewQueryChunkKeys();
+cudaError_t LaunchFewQueryAttention(const FewQueryAttentionArgs& args, DType dtype, cudaStream_t stream);
+cudaError_t LaunchFewQueryCombine(const FewQueryAttentionArgs& args, DType dtype, cudaStream_t stream);
 // table: `items` rows of {dst address, src address, bytes} on the device; every address 16-byte
 // aligned and every size a multiple of 16; max_bytes the largest size (sizes the grid).
 cudaError_t LaunchCopySlices(const int64_t* table, int64_t items, int64_t max_bytes, cudaStream_t stream);

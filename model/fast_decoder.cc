@@ -93,6 +93,11 @@ at::Tensor SharedImageDecoder::TokenToImage(const DecoderAttentionImpl& attn, co
   const at::Tensor q = Lin(attn.q_proj, q_tokens).view({n, l, heads_, c}).transpose(1, 2);
   const at::Tensor kh = k.view({n, hw, heads_, c}).transpose(1, 2);
   const at::Tensor vh = v.view({n, hw, heads_, c}).transpose(1, 2);
+  if (attn.few_query_kernel && kernels::FewQueryAttentionFits(q, kh, vh)) {
+    // A prompt's few tokens against the 4096 positions, split over the keys: [N, L, H, C].
+    const at::Tensor o = kernels::FewQueryAttention(q, kh, vh, 1.0 / std::sqrt(static_cast<double>(c)));
+    return Lin(attn.out_proj, o.view({n, l, internal_}));
+  }
   at::Tensor out;
   if (attn.use_sdpa) {
     out = at::scaled_dot_product_attention(q, kh, vh);

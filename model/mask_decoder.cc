@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "kernels/kernels.h"
+
 namespace maskd {
 
 DecoderAttentionImpl::DecoderAttentionImpl(int64_t dim, int64_t heads, int64_t downsample)
@@ -26,6 +28,11 @@ at::Tensor DecoderAttentionImpl::forward(const at::Tensor& q_in, const at::Tenso
   const at::Tensor q = separate(q_proj->forward(q_in));
   const at::Tensor k = separate(k_proj->forward(k_in));
   const at::Tensor v = separate(v_proj->forward(v_in));
+  if (few_query_kernel && kernels::FewQueryAttentionFits(q, k, v)) {
+    // [N, L, H, C]: out_proj's input layout without the transpose.
+    const at::Tensor o = kernels::FewQueryAttention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))));
+    return out_proj->forward(o.view({o.size(0), o.size(1), o.size(2) * o.size(3)}));
+  }
   at::Tensor out;
   if (use_sdpa) {
     out = at::scaled_dot_product_attention(q, k, v);
@@ -115,6 +122,14 @@ void TwoWayTransformerImpl::SetSdpa(bool on) {
     l->cross_attn_image_to_token->use_sdpa = on;
   }
   final_attn_token_to_image->use_sdpa = on;
+}
+
+void TwoWayTransformerImpl::SetFewQueryKernel(bool on) {
+  for (auto& l : layer_list) {
+    l->self_attn->few_query_kernel = on;
+    l->cross_attn_token_to_image->few_query_kernel = on;
+  }
+  final_attn_token_to_image->few_query_kernel = on;
 }
 
 TwoWayTransformerImpl::Output TwoWayTransformerImpl::forward(const at::Tensor& image_embedding,

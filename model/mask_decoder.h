@@ -26,6 +26,9 @@ struct DecoderAttentionImpl : torch::nn::Module {
   int64_t num_heads;
   // The original's materialised softmax(q k^T / sqrt(d)) v, or SDPA.
   bool use_sdpa = false;
+  // kernels::FewQueryAttention where it fits (CUDA, bf16/fp16, <= 16 queries: the token side's
+  // attentions), else the above.
+  bool few_query_kernel = false;
 };
 TORCH_MODULE(DecoderAttention);
 
@@ -66,6 +69,8 @@ struct TwoWayTransformerImpl : torch::nn::Module {
   Output forward(const at::Tensor& image_embedding, const at::Tensor& image_pe,
                  const at::Tensor& point_embedding);
   void SetSdpa(bool on);
+  // DecoderAttentionImpl::few_query_kernel of the attentions whose queries are the tokens.
+  void SetFewQueryKernel(bool on);
   torch::nn::ModuleList layers{nullptr};
   std::vector<TwoWayAttentionBlock> layer_list;
   DecoderAttention final_attn_token_to_image{nullptr};

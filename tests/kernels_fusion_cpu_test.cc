@@ -52,6 +52,27 @@ TEST(kernels_fusion_cpu, ImageToTokenProbsEqualsMatmulSoftmaxPermute) {
   EXPECT_THROW(mk::ImageToTokenProbs(q, k, {}, 5, scale), c10::Error);
 }
 
+// FewQueryAttention's CPU path (its reference) is SDPA's function in the [N, L, H, C] layout, on
+// strided per-head views as the decoder passes them; the CUDA kernel is held to it on the GPU.
+TEST(kernels_fusion_cpu, FewQueryAttentionIsSdpaInTheOutProjLayout) {
+  const int64_t N = 3, H = 4, L = 7, S = 50, C = 16;
+  const at::Tensor y = Randn({N, S, 3 * H * C}, 31);  // a fused k/v projection's output
+  const at::Tensor k = y.narrow(2, 0, H * C).view({N, S, H, C}).transpose(1, 2);
+  const at::Tensor v = y.narrow(2, H * C, H * C).view({N, S, H, C}).transpose(1, 2);
+  const at::Tensor q = Randn({N, L, H, C}, 32).transpose(1, 2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(C));
+  const at::Tensor sdpa = at::scaled_dot_product_attention(q, k, v).transpose(1, 2);  // [N, L, H, C]
+  const at::Tensor out = mk::FewQueryAttention(q, k, v, scale);
+  ASSERT_EQ(out.sizes(), (std::vector<int64_t>{N, L, H, C}));
+  EXPECT_TRUE(out.is_contiguous());
+  EXPECT_LT(MaxAbs(out, sdpa), 1e-5);
+  // Another scale is not SDPA's default: the result moves.
+  EXPECT_GT(MaxAbs(mk::FewQueryAttention(q, k, v, 2 * scale), sdpa), 1e-3);
+  EXPECT_FALSE(mk::FewQueryAttentionFits(q, k, v));  // no kernel on the CPU
+  EXPECT_THROW(mk::FewQueryAttention(q, k.narrow(2, 0, 10), v, scale), c10::Error);
+  EXPECT_THROW(mk::FewQueryAttention(q.narrow(3, 0, 8), k, v, scale), c10::Error);
+}
+
 TEST(kernels_fusion_cpu, WindowPartitionPadsWithZerosAndUnpartitionCrops) {
   const int64_t B = 2, H = 5, W = 7, C = 3, ws = 3;
   const at::Tensor x = Randn({B, H, W, C}, 1);

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -326,6 +327,49 @@ TEST(kernels_fusion_gpu, ImageToTokenProbsMatchesReference) {
       }
     }
   }
+}
+
+// The decoder's token-side attentions: a click's tokens against 4096 positions (split 32 ways over
+// the keys, then combined), 64 prompts (no split), the tokens' self-attention (C = 32, 7 keys), the
+// query limit, and a key count that ends mid-chunk; q, k and v strided as the projections leave them.
+TEST(kernels_fusion_gpu, FewQueryAttentionMatchesReferenceAndSdpa) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t N, H, L, S, C;
+  };
+  uint64_t seed = 950;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+    for (const Case& c : {Case{1, 8, 7, 4096, 16}, Case{64, 8, 7, 4096, 16}, Case{5, 8, 7, 7, 32},
+                          Case{2, 8, 16, 1000, 16}, Case{3, 4, 1, 129, 32}}) {
+      const at::Tensor y = Randn({c.N, c.S, 3 * c.H * c.C}, seed++, t, 2.0);
+      const at::Tensor k = y.narrow(2, 0, c.H * c.C).view({c.N, c.S, c.H, c.C}).transpose(1, 2);
+      const at::Tensor v = y.narrow(2, c.H * c.C, c.H * c.C).view({c.N, c.S, c.H, c.C}).transpose(1, 2);
+      const at::Tensor q = Randn({c.N, c.L, c.H, c.C}, seed++, t, 2.0).transpose(1, 2);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.C));
+      const std::string name = c10::toString(t) + std::string(" N ") + std::to_string(c.N) + " H " +
+                               std::to_string(c.H) + " L " + std::to_string(c.L) + " S " + std::to_string(c.S) +
+                               " C " + std::to_string(c.C);
+      ASSERT_TRUE(mk::FewQueryAttentionFits(q, k, v)) << name;
+      Poison(c.N * c.L * c.H * c.C * 2 + c.N * c.H * 64 * c.L * (c.C + 2) * 4);
+      const at::Tensor out = mk::FewQueryAttention(q, k, v, scale);
+      const at::Tensor ref = mk::FewQueryAttentionReference(q, k, v, scale);
+      ASSERT_EQ(out.sizes(), ref.sizes()) << name;
+      ASSERT_EQ(out.scalar_type(), t) << name;
+      // fp32 scores, softmax and sums; only the summation order differs, then one rounding.
+      const Err e = Compare(out, ref);
+      EXPECT_TRUE(e.finite) << name;
+      EXPECT_LE(e.max_abs, t == at::kBFloat16 ? 1.6e-2 : 2e-3) << name;
+      EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 5e-3 : 1e-3) << name;
+      // SDPA (what it replaces) agrees to the same order.
+      const at::Tensor sdpa = at::scaled_dot_product_attention(q, k, v).transpose(1, 2);
+      EXPECT_LE(Compare(out, sdpa).rel_l2, t == at::kBFloat16 ? 1e-2 : 2e-3) << name;
+    }
+  }
+  // Outside the kernel's shapes (17 queries) it is the reference, not a wrong answer.
+  const at::Tensor k = Randn({1, 8, 64, 16}, 990, at::kBFloat16);
+  const at::Tensor q = Randn({1, 8, 17, 16}, 991, at::kBFloat16);
+  EXPECT_FALSE(mk::FewQueryAttentionFits(q, k, k));
+  EXPECT_LE(Compare(mk::FewQueryAttention(q, k, k, 0.25), mk::FewQueryAttentionReference(q, k, k, 0.25)).max_abs, 0.0);
 }
 
 TEST(kernels_fusion_gpu, UpscaleHyperMatchesTheUnfusedPathAndFp32) {

@@ -76,6 +76,21 @@ TEST(SharedImageDecoderCuda, Bf16ErrorIsTheOriginalsBf16Error) {
               "shared vs original bf16 %.3e\n", e_orig, e_got, i_orig, i_got, RelL2(got.masks, orig.masks));
   EXPECT_LE(e_got, 1.5 * e_orig + 1e-3);
   EXPECT_LE(i_got, 1.5 * i_orig + 1e-3);
+  {
+    // The token-side attentions on kernels::FewQueryAttention (as FastPathOptions::
+    // decoder_attention_kernel runs them): no more error than with SDPA.
+    dec->transformer->SetFewQueryKernel(true);
+    const auto orig_fq = dec->forward(groups16.index_select(0, group_of), pos16, sparse16);
+    const auto got_fq = shared.forward(groups16, group_of, sparse16);
+    dec->transformer->SetFewQueryKernel(false);
+    const double e_orig_fq = RelL2(orig_fq.masks, fp32.masks), e_got_fq = RelL2(got_fq.masks, fp32.masks);
+    std::printf("with the few-query attention kernel: masks original %.3e shared %.3e; iou %.3e / %.3e\n",
+                e_orig_fq, e_got_fq, RelL2(orig_fq.iou_predictions, fp32.iou_predictions),
+                RelL2(got_fq.iou_predictions, fp32.iou_predictions));
+    EXPECT_LE(e_orig_fq, 1.5 * e_orig + 1e-3);
+    EXPECT_LE(e_got_fq, 1.5 * e_orig + 1e-3);
+    EXPECT_LE(RelL2(got_fq.iou_predictions, fp32.iou_predictions), 1.5 * i_orig + 1e-3);
+  }
   // One image for all prompts (the single-group path) agrees with the grouped path.
   const auto one = shared.forward(groups16.slice(0, 0, 1), at::Tensor(), sparse16);
   const auto one_ref = shared.forward(groups16, at::zeros({12}, group_of.options()), sparse16);

@@ -12,6 +12,7 @@ FastPathOptions FastPathOptions::Fast() {
   f.fuse_encoder_ops = true;
   f.gelu_epilogue = true;
   f.shared_image_decoder = true;
+  f.decoder_attention_kernel = true;
   f.rel_pos_in_kernel = true;
   f.windows_in_kernel = true;
   return f;

@@ -98,6 +98,11 @@ struct FastPathOptions {
   // encoding's share of each projection precomputed. The same function up to floating-point
   // reassociation; CPU or CUDA.
   bool shared_image_decoder = false;
+  // The decoder's token-side attentions (a prompt's few tokens against its 4096 positions, and the
+  // tokens' self-attention) on kernels::FewQueryAttention, split over the keys, instead of SDPA,
+  // whose flash kernel tiles 64 queries per block and gives a click 8 blocks. The same function with
+  // fp32 softmax; CUDA, bf16/fp16 only.
+  bool decoder_attention_kernel = false;
   // With fuse_encoder_ops and the fused attention: the rel-pos terms made inside the attention
   // kernel from the (tiny) reversed tables, instead of a [B, heads, N, L] matmul product and a
   // contiguous copy of q per block. Same arithmetic in fp32 (the terms are no longer rounded to

@@ -1,0 +1,105 @@
+// ATen side of FewQueryAttention (few_query_attention.cu): checks, the split of the keys, the
+// workspace; the LibTorch reference is the CPU path and the fallback.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/internal.h"
+#include "kernels/kernels.h"
+
+#ifdef MASKD_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace maskd::kernels {
+
+using internal::Describe;
+
+namespace {
+void CheckFewQueryArgs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
+                  q.size(1) == k.size(1) && q.size(3) == k.size(3) && k.size(2) > 0,
+              "FewQueryAttention: expected q [N, H, L, C] and k, v [N, H, S, C] with S > 0, got ", Describe(q), ", ",
+              Describe(k), " and ", Describe(v));
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() && q.device() == k.device() &&
+                  q.device() == v.device(),
+              "FewQueryAttention: q, k and v must share dtype and device");
+}
+}  // namespace
+
+at::Tensor FewQueryAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  CheckFewQueryArgs(q, k, v);
+  const at::Tensor s = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(2, 3)) * scale;
+  const at::Tensor o = at::matmul(at::softmax(s, -1), v.to(at::kFloat));  // [N, H, L, C]
+  return o.transpose(1, 2).contiguous().to(q.scalar_type());
+}
+
+bool FewQueryAttentionFits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+#ifdef MASKD_WITH_CUDA
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || !q.is_cuda() || q.scalar_type() == at::kFloat ||
+      q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type() || k.sizes() != v.sizes() ||
+      q.size(0) != k.size(0) || q.size(1) != k.size(1) || q.size(3) != k.size(3) || k.size(2) < 1 ||
+      k.size(2) > (int64_t{1} << 30) || q.size(0) > 65535 || q.size(1) > 65535)
+    return false;
+  if (!detail::FewQueryAttentionSupported(static_cast<int>(q.size(2)), static_cast<int>(q.size(3)),
+                                          internal::ToDType(q.scalar_type(), "q")))
+    return false;
+  const auto rows_aligned = [](const at::Tensor& t) {
+    return t.stride(3) == 1 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0 &&
+           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  return q.stride(3) == 1 && rows_aligned(k) && rows_aligned(v);
+#else
+  (void)q, (void)k, (void)v;
+  return false;
+#endif
+}
+
+at::Tensor FewQueryAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                             Stream stream) {
+  CheckFewQueryArgs(q, k, v);
+#ifdef MASKD_WITH_CUDA
+  if (FewQueryAttentionFits(q, k, v)) {
+    internal::StreamScope scope(stream, q.device());
+    const int64_t n = q.size(0), h = q.size(1), l = q.size(2), c = q.size(3), s = k.size(2);
+    detail::FewQueryAttentionArgs a;
+    a.q = q.data_ptr();
+    a.k = k.data_ptr();
+    a.v = v.data_ptr();
+    for (int d = 0; d < 3; ++d) {
+      a.q_stride[d] = q.stride(d);
+      a.k_stride[d] = k.stride(d);
+      a.v_stride[d] = v.stride(d);
+    }
+    a.batch = static_cast<int>(n);
+    a.heads = static_cast<int>(h);
+    a.queries = static_cast<int>(l);
+    a.keys = static_cast<int>(s);
+    a.head_dim = static_cast<int>(c);
+    a.scale = static_cast<float>(scale);
+    // Enough blocks for two per SM, each over at least one chunk of keys: a click (N = 1, 8 heads)
+    // splits 4096 keys 32 ways; 64 prompts need no split.
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.device().index());
+    const int64_t chunk = detail::FewQueryChunkKeys();
+    const int64_t chunks = (s + chunk - 1) / chunk;
+    const int64_t want = std::clamp<int64_t>((2 * std::max(sms, 1) + n * h - 1) / (n * h), 1, chunks);
+    a.chunks_per_split = static_cast<int>((chunks + want - 1) / want);
+    a.splits = static_cast<int>((chunks + a.chunks_per_split - 1) / a.chunks_per_split);
+    at::Tensor out = at::empty({n, l, h, c}, q.options());
+    a.out = out.data_ptr();
+    at::Tensor partial;
+    if (a.splits > 1) {
+      partial = at::empty({n, h, a.splits, l, c + 2}, q.options().dtype(at::kFloat));
+      a.partial = partial.data_ptr<float>();
+    }
+    const detail::DType dt = internal::ToDType(q.scalar_type(), "q");
+    internal::CheckLaunch(detail::LaunchFewQueryAttention(a, dt, scope.get()), "FewQueryAttentionKernel");
+    if (a.splits > 1) internal::CheckLaunch(detail::LaunchFewQueryCombine(a, dt, scope.get()), "FewQueryCombineKernel");
+    return out;
+  }
+#endif
+  (void)stream;
+  return FewQueryAttentionReference(q, k, v, scale);
+}
+
+}  // namespace maskd::kernels
