@@ -70,7 +70,8 @@ std::vector<Row> Waterfall() {
   f.gelu_epilogue = true;
   rows.push_back({"+ GELU in the fc1 epilogue", Precision::kBFloat16, f});
   f.shared_image_decoder = true;
-  rows.push_back({"+ shared-image decoder", Precision::kBFloat16, f});
+  f.decoder_attention_kernel = true;
+  rows.push_back({"+ shared-image decoder, few-query attention", Precision::kBFloat16, f});
   f.rel_pos_in_kernel = true;
   rows.push_back({"+ rel-pos terms in the attention kernel", Precision::kBFloat16, f});
   f.windows_in_kernel = true;
