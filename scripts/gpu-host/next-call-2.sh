@@ -26,6 +26,7 @@ source scripts/gpu-host/call-prelude.sh  # $out, t, the build, $B and its enviro
   timeout 90 "$B/tests/model_gpu_test" --gtest_filter='EngineCuda.Sparse24*:EngineCuda.Int8AndSparse*:EngineCuda.MemoryAccount*'
   timeout 60 "$B/tests/kernels_fusion_gpu_test" --gtest_filter='*FewQuery*'
   timeout 90 "$B/tests/model_fast_decoder_gpu_test"
+  timeout 60 "$B/tests/model_oom_gpu_test"
 } > "$out/tests.log" 2>&1
 grep -E "^\[  (PASSED|FAILED) |rel L2|mask IoU|few-query|Failure|Expected|Which is" "$out/tests.log" >> "$out/perf.log"
 t tests
