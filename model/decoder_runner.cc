@@ -236,8 +236,21 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
       at::Tensor masks;   // [G, 4, 256, 256]
       std::vector<size_t> idx;
     };
+    // Each bucket in passes of equal size, at most decoder_max_pass_prompts each.
+    std::vector<std::pair<int64_t, std::vector<size_t>>> passes;
+    for (auto& [T, all] : buckets) {
+      const size_t limit = options_.decoder_max_pass_prompts > 0 ? static_cast<size_t>(options_.decoder_max_pass_prompts)
+                                                                  : all.size();
+      const size_t n_passes = (all.size() + limit - 1) / limit;
+      for (size_t k = 0, begin = 0; k < n_passes; ++k) {
+        const size_t end = all.size() * (k + 1) / n_passes;
+        passes.emplace_back(T, std::vector<size_t>(all.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                   all.begin() + static_cast<std::ptrdiff_t>(end)));
+        begin = end;
+      }
+    }
     std::vector<Pending> pending;
-    for (auto& [T, idx] : buckets) {
+    for (auto& [T, idx] : passes) {
       const int64_t G = static_cast<int64_t>(idx.size());
       // Flat prompt tensors in the model's input frame: the original transforms coordinates in
       // float64 (numpy) and then uses them as float32.

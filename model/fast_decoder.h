@@ -70,20 +70,16 @@ class SharedImageDecoder {
     at::Tensor w;        // [2I, D]: final token->image k_proj, v_proj
     at::Tensor pe_bias;  // [HW, 2I]
   };
-  // q_img: [1, HW, I] when q_img_shared, else [B, HW, I], or the groups' [G, HW, I] with q_rows
-  // [B] (int64) naming each prompt's group.
+  // q_img: [1, HW, I] (one image for every prompt), [B, HW, I], or the groups' [G, HW, I] with
+  // q_rows [B] (int64) naming each prompt's group.
   at::Tensor ImageToToken(const TwoWayAttentionBlockImpl& blk, const BlockTables& t, const at::Tensor& q_img,
-                          bool q_img_shared, const at::Tensor& q_rows, const at::Tensor& residual,
+                          const at::Tensor& q_rows, const at::Tensor& residual,
                           const at::Tensor& queries, const at::Tensor& query_pe) const;
   at::Tensor TokenToImage(const DecoderAttentionImpl& attn, const at::Tensor& q_tokens, const at::Tensor& k,
                           const at::Tensor& v) const;
   at::Tensor Upscale(const at::Tensor& keys, const at::Tensor& hyper_in) const;
 
   MaskDecoderImpl& dec_;
-  // The image->token probabilities from kernels::ImageToTokenProbs (scores and softmax in one pass,
-  // written in the layout the value product reads) instead of a GEMM, a softmax and a permuting copy.
-  // MASKD_DECODER_PROBS_KERNEL=0 turns it off, for measuring the difference.
-  bool probs_kernel_ = true;
   int64_t h_ = 0, w_ = 0, dim_ = 0, internal_ = 0, heads_ = 0;
   std::vector<BlockTables> blocks_;
   FinalTables final_;

@@ -44,10 +44,9 @@ Status EngineImpl::PrepareFastPath() {
   if (windows_in_kernel) optimisations_.push_back("windows-in-kernel");
   for (auto& b : sam_->image_encoder->block_list) b->attn->fold_pad_v = !cuda;
   if (attn != AttentionImpl::kMath) optimisations_.push_back(AttentionImplName(attn));
-  // MASKD_DECODER_ATTENTION_KERNEL=0 turns the few-query kernel off, for measuring the difference.
-  const char* fq_env = std::getenv("MASKD_DECODER_ATTENTION_KERNEL");
-  const bool few_query = cuda && f.decoder_attention_kernel && options_.precision != Precision::kFloat32 &&
-                         !(fq_env && std::string(fq_env) == "0");
+  // Run 17 (H200, vit_b): a click 0.69 -> 0.60 ms (masks thresholded), 0.93 -> 0.87 ms with RLE;
+  // 64 prompts 3.43 -> 3.38 ms.
+  const bool few_query = cuda && f.decoder_attention_kernel && options_.precision != Precision::kFloat32;
   sam_->mask_decoder->transformer->SetFewQueryKernel(few_query);
   if (few_query) optimisations_.push_back("decoder-few-query-attention");
   if (cuda && options_.precision != Precision::kFloat32) {

@@ -153,5 +153,56 @@ TEST(SharedImageDecoder, EngineDecodeEqualsTheOriginalEngine) {
   EXPECT_NE(std::find(opts.begin(), opts.end(), "shared-image-decoder"), opts.end());
 }
 
+// DecodeEach runs a token-count bucket larger than decoder_max_pass_prompts in passes of equal size
+// (the decoder's memory is per pass): the same results, in the items' order, as one pass.
+TEST(SharedImageDecoder, PassesOfAtMostTheLimitGiveTheSameResultsAsOnePass) {
+  for (bool shared : {false, true}) {
+    EngineOptions o;  // the demo model, CPU, fp32
+    o.warmup = false;
+    o.fast.shared_image_decoder = shared;
+    o.decoder_max_pass_prompts = 0;
+    auto whole = Engine::Create(o);
+    o.decoder_max_pass_prompts = 3;
+    auto split = Engine::Create(o);
+    ASSERT_TRUE(whole.ok() && split.ok());
+    ImageRGB8 a{300, 220, {}}, b{180, 360, {}};
+    for (auto* im : {&a, &b}) {
+      im->pixels.resize(static_cast<size_t>(im->width) * im->height * 3);
+      for (size_t i = 0; i < im->pixels.size(); ++i) im->pixels[i] = static_cast<uint8_t>((i * 29 + im->height) % 251);
+    }
+    auto run = [&](Engine& e) {
+      auto pa = e.Prepare(a), pb = e.Prepare(b);
+      auto embs = e.Encode({*pa, *pb});
+      EXPECT_TRUE(embs.ok());
+      std::vector<DecodeItem> items;
+      // 11 one-point prompts (one bucket: passes of 3, 4, 4) over both images, and two boxes.
+      for (int k = 0; k < 11; ++k) {
+        PromptSpec p;
+        p.points = {{static_cast<float>(13 * k % 170), static_cast<float>(31 * k % 210), k % 3 ? 1 : 0}};
+        p.multimask = k % 2 == 0;
+        items.push_back({(*embs)[k % 2], p});
+      }
+      for (int k = 0; k < 2; ++k) {
+        PromptSpec p;
+        p.box = Box{5.f + k, 8.f, 120.f, 150.f + k};
+        items.push_back({(*embs)[k], p});
+      }
+      return *e.Decode(items);
+    };
+    const auto ref = run(**whole), got = run(**split);
+    ASSERT_EQ(ref.size(), 13u);
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_EQ(ref[i].scores.size(), got[i].scores.size()) << i;
+      for (size_t k = 0; k < ref[i].scores.size(); ++k) EXPECT_NEAR(got[i].scores[k], ref[i].scores[k], 1e-5) << i;
+      const auto lr = ref[i].logits->ToFloat(), lg = got[i].logits->ToFloat();
+      ASSERT_EQ(lr.size(), lg.size());
+      double m = 0;
+      for (size_t k = 0; k < lr.size(); ++k) m = std::max(m, static_cast<double>(std::fabs(lr[k] - lg[k])));
+      EXPECT_LT(m, 1e-4) << (shared ? "shared " : "original ") << "prompt " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace maskd

@@ -116,7 +116,7 @@ TEST(ServerConfig, FlagBeatsEnvironmentBeatsFileBeatsDefault) {
   EXPECT_EQ(c.decoder_queue_delay_us, 750);     // file, key with underscores
   EXPECT_EQ(c.cache_device_bytes, 3ull << 30);  // sizes with units
   EXPECT_FALSE(c.access_log);
-  EXPECT_EQ(c.decoder_max_prompts, 256);        // default
+  EXPECT_EQ(c.decoder_max_prompts, 64);         // default
   EXPECT_EQ(c.config_file, (dir / "maskd.json").string());
 }
 

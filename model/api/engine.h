@@ -142,6 +142,12 @@ struct EngineOptions {
   // Seconds per pass of each encoder_batch_sizes entry (in ascending size order) to plan with; empty:
   // measured at warm-up on CUDA with graphs, else every pass counts the same (the fewest passes).
   std::vector<double> encoder_batch_seconds;
+  // The most prompts of one token count that DecodeEach runs in one decoder pass; more run in
+  // passes of equal size up to this (0: no limit). The decoder's activations grow ~10 MB per prompt
+  // ([prompts, 4096, 384] projections), so 233 prompts in one pass took 2.3 GB, more than the vit_b
+  // encoder at batch 32 with its weights (run 17's memory account); 64 is the largest prompt count
+  // with a CUDA graph, and per-prompt throughput is flat from there.
+  int decoder_max_pass_prompts = 64;
   // Seed of the demo model's weights.
   uint64_t demo_seed = 0x5eed;
   // fp32 on CUDA: TF32 off for matmuls and cuDNN, so fp32 means fp32 (golden parity needs it).
