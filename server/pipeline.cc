@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
+#include <iterator>
 #include <mutex>
 
 #include <spdlog/spdlog.h>
@@ -445,10 +447,7 @@ void Pipeline::StartDecode(const JobPtr& job) {
       Job::Max(job->decoder_queue_us, t.queue_us);
       Job::Max(job->decoder_compute_us, t.compute_us);
       if (!decoded.ok()) return ChunkDone(job, decoded.status());
-      const Clock::time_point queued = Clock::now();
-      Post([this, job, first, queued, decoded = std::move(*decoded)]() mutable {
-        Postprocess(job, first, std::move(decoded), queued);
-      });
+      QueuePostprocess(PostChunk{job, first, std::move(*decoded), Clock::now()});
     };
     if (Status s = decoder.Submit(std::move(request)); !s.ok()) {
       // This chunk and the ones after it never run; earlier chunks report as usual.
@@ -458,34 +457,139 @@ void Pipeline::StartDecode(const JobPtr& job) {
   }
 }
 
-void Pipeline::Postprocess(const JobPtr& job, size_t first, std::vector<DecodedPrompt> decoded,
-                           Clock::time_point queued) {
-  DeviceWorker* worker = job->worker.load();
-  const uint64_t queue_us = MicrosSince(queued);
-  worker->stages()[Stage::kPostprocessQueue].Add(queue_us);
-  const Clock::time_point t0 = Clock::now();
-  Status s;
-  try {
-    s = PostprocessChunk(job, first, decoded);
-  } catch (const std::exception& e) {
-    s = Internal(std::string("unexpected exception in post-processing: ") + e.what());
-  } catch (...) {
-    s = Internal("unexpected non-standard exception in post-processing");
+// Most items (prompts) of one batched Engine::Postprocess call: bounds what one call holds on the
+// device and how long the first chunk of a batch waits for the last.
+constexpr size_t kMaxPostItems = 128;
+
+void Pipeline::QueuePostprocess(PostChunk chunk) {
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    post_queue_.push_back(std::move(chunk));
+    if (post_drainers_ < std::max(1, post_pool_->threads())) {
+      ++post_drainers_;
+      start = true;
+    }
   }
-  const uint64_t us = MicrosSince(t0);
-  worker->stages()[Stage::kPostprocess].Add(us);
-  Job::Max(job->postprocess_us, us);
-  ChunkDone(job, s);
+  if (start) Post([this] { DrainPostprocess(); });
 }
 
-Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
-                                  const std::vector<DecodedPrompt>& decoded) {
-  DeviceWorker* worker = job->worker.load();
-  const CachedEmbedding& e = *job->entry;
-  const OutputFormat format = job->output.format;
-  const MaskEncoding encoding = EncodingFor(format);
+void Pipeline::DrainPostprocess() {
+  for (;;) {
+    std::vector<PostChunk> batch;
+    {
+      std::lock_guard<std::mutex> lock(post_mu_);
+      if (post_queue_.empty()) {
+        --post_drainers_;
+        return;
+      }
+      // The oldest chunk's device, then its other chunks in arrival order, up to kMaxPostItems.
+      DeviceWorker* const worker = post_queue_.front().job->worker.load();
+      size_t items = 0;
+      for (auto it = post_queue_.begin(); it != post_queue_.end();) {
+        if (it->job->worker.load() != worker || (!batch.empty() && items + it->decoded.size() > kMaxPostItems)) {
+          ++it;
+          continue;
+        }
+        items += it->decoded.size();
+        batch.push_back(std::move(*it));
+        it = post_queue_.erase(it);
+      }
+    }
+    DrainBatch(std::move(batch));
+  }
+}
+
+void Pipeline::DrainBatch(std::vector<PostChunk> batch) {
+  DeviceWorker* worker = batch.front().job->worker.load();
+  const Clock::time_point t0 = Clock::now();
+  for (const PostChunk& c : batch) worker->stages()[Stage::kPostprocessQueue].Add(MicrosSince(c.queued));
+  // Finishes a chunk with its status and the stage timings; every chunk exactly once, also when
+  // something below throws (the catch at the end finishes the rest).
+  std::vector<bool> finished(batch.size(), false);
+  auto done = [&](PostChunk& c, const Status& s) {
+    finished[static_cast<size_t>(&c - batch.data())] = true;
+    const uint64_t us = MicrosSince(t0);
+    worker->stages()[Stage::kPostprocess].Add(us);
+    Job::Max(c.job->postprocess_us, us);
+    ChunkDone(c.job, s);
+  };
+  try {
+    PostprocessBatch(batch, worker, done);
+  } catch (const std::exception& e) {
+    for (size_t k = 0; k < batch.size(); ++k)
+      if (!finished[k]) done(batch[k], Internal(std::string("unexpected exception in post-processing: ") + e.what()));
+  } catch (...) {
+    for (size_t k = 0; k < batch.size(); ++k)
+      if (!finished[k]) done(batch[k], Internal("unexpected non-standard exception in post-processing"));
+  }
+}
+
+void Pipeline::PostprocessBatch(std::vector<PostChunk>& batch, DeviceWorker* worker,
+                                const std::function<void(PostChunk&, const Status&)>& done) {
+  auto guarded = [](const std::function<Status()>& fn) -> Status {
+    try {
+      return fn();
+    } catch (const std::exception& e) {
+      return Internal(std::string("unexpected exception in post-processing: ") + e.what());
+    } catch (...) {
+      return Internal("unexpected non-standard exception in post-processing");
+    }
+  };
+  if (batch.size() == 1) {
+    PostChunk& c = batch.front();
+    done(c, guarded([&] { return PostprocessChunk(c.job, c.first, c.decoded); }));
+    return;
+  }
+  // Every chunk's items in one call; a chunk whose items cannot be made finishes with that error.
   std::vector<PostprocessItem> items;
-  items.reserve(decoded.size());
+  std::vector<size_t> begin(batch.size()), count(batch.size(), 0);
+  std::vector<Status> status(batch.size());
+  for (size_t k = 0; k < batch.size(); ++k) {
+    std::vector<PostprocessItem> own;
+    status[k] = guarded([&] { return PostItems(*batch[k].job, batch[k].decoded, &own); });
+    begin[k] = items.size();
+    if (!status[k].ok()) continue;
+    count[k] = own.size();
+    for (auto& item : own) items.push_back(std::move(item));
+  }
+  StatusOr<std::vector<std::vector<MaskData>>> masks = Internal("not post-processed");
+  const Clock::time_point t1 = Clock::now();
+  if (!items.empty()) {
+    masks = [&]() -> StatusOr<std::vector<std::vector<MaskData>>> {
+      try {
+        return worker->engine().Postprocess(items);
+      } catch (const std::exception& e) {
+        return Internal(std::string("unexpected exception in post-processing: ") + e.what());
+      } catch (...) {
+        return Internal("unexpected non-standard exception in post-processing");
+      }
+    }();
+  }
+  const uint64_t masks_us = MicrosSince(t1);
+  const bool batch_ok = masks.ok() && masks->size() == items.size();
+  for (size_t k = 0; k < batch.size(); ++k) {
+    PostChunk& c = batch[k];
+    if (!status[k].ok()) {
+      done(c, status[k]);
+    } else if (!batch_ok) {
+      // Alone, so that one chunk's failure (out of memory, a bad mask) stays its own.
+      done(c, guarded([&] { return PostprocessChunk(c.job, c.first, c.decoded); }));
+    } else {
+      worker->stages()[Stage::kPostprocessMasks].Add(masks_us);
+      std::vector<std::vector<MaskData>> own(std::make_move_iterator(masks->begin() + static_cast<std::ptrdiff_t>(begin[k])),
+                                             std::make_move_iterator(masks->begin() +
+                                                                     static_cast<std::ptrdiff_t>(begin[k] + count[k])));
+      done(c, guarded([&] { return FinishPostChunk(c.job, c.first, c.decoded, own); }));
+    }
+  }
+}
+
+Status Pipeline::PostItems(const Job& job, const std::vector<DecodedPrompt>& decoded,
+                           std::vector<PostprocessItem>* items) {
+  const CachedEmbedding& e = *job.entry;
+  const MaskEncoding encoding = EncodingFor(job.output.format);
+  items->reserve(items->size() + decoded.size());
   for (const auto& d : decoded) {
     if (!d.logits || d.logits->num_masks() != static_cast<int>(d.scores.size())) {
       return Internal("Engine::Decode returned " + std::to_string(d.scores.size()) + " scores and " +
@@ -498,26 +602,43 @@ Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
     item.input_width = e.geometry.input_width;
     item.input_height = e.geometry.input_height;
     item.encoding = encoding;
-    items.push_back(std::move(item));
+    items->push_back(std::move(item));
   }
+  return Status::Ok();
+}
+
+Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
+                                  const std::vector<DecodedPrompt>& decoded) {
+  DeviceWorker* worker = job->worker.load();
+  std::vector<PostprocessItem> items;
+  MASKD_RETURN_IF_ERROR(PostItems(*job, decoded, &items));
   const Clock::time_point t0 = Clock::now();
   StatusOr<std::vector<std::vector<MaskData>>> masks = worker->engine().Postprocess(items);
   worker->stages()[Stage::kPostprocessMasks].Add(MicrosSince(t0));
   if (!masks.ok()) return masks.status();
+  return FinishPostChunk(job, first, decoded, *masks);
+}
+
+Status Pipeline::FinishPostChunk(const JobPtr& job, size_t first, const std::vector<DecodedPrompt>& decoded,
+                                 const std::vector<std::vector<MaskData>>& masks) {
+  DeviceWorker* worker = job->worker.load();
+  const CachedEmbedding& e = *job->entry;
+  const OutputFormat format = job->output.format;
+  const MaskEncoding encoding = EncodingFor(format);
   const Clock::time_point t1 = Clock::now();
   struct EncodeTimer {  // every return below counts as the end of the encoding
     StageWindow& window;
     Clock::time_point start;
     ~EncodeTimer() { window.Add(MicrosSince(start)); }
   } encode_timer{worker->stages()[Stage::kPostprocessEncode], t1};
-  if (masks->size() != items.size()) {
-    return Internal("Engine::Postprocess returned " + std::to_string(masks->size()) +
-                    " results for " + std::to_string(items.size()) + " prompts");
+  if (masks.size() != decoded.size()) {
+    return Internal("Engine::Postprocess returned " + std::to_string(masks.size()) +
+                    " results for " + std::to_string(decoded.size()) + " prompts");
   }
   const int w = e.geometry.width, h = e.geometry.height;
   for (size_t k = 0; k < decoded.size(); ++k) {
     const DecodedPrompt& d = decoded[k];
-    const std::vector<MaskData>& md = (*masks)[k];
+    const std::vector<MaskData>& md = masks[k];
     if (md.size() != d.scores.size()) {
       return Internal("Engine::Postprocess returned " + std::to_string(md.size()) + " masks for a " +
                       "prompt with " + std::to_string(d.scores.size()) + " scores");

@@ -806,6 +806,57 @@ TEST(ServerService, ConcurrentMixedRequestsEqualSequential) {
   }
 }
 
+// Under load, post-processing takes the decoded chunks of many requests in one Engine::Postprocess
+// call per device (mixed output formats in one call): each request still gets exactly its own
+// masks, the same as when the requests ran one by one.
+TEST(ServerService, ConcurrentRequestsShareBatchedPostprocessingAndKeepTheirOwnMasks) {
+  MaskdOnFakeEngines::Options o;
+  o.devices = 2;
+  o.engine.postprocess_delay = milliseconds(30);  // chunks pile up behind the one running call
+  o.configure = [](ServerConfig& c) { c.postprocess_threads = 1; };
+  MaskdOnFakeEngines m(o);
+  std::vector<v1::SegmentRequest> requests;
+  for (int i = 0; i < 16; ++i) {
+    const v1::Image image = Encoded(40 + (i % 3) * 10, 30 + (i % 2) * 10, i % 4);
+    std::vector<v1::Prompt> prompts;
+    for (int k = 0; k <= i % 4; ++k) prompts.push_back(Click(1.f + k * 3, 2.f + (i % 5), (i + k) % 2, k != 2));
+    v1::SegmentRequest r = ByImage(image, prompts);
+    r.set_output_format(i % 3 == 0 ? v1::OUTPUT_FORMAT_PNG : v1::OUTPUT_FORMAT_COCO_RLE);
+    requests.push_back(r);
+  }
+  std::vector<v1::SegmentResponse> sequential;
+  for (const auto& r : requests) {
+    auto s = m.Segment(r);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    sequential.push_back(*s);
+  }
+  const int calls_before = m.engine(0)->postprocess_calls + m.engine(1)->postprocess_calls;
+  EXPECT_EQ(calls_before, 16);  // one by one: one call each
+  std::vector<std::future<StatusOr<v1::SegmentResponse>>> calls;
+  for (const auto& r : requests) {
+    calls.push_back(std::async(std::launch::async, [&m, r] { return m.Segment(r); }));
+  }
+  for (size_t i = 0; i < calls.size(); ++i) {
+    auto c = calls[i].get();
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_EQ(c->results_size(), sequential[i].results_size());
+    for (int p = 0; p < c->results_size(); ++p) {
+      ASSERT_EQ(c->results(p).masks_size(), sequential[i].results(p).masks_size());
+      for (int k = 0; k < c->results(p).masks_size(); ++k) {
+        const auto& x = c->results(p).masks(k);
+        const auto& y = sequential[i].results(p).masks(k);
+        EXPECT_EQ(x.rle().counts(), y.rle().counts()) << "request " << i << " prompt " << p;
+        EXPECT_EQ(x.png(), y.png()) << "request " << i << " prompt " << p;
+        EXPECT_EQ(x.area(), y.area());
+        EXPECT_FLOAT_EQ(x.score(), y.score());
+      }
+    }
+  }
+  const int concurrent = m.engine(0)->postprocess_calls + m.engine(1)->postprocess_calls - calls_before;
+  EXPECT_LT(concurrent, 16) << "no post-processing call served more than one request";
+  EXPECT_GE(concurrent, 2);  // at least one per device
+}
+
 TEST(ServerService, RawImagesAreContentAddressed) {
   MaskdOnFakeEngines m({});
   const ImageRGB8 pic = Picture(6, 4, 3);
