@@ -1,4 +1,4 @@
-# Sourced (from the repository root) by the planned device calls, scripts/gpu-host/next-call*.sh:
+# Sourced (from the repository root) by a device call's script (runs 17-19: bench/results/*/next-call*.sh):
 # $out and the step timer t (lines in $out/perf.log), the build through encoder-perf.sh's build step,
 # then $B (the build) and the environment to run it (the unpacked .debs, LibTorch's libraries).
 out=${OUT:-gpu-out}
