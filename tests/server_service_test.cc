@@ -754,29 +754,24 @@ TEST(ServerService, HostTierDemotesAndPromotes) {
   EXPECT_EQ(m.engine(0)->encoded_images.load(), 2);
 }
 
-TEST(ServerService, ConcurrentMixedRequestsEqualSequential) {
-  MaskdOnFakeEngines::Options o;
-  o.devices = 2;
-  o.configure = [](ServerConfig& c) {
-    c.decoder_queue_delay_us = 2000;  // let batches mix requests
-    c.decoder_max_prompts = 7;        // and split the larger ones
-  };
-  MaskdOnFakeEngines m(o);
+// n requests over 4 images of 3 sizes, i % prompts_mod + 1 prompts each (foreground and background
+// clicks, some multimask), every third one asking for PNGs and the others for COCO RLE.
+std::vector<v1::SegmentRequest> MixedRequests(int n, int prompts_mod) {
   std::vector<v1::SegmentRequest> requests;
-  for (int i = 0; i < 24; ++i) {
+  for (int i = 0; i < n; ++i) {
     const v1::Image image = Encoded(40 + (i % 3) * 10, 30 + (i % 2) * 10, i % 4);
     std::vector<v1::Prompt> prompts;
-    for (int k = 0; k <= i % 10; ++k) prompts.push_back(Click(1.f + k * 3, 2.f + (i % 5), (i + k) % 2, k != 2));
+    for (int k = 0; k <= i % prompts_mod; ++k) prompts.push_back(Click(1.f + k * 3, 2.f + (i % 5), (i + k) % 2, k != 2));
     v1::SegmentRequest r = ByImage(image, prompts);
     r.set_output_format(i % 3 == 0 ? v1::OUTPUT_FORMAT_PNG : v1::OUTPUT_FORMAT_COCO_RLE);
     requests.push_back(r);
   }
-  std::vector<v1::SegmentResponse> sequential;
-  for (const auto& r : requests) {
-    auto s = m.Segment(r);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    sequential.push_back(*s);
-  }
+  return requests;
+}
+
+// The requests sent all at once, each answer checked against the one-by-one answer of its request.
+void ExpectConcurrentEqualsSequential(MaskdOnFakeEngines& m, const std::vector<v1::SegmentRequest>& requests,
+                                      const std::vector<v1::SegmentResponse>& sequential) {
   std::vector<std::future<StatusOr<v1::SegmentResponse>>> calls;
   for (const auto& r : requests) {
     calls.push_back(std::async(std::launch::async, [&m, r] { return m.Segment(r); }));
@@ -792,12 +787,34 @@ TEST(ServerService, ConcurrentMixedRequestsEqualSequential) {
         const auto& x = c->results(p).masks(k);
         const auto& y = sequential[i].results(p).masks(k);
         EXPECT_EQ(x.rle().counts(), y.rle().counts()) << "request " << i << " prompt " << p;
-        EXPECT_EQ(x.png(), y.png());
+        EXPECT_EQ(x.png(), y.png()) << "request " << i << " prompt " << p;
         EXPECT_EQ(x.area(), y.area());
         EXPECT_FLOAT_EQ(x.score(), y.score());
       }
     }
   }
+}
+
+std::vector<v1::SegmentResponse> SegmentOneByOne(MaskdOnFakeEngines& m, const std::vector<v1::SegmentRequest>& requests) {
+  std::vector<v1::SegmentResponse> out;
+  for (const auto& r : requests) {
+    auto s = m.Segment(r);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    out.push_back(s.ok() ? *s : v1::SegmentResponse());
+  }
+  return out;
+}
+
+TEST(ServerService, ConcurrentMixedRequestsEqualSequential) {
+  MaskdOnFakeEngines::Options o;
+  o.devices = 2;
+  o.configure = [](ServerConfig& c) {
+    c.decoder_queue_delay_us = 2000;  // let batches mix requests
+    c.decoder_max_prompts = 7;        // and split the larger ones
+  };
+  MaskdOnFakeEngines m(o);
+  const std::vector<v1::SegmentRequest> requests = MixedRequests(24, 10);
+  ExpectConcurrentEqualsSequential(m, requests, SegmentOneByOne(m, requests));
   // Batches really mixed requests (more prompts per batch than one request had on average).
   const auto info = m.Info();
   EXPECT_GT(info.decoder_queue().batches(), 0u);
@@ -815,43 +832,11 @@ TEST(ServerService, ConcurrentRequestsShareBatchedPostprocessingAndKeepTheirOwnM
   o.engine.postprocess_delay = milliseconds(30);  // chunks pile up behind the one running call
   o.configure = [](ServerConfig& c) { c.postprocess_threads = 1; };
   MaskdOnFakeEngines m(o);
-  std::vector<v1::SegmentRequest> requests;
-  for (int i = 0; i < 16; ++i) {
-    const v1::Image image = Encoded(40 + (i % 3) * 10, 30 + (i % 2) * 10, i % 4);
-    std::vector<v1::Prompt> prompts;
-    for (int k = 0; k <= i % 4; ++k) prompts.push_back(Click(1.f + k * 3, 2.f + (i % 5), (i + k) % 2, k != 2));
-    v1::SegmentRequest r = ByImage(image, prompts);
-    r.set_output_format(i % 3 == 0 ? v1::OUTPUT_FORMAT_PNG : v1::OUTPUT_FORMAT_COCO_RLE);
-    requests.push_back(r);
-  }
-  std::vector<v1::SegmentResponse> sequential;
-  for (const auto& r : requests) {
-    auto s = m.Segment(r);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    sequential.push_back(*s);
-  }
+  const std::vector<v1::SegmentRequest> requests = MixedRequests(16, 4);
+  const std::vector<v1::SegmentResponse> sequential = SegmentOneByOne(m, requests);
   const int calls_before = m.engine(0)->postprocess_calls + m.engine(1)->postprocess_calls;
   EXPECT_EQ(calls_before, 16);  // one by one: one call each
-  std::vector<std::future<StatusOr<v1::SegmentResponse>>> calls;
-  for (const auto& r : requests) {
-    calls.push_back(std::async(std::launch::async, [&m, r] { return m.Segment(r); }));
-  }
-  for (size_t i = 0; i < calls.size(); ++i) {
-    auto c = calls[i].get();
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    ASSERT_EQ(c->results_size(), sequential[i].results_size());
-    for (int p = 0; p < c->results_size(); ++p) {
-      ASSERT_EQ(c->results(p).masks_size(), sequential[i].results(p).masks_size());
-      for (int k = 0; k < c->results(p).masks_size(); ++k) {
-        const auto& x = c->results(p).masks(k);
-        const auto& y = sequential[i].results(p).masks(k);
-        EXPECT_EQ(x.rle().counts(), y.rle().counts()) << "request " << i << " prompt " << p;
-        EXPECT_EQ(x.png(), y.png()) << "request " << i << " prompt " << p;
-        EXPECT_EQ(x.area(), y.area());
-        EXPECT_FLOAT_EQ(x.score(), y.score());
-      }
-    }
-  }
+  ExpectConcurrentEqualsSequential(m, requests, sequential);
   const int concurrent = m.engine(0)->postprocess_calls + m.engine(1)->postprocess_calls - calls_before;
   EXPECT_LT(concurrent, 16) << "no post-processing call served more than one request";
   EXPECT_GE(concurrent, 2);  // at least one per device
