@@ -226,34 +226,6 @@ MaskPostprocessOutput MaskPostprocessReference(const at::Tensor& logits, const a
                                                int64_t pad_size, bool want_rle, bool want_bitmask);
 
 // ---------------------------------------------------------------------------------------------------
-// int8 dynamic quantisation of a linear layer.
-//
-// QuantizePerToken: x [M, K] (bf16/fp16/fp32) -> xq [M, K] int8 = round(x / s), s [M] float32 =
-//   max|x[m, :]| / 127 (s = 1 where the row is all zero). One fused kernel (absmax + scale + round).
-struct QuantizedActivations {
-  at::Tensor values;  // int8 [M, K]
-  at::Tensor scales;  // float32 [M]
-};
-QuantizedActivations QuantizePerToken(const at::Tensor& x, Stream stream = nullptr);
-QuantizedActivations QuantizePerTokenReference(const at::Tensor& x);
-
-// Weights quantised once at load: w [N, K] -> wq_t [K, N] int8 (column-major for the int8 GEMM, i.e.
-// the transpose of the per-channel quantised weight), scales [N] float32 = max|w[n, :]| / 127.
-struct QuantizedWeight {
-  at::Tensor values_t;  // int8 [K, N]
-  at::Tensor scales;    // float32 [N]
-};
-QuantizedWeight QuantizeWeightPerChannel(const at::Tensor& w);
-
-// y [M, N] (out_dtype) = (xq @ wq_t) * x_scales[m] * w_scales[n] + bias[n]: the int8 tensor-core GEMM
-// (at::_int_mm, int32 accumulation) followed by one fused dequantise + bias kernel.
-// Requirements of the int8 GEMM: M > 16, K and N multiples of 8.
-at::Tensor Int8Linear(const QuantizedActivations& x, const QuantizedWeight& w,
-                      const at::Tensor& bias, at::ScalarType out_dtype, Stream stream = nullptr);
-at::Tensor Int8LinearReference(const QuantizedActivations& x, const QuantizedWeight& w,
-                               const at::Tensor& bias, at::ScalarType out_dtype);
-
-// ---------------------------------------------------------------------------------------------------
 // fp8 (e4m3) linear layers with row-wise scales: Hopper's fp8 tensor cores through at::_scaled_mm
 // (CUTLASS's f8f8bf16 row-wise kernel: fp32 accumulation, scales and bf16 bias in the epilogue).
 //

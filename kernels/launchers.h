@@ -237,19 +237,10 @@ cudaError_t LaunchRleStringWrite(const int32_t* counts, const int64_t* offsets, 
                                  const int64_t* char_pos, uint8_t* chars, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------
-// int8 (int8.cu).
-// x [rows, cols] (row stride in elements) -> q [rows, cols] int8 contiguous, scales [rows] float32.
-cudaError_t LaunchQuantizePerToken(const void* x, DType dtype, int64_t rows, int64_t cols,
-                                   int64_t row_stride, int8_t* q, float* scales,
-                                   cudaStream_t stream);
 // fp8 (fp8.cu). x [rows, cols] (row stride in elements) -> q [rows, cols] float8_e4m3fn contiguous,
 // scales [rows] float32 (max|row| / 448, at least FLT_MIN); gelu: quantise erf-GELU(x) instead.
 cudaError_t LaunchQuantizeRowsFp8(const void* x, DType dtype, int64_t rows, int64_t cols,
                                   int64_t row_stride, bool gelu, void* q, float* scales,
                                   cudaStream_t stream);
-// out [rows, cols] = acc * x_scales[row] * w_scales[col] + bias[col] (bias may be nullptr).
-cudaError_t LaunchDequantizeBias(const int32_t* acc, int64_t rows, int64_t cols,
-                                 const float* x_scales, const float* w_scales, const float* bias,
-                                 void* out, DType out_dtype, cudaStream_t stream);
 
 }  // namespace maskd::kernels::detail

@@ -1,4 +1,4 @@
-// Row loads for the quantisation kernels (int8.cu, fp8.cu): kVec consecutive float / bf16 / fp16
+// Row loads for the quantisation kernels (fp8.cu): kVec consecutive float / bf16 / fp16
 // values widened to float, as one 16-byte load (kVec * sizeof(T) == 16) or one scalar (kVec == 1,
 // for rows that are not 16-byte aligned).
 #pragma once

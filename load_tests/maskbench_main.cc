@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -37,8 +36,6 @@ using maskd::Precision;
 
 // The last dense row: the server's default fast path (FastPathOptions::Fast()).
 constexpr const char* kLastDenseRow = "+ windows made in the attention kernel";
-constexpr const char* kPrunedDenseRow = "+ 2:4-pruned weights, dense GEMMs";
-constexpr const char* kSparseRow = "+ 2:4 sparsity (instead of int8)";
 
 struct Row {
   std::string name;
@@ -46,8 +43,8 @@ struct Row {
   FastPathOptions fast;
 };
 
-// The waterfall: each row adds one step to the previous (int8 and 2:4 are alternatives on top of
-// the last dense row).
+// The waterfall: each row adds one step to the previous (fp8 is an alternative on top of the last
+// dense row; the int8 and 2:4 rows went with those options after run 17, BENCHMARKS.md).
 std::vector<Row> Waterfall() {
   std::vector<Row> rows;
   FastPathOptions f;
@@ -76,21 +73,9 @@ std::vector<Row> Waterfall() {
   rows.push_back({"+ rel-pos terms in the attention kernel", Precision::kBFloat16, f});
   f.windows_in_kernel = true;
   rows.push_back({kLastDenseRow, Precision::kBFloat16, f});
-  FastPathOptions q = f;
-  q.int8 = true;
-  rows.push_back({"+ int8 dynamic quant", Precision::kBFloat16, q});
   FastPathOptions e = f;
   e.fp8 = true;
-  rows.push_back({"+ fp8 e4m3 linears (instead of int8)", Precision::kBFloat16, e});
-  // 2:4 in two rows: the pruned weights through dense GEMMs (what pruning does: a property of the
-  // weights), then the sparse kernel, whose masks are also compared with that row's (what the
-  // kernel does: it must compute the pruned layers exactly).
-  FastPathOptions pd = f;
-  pd.prune24_dense = true;
-  rows.push_back({kPrunedDenseRow, Precision::kBFloat16, pd});
-  FastPathOptions s = f;
-  s.sparse24 = true;
-  rows.push_back({kSparseRow, Precision::kBFloat16, s});
+  rows.push_back({"+ fp8 e4m3 linears", Precision::kBFloat16, e});
   return rows;
 }
 
@@ -473,7 +458,7 @@ int main(int argc, char** argv) {
       GenerationBench(**e, arch, generate_iters, generate_grid, results, profile_dir);
       continue;
     }
-    Outputs ref, pruned_ref;
+    Outputs ref;
     std::unique_ptr<Engine> engine;
     Precision current = Precision::kFloat32;
     auto selected = [&](const std::string& name) {
@@ -481,11 +466,8 @@ int main(int argc, char** argv) {
                                               [&](const std::string& r) { return name.find(r) != std::string::npos; });
     };
     for (const Row& row : Waterfall()) {
-      // The fp32 row is every row's reference, the pruned-dense row the sparse row's: run them
-      // (untimed) when only the rows that need them are asked for.
-      if (!selected(row.name) && !(row.precision == Precision::kFloat32 && ref.logits.empty()) &&
-          !(row.fast.prune24_dense && selected(kSparseRow)))
-        continue;
+      // The fp32 row is every row's reference: run it (untimed) when only other rows are asked for.
+      if (!selected(row.name) && !(row.precision == Precision::kFloat32 && ref.logits.empty())) continue;
       if (!engine || current != row.precision) {
         engine.reset();
         maskd::EngineOptions o = base;
@@ -521,18 +503,10 @@ int main(int argc, char** argv) {
       Outputs out;
       maskd::Status s = RunPass(*engine, w, prepared, 0, accuracy_images, 1, enc, &out);
       if (s.ok() && ref.logits.empty()) ref = out;
-      if (s.ok() && row.fast.prune24_dense) pruned_ref = out;  // even when --rows skips its timing
       const std::vector<int>& bss = row.precision == Precision::kFloat32 ? fp32_batches : batches;
       const bool report_row = selected(row.name);
       if (!report_row) continue;
       const Accuracy acc = Compare(out, ref);
-      // The sparse kernel against dense math on the same pruned weights (its exactness).
-      std::optional<Accuracy> vs_pruned;
-      if (s.ok() && row.fast.sparse24 && !pruned_ref.logits.empty()) {
-        vs_pruned = Compare(out, pruned_ref);
-        std::printf("%-6s %-34s  vs the 2:4-pruned dense row (same weights): max|dlogit| %.3e, mask IoU %.4f\n",
-                    arch.c_str(), row.name.c_str(), vs_pruned->max_logit_err, vs_pruned->mean_mask_iou);
-      }
       std::string golden_result = "-";
       if (!golden.empty()) {
         maskd::EngineOptions g;
@@ -602,15 +576,11 @@ int main(int argc, char** argv) {
                            {"encode_ms_per_img", 1000 * st.encode / n}, {"decode_ms_per_img", 1000 * st.decode / n},
                            {"postprocess_ms_per_img", 1000 * st.post / n}});
         if (!account_json.is_null()) results.back()["memory_account"] = account_json;
-        if (vs_pruned) {
-          results.back()["max_logit_err_vs_pruned_dense"] = vs_pruned->max_logit_err;
-          results.back()["mean_mask_iou_vs_pruned_dense"] = vs_pruned->mean_mask_iou;
-        }
       }
       if (!s.ok()) std::printf("%-6s %-34s  failed: %s\n", arch.c_str(), row.name.c_str(), s.ToString().c_str());
     }
     if (latency && engine) {
-      // The decoder as served (the last dense row's options; int8/2:4 touch only the encoder), with
+      // The decoder as served (the last dense row's options; fp8 touches only the encoder), with
       // the original decoder and with the shared-image one. Per call: decode + RLE post-processing of
       // masks at 1024 x 768. "1" is one click; "64" 64 prompts of one image in one call; "256/32" 256
       // prompts over 32 images (8 each) in one call, the jagged batch of a loaded server.

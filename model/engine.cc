@@ -15,9 +15,11 @@ namespace maskd {
 std::string EngineImpl::Identity() const {
   // Cache keys depend on the weights and on everything that changes the embedding's numerics.
   std::ostringstream os;
-  os << weights_digest_ << "|" << PrecisionName(options_.precision) << "|int8=" << options_.fast.int8
-     << "|sparse=" << options_.fast.sparse24
-     << "|pruned-dense=" << options_.fast.prune24_dense << "|fp8=" << options_.fast.fp8 << "|gelu-epilogue=" << sam_->image_encoder->gelu_epilogue;
+  // "int8=0|sparse=0|pruned-dense=0" stand for the retired int8 and 2:4 options (always off now):
+  // kept so the identities of the remaining configurations, and the embeddings exported under them,
+  // stay what they were.
+  os << weights_digest_ << "|" << PrecisionName(options_.precision) << "|int8=0|sparse=0|pruned-dense=0"
+     << "|fp8=" << options_.fast.fp8 << "|gelu-epilogue=" << sam_->image_encoder->gelu_epilogue;
   const std::string s = os.str();
   const XXH128_hash_t h = XXH3_128bits(s.data(), s.size());
   return Hex(h.high64, h.low64).substr(0, 16);

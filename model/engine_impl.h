@@ -4,7 +4,7 @@
 //   engine.cc             lifecycle: construction, Init, Reconfigure, warm-up, identity, cache-tier
 //                         moves (ToHost/ToDevice), mask-logit uploads, memory stats
 //   fast_path.cc          the fast-path policy: which attention, fused encoder ops and the GELU
-//                         epilogue, precision paths, int8/2:4, the shared-image decoder, graphs
+//                         epilogue, precision paths, fp8 linears, the shared-image decoder, graphs
 //   image_preparation.cc  Prepare/PrepareResized: longest-side resize, normalisation, padding
 //   encoder_runner.cc     Encode: batch planning by measured cost, the encoder graph cache per batch size
 //   decoder_runner.cc     DecodeEach: the jagged decode, token-count buckets, prompts grouped by

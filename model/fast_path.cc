@@ -2,12 +2,11 @@
 // kernel where it applies: CUDA, bf16/fp16 and the head widths it was written for; SDPA with rel-pos
 // folded elsewhere on CUDA; the original's arithmetic on CPU and in fp32, where parity matters more
 // than speed), the fused encoder element-wise kernels and the fc1 GELU epilogue (CUDA only; the
-// epilogue never in fp32), the decoder's SDPA in reduced precision, the shared-image decoder, int8 or 2:4 linears (CUDA only, opt-in, they
-// trade accuracy), GPU pre/post-processing, the encoder batch sizes and their CUDA graphs.
+// epilogue never in fp32), the decoder's SDPA in reduced precision, the shared-image decoder, fp8 linears (CUDA only, opt-in,
+// they trade accuracy), GPU pre/post-processing, the encoder batch sizes and their CUDA graphs.
 #include "model/engine_impl.h"
 
 #include <algorithm>
-#include <utility>
 
 #include "kernels/kernels.h"
 #include "model/fast_linear.h"
@@ -55,28 +54,19 @@ Status EngineImpl::PrepareFastPath() {
     // Static shapes (per batch and bucket): let cuDNN pick its fastest kernels once per shape.
     at::globalContext().setBenchmarkCuDNN(true);
   }
-  if (static_cast<int>(f.int8) + static_cast<int>(f.sparse24) + static_cast<int>(f.fp8) +
-          static_cast<int>(f.prune24_dense) > 1)
-    return InvalidArgument("choose one of int8, fp8, 2:4 sparsity and 2:4-pruned dense, not several");
-  if ((f.int8 || f.sparse24 || f.fp8) && !cuda) {
-    Log(LogLevel::kWarning, "int8, fp8 and 2:4 sparsity are CUDA-only; ignored on " + device_.str());
-  } else if (f.int8 || f.sparse24 || f.fp8 || f.prune24_dense) {
-    if (f.fp8 && options_.precision != Precision::kBFloat16)
+  if (f.fp8 && !cuda) {
+    Log(LogLevel::kWarning, "fp8 linears are CUDA-only; ignored on " + device_.str());
+  } else if (f.fp8) {
+    if (options_.precision != Precision::kBFloat16)
       return InvalidArgument(std::string("fp8 linears need precision bf16 (their GEMM writes bf16), not ") +
                              PrecisionName(options_.precision));
-    // The one replacement (they are exclusive, above): how each linear is made, and its name in
-    // optimisations().
-    const auto [make, name] = f.int8            ? std::pair{&MakeInt8Linear, "int8-dynamic-quant"}
-                              : f.fp8           ? std::pair{&MakeFp8Linear, "fp8-e4m3-linears"}
-                              : f.prune24_dense ? std::pair{&MakePruned24DenseLinear, "pruned-2:4-dense"}
-                                                : std::pair{&MakeSparse24Linear, "sparse-2:4"};
     for (auto& b : sam_->image_encoder->block_list) {
-      b->attn->qkv_fast = make(b->attn->qkv);
-      b->attn->proj_fast = make(b->attn->proj);
-      b->mlp->lin1_fast = make(b->mlp->lin1);
-      b->mlp->lin2_fast = make(b->mlp->lin2);
+      b->attn->qkv_fast = MakeFp8Linear(b->attn->qkv);
+      b->attn->proj_fast = MakeFp8Linear(b->attn->proj);
+      b->mlp->lin1_fast = MakeFp8Linear(b->mlp->lin1);
+      b->mlp->lin2_fast = MakeFp8Linear(b->mlp->lin2);
     }
-    optimisations_.push_back(name);
+    optimisations_.push_back("fp8-e4m3-linears");
   }
   shared_dec_.reset();
   if (f.shared_image_decoder) {

@@ -38,7 +38,7 @@ TORCH_MODULE(PatchEmbed);
 struct MlpBlockImpl : torch::nn::Module {
   MlpBlockImpl(int64_t dim, int64_t hidden);
   at::Tensor forward(const at::Tensor& x);
-  // The fused path: with gelu_epilogue (and no int8/2:4 replacement), fc1's bias + GELU run in the
+  // The fused path: with gelu_epilogue (and no fp8 replacement), fc1's bias + GELU run in the
   // cuBLASLt epilogue (its tanh approximation of GELU) and fc2's bias in its epilogue; otherwise
   // the same as forward. The hidden activation is made and consumed in row chunks of at most
   // max_hidden_bytes (vit_h at batch 32: 1.3 GB in one piece, the encoder's largest tensor), each

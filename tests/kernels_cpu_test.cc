@@ -351,65 +351,6 @@ TEST(kernels_cpu, BilinearTapsMatchUpsampleBilinear2d) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// int8
-
-TEST(kernels_cpu, QuantizePerTokenReferenceBoundsAndRounding) {
-  at::Tensor x = Randn({33, 96}, 4, 3.0);
-  x[5].zero_();
-  const mk::QuantizedActivations q = mk::QuantizePerTokenReference(x.to(at::kBFloat16));
-  ASSERT_EQ(q.values.scalar_type(), at::kChar);
-  ASSERT_EQ(q.scales.scalar_type(), at::kFloat);
-  const at::Tensor xf = x.to(at::kBFloat16).to(at::kFloat);
-  const at::Tensor amax = xf.abs().amax(1);
-  for (int64_t m = 0; m < 33; ++m) {
-    const float s = q.scales[m].item<float>();
-    if (m == 5) {
-      EXPECT_EQ(s, 1.0f);
-      EXPECT_EQ(q.values[m].abs().sum().item<int64_t>(), 0);
-      continue;
-    }
-    EXPECT_FLOAT_EQ(s, amax[m].item<float>() / 127.0f);
-    EXPECT_EQ(q.values[m].abs().max().item<int8_t>(), 127);
-    // Round to nearest: |x - q s| <= s / 2 (plus the rounding of x / s).
-    const double err = (xf[m] - q.values[m].to(at::kFloat) * s).abs().max().item<double>();
-    EXPECT_LE(err, 0.5 * s * (1 + 1e-5));
-  }
-  // Halves round to even, like torch.round: s = 1 for a row whose max is 127.
-  const at::Tensor h = at::tensor({127.0f, 2.5f, -2.5f, 3.5f, 0.5f, -126.5f}, at::kFloat).view({1, 6});
-  const at::Tensor hv = mk::QuantizePerToken(h).values;
-  const std::vector<int8_t> expect = {127, 2, -2, 4, 0, -126};
-  EXPECT_TRUE(at::equal(hv, at::tensor(at::ArrayRef<int8_t>(expect), at::kChar).view({1, 6})));
-}
-
-TEST(kernels_cpu, QuantizeWeightPerChannelLayout) {
-  const at::Tensor w = Randn({48, 32}, 8, 0.05);  // [N, K]
-  const mk::QuantizedWeight q = mk::QuantizeWeightPerChannel(w);
-  ASSERT_EQ(q.values_t.sizes(), (at::IntArrayRef{32, 48}));
-  EXPECT_EQ(q.values_t.stride(0), 1);  // column-major [K, N]
-  EXPECT_EQ(q.values_t.stride(1), 32);
-  const at::Tensor deq = q.values_t.t().to(at::kFloat) * q.scales.unsqueeze(1);
-  EXPECT_LE((deq - w).abs().max().item<float>(), 0.5f * q.scales.max().item<float>() * 1.0001f);
-}
-
-TEST(kernels_cpu, Int8LinearReferenceMatchesFloatComputation) {
-  const int64_t M = 40, K = 64, N = 24;
-  const at::Tensor x = Randn({M, K}, 14);
-  const at::Tensor w = Randn({N, K}, 15, 0.1);
-  const at::Tensor bias = Randn({N}, 16);
-  const mk::QuantizedActivations xq = mk::QuantizePerToken(x);
-  const mk::QuantizedWeight wq = mk::QuantizeWeightPerChannel(w);
-  const at::Tensor y = mk::Int8LinearReference(xq, wq, bias, at::kFloat);
-  // Same arithmetic spelled out: integer products exactly, then the two scales and the bias.
-  const at::Tensor acc = at::matmul(xq.values.to(at::kDouble), wq.values_t.to(at::kDouble));
-  const at::Tensor expect = acc.to(at::kFloat) * xq.scales.unsqueeze(1) * wq.scales.unsqueeze(0) + bias;
-  EXPECT_TRUE(at::equal(y, expect));
-  // And close to the float linear: error of per-token/per-channel rounding, ~1% of |y|.
-  const at::Tensor exact = at::linear(x, w, bias);
-  EXPECT_LT((y - exact).norm().item<double>() / exact.norm().item<double>(), 2e-2);
-  EXPECT_TRUE(at::equal(mk::Int8Linear(xq, wq, bias, at::kFloat), y));
-  EXPECT_EQ(mk::Int8Linear(xq, wq, at::Tensor(), at::kBFloat16).scalar_type(), at::kBFloat16);
-}
-
 // fp8 e4m3 quantisation: every value within e4m3's half-ulp (2^-4 relative) of its row's scaled
 // value, the row's largest magnitude maps to 448, a zero row stays zero with a finite scale; the
 // linear on the quantised values is the dequantised matmul, ~3 % of |y| from the float linear.

@@ -375,68 +375,6 @@ TEST(kernels_gpu, MaskPostprocessManyRunsAndStatsOnly) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// int8
-
-TEST(kernels_gpu, QuantizePerTokenIsBitExact) {
-  SKIP_WITHOUT_GPU();
-  // Encoder shapes (M = 4096 tokens, K = vit_b / vit_h widths and MLP), an odd K (scalar path), a
-  // strided row view; one zero row.
-  struct Case {
-    int64_t m, k;
-  };
-  uint64_t seed = 70;
-  for (at::ScalarType t : {at::kBFloat16, at::kHalf, at::kFloat}) {
-    for (const Case& c : {Case{4096, 768}, Case{4096, 5120}, Case{100, 1280}, Case{37, 100}}) {
-      SCOPED_TRACE(std::string(c10::toString(t)) + " " + std::to_string(c.m) + "x" + std::to_string(c.k));
-      at::Tensor x = Randn({c.m, c.k}, ++seed, 2.0).to(t);
-      x[3].zero_();
-      Poison(c.m * c.k * 4);
-      const mk::QuantizedActivations q = mk::QuantizePerToken(x);
-      const mk::QuantizedActivations r = mk::QuantizePerTokenReference(x);
-      EXPECT_TRUE(at::equal(q.scales, r.scales));
-      EXPECT_TRUE(at::equal(q.values, r.values))
-          << (q.values != r.values).sum().item<int64_t>() << " values differ";
-    }
-    const at::Tensor wide = Randn({64, 1024}, ++seed).to(t);
-    const at::Tensor view = wide.narrow(1, 8, 768);  // row stride 1024
-    EXPECT_TRUE(at::equal(mk::QuantizePerToken(view).values, mk::QuantizePerTokenReference(view).values));
-  }
-}
-
-TEST(kernels_gpu, Int8LinearMatchesReference) {
-  SKIP_WITHOUT_GPU();
-  struct Case {
-    int64_t m, k, n;
-  };
-  // vit_b qkv / proj / mlp and vit_h qkv at 4096 tokens, plus a small odd M.
-  uint64_t seed = 90;
-  for (const Case& c : {Case{4096, 768, 2304}, Case{4096, 768, 768}, Case{4096, 3072, 768},
-                        Case{4096, 1280, 3840}, Case{40, 64, 24}}) {
-    SCOPED_TRACE(std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n));
-    const at::Tensor x = Randn({c.m, c.k}, ++seed).to(at::kBFloat16);
-    const at::Tensor w = Randn({c.n, c.k}, ++seed, 0.05).to(at::kBFloat16);
-    const at::Tensor bias = Randn({c.n}, ++seed).to(at::kBFloat16);
-    const mk::QuantizedActivations xq = mk::QuantizePerToken(x);
-    const mk::QuantizedWeight wq = mk::QuantizeWeightPerChannel(w);
-    for (at::ScalarType t : {at::kBFloat16, at::kFloat}) {
-      Poison(c.m * c.n * 4);
-      const at::Tensor y = mk::Int8Linear(xq, wq, bias, t);
-      const at::Tensor r = mk::Int8LinearReference(xq, wq, bias, t);
-      ASSERT_EQ(y.scalar_type(), t);
-      // int32 accumulation is exact on both sides and the epilogue uses the reference's order of
-      // roundings: identical.
-      EXPECT_TRUE(at::equal(y, r)) << "max abs diff "
-                                   << (y.to(at::kFloat) - r.to(at::kFloat)).abs().max().item<float>();
-    }
-    // Against the bf16 linear it replaces: the quantisation error only (~1% of |y|).
-    const at::Tensor y = mk::Int8Linear(xq, wq, bias, at::kFloat);
-    const at::Tensor lin = at::linear(x.to(at::kFloat), w.to(at::kFloat), bias.to(at::kFloat));
-    EXPECT_LT((y - lin).norm().item<double>() / lin.norm().item<double>(), 2e-2);
-    const at::Tensor no_bias = mk::Int8Linear(xq, wq, at::Tensor(), at::kFloat);
-    EXPECT_TRUE(at::equal(no_bias, mk::Int8LinearReference(xq, wq, at::Tensor(), at::kFloat)));
-  }
-}
-
 // fp8 e4m3 row-wise GEMM (at::_scaled_mm) against the dequantised fp32 reference on the same
 // quantised operands (fp32 accumulation on both sides; the kernel rounds once to bf16), on the
 // encoder's shapes; and against the bf16 linear it replaces (the quantisation error, ~3 %).

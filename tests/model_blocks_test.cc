@@ -318,7 +318,9 @@ TEST(Blocks, MatmulUpscalingEqualsTransposedConvolutions) {
 namespace maskd {
 namespace {
 
-TEST(Engine, PrunedDenseLinearsChangeTheNumericsAndExcludeTheOtherLinears) {
+// fp8 linears are CUDA-only: on CPU the option is accepted, logged and ignored, and the encoder
+// stays the exact dense one. (The int8 and 2:4 options that used to be tested here were retired.)
+TEST(Engine, Fp8LinearsAreIgnoredOnCpu) {
   EngineOptions o;
   o.warmup = false;
   auto made = Engine::Create(o);
@@ -333,29 +335,14 @@ TEST(Engine, PrunedDenseLinearsChangeTheNumericsAndExcludeTheOtherLinears) {
     EXPECT_TRUE(emb.ok()) << emb.status().ToString();
     return (*emb)[0]->ToFloat();
   };
-  const std::string dense_id = e.description().identity;
   const std::vector<float> dense = embed();
 
-  FastPathOptions pruned;
-  pruned.prune24_dense = true;
-  ASSERT_TRUE(e.Reconfigure(pruned).ok());
+  FastPathOptions fp8;
+  fp8.fp8 = true;
+  const Status s = e.Reconfigure(fp8);
+  ASSERT_TRUE(s.ok()) << s.ToString();
   const auto& opts = e.optimisations();
-  EXPECT_NE(std::find(opts.begin(), opts.end(), "pruned-2:4-dense"), opts.end());
-  EXPECT_NE(e.description().identity, dense_id) << "numerics changed, so must the cache identity";
-  const std::vector<float> got = embed();
-  ASSERT_EQ(got.size(), dense.size());
-  double diff = 0;
-  for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(got[i] - dense[i])));
-  EXPECT_GT(diff, 1e-4) << "the pruned weights did not reach the encoder";
-
-  FastPathOptions both = pruned;
-  both.int8 = true;
-  const Status s = e.Reconfigure(both);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_NE(s.message().find("2:4-pruned dense"), std::string::npos) << s.message();
-
-  ASSERT_TRUE(e.Reconfigure(FastPathOptions{}).ok());
-  EXPECT_EQ(e.description().identity, dense_id);
+  EXPECT_EQ(std::find(opts.begin(), opts.end(), "fp8-e4m3-linears"), opts.end());
   EXPECT_EQ(embed(), dense);
 }
 

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "model/fast_linear.h"
 #include "model/image_encoder.h"
 #include "model/sam.h"
 #include "model/sam_config.h"
@@ -87,37 +86,6 @@ TEST(EncoderFusion, MlpInRowChunksIsTheWholeMlp) {
   EXPECT_LT(MaxAbs(chunked, whole), 1e-6);
   // A budget under one tile still makes progress (64-row chunks).
   EXPECT_LT(MaxAbs(mlp->ForwardFused(x, true, 1), whole), 1e-6);
-}
-
-}  // namespace
-}  // namespace maskd
-
-namespace maskd {
-namespace {
-
-// maskbench's 2:4 pruning-loss row and the sparse kernel's reference (model_gpu_test compares the
-// kernel with it): the dense linear of exactly the weight the sparse linear compresses.
-TEST(FastLinear, Pruned24DenseIsTheLinearOfThePrunedWeight) {
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(24);
-  torch::nn::Linear linear(torch::nn::LinearOptions(32, 12).bias(true));
-  const at::Tensor x = torch::randn({3, 5, 32});
-  const at::Tensor w = linear->weight.detach();
-  const at::Tensor mask = Prune24(w);
-  // Two of every four consecutive inputs survive, and they are the two largest |w|.
-  const at::Tensor m4 = mask.to(at::kBool).view({12, 8, 4});
-  EXPECT_TRUE(at::equal(m4.sum(-1), at::full({12, 8}, 2, at::kLong)));
-  const at::Tensor mag = w.abs().view({12, 8, 4});
-  EXPECT_TRUE((at::where(m4, mag, at::full_like(mag, INFINITY)).amin(-1) >=
-               at::where(m4, at::full_like(mag, -INFINITY), mag).amax(-1))
-                  .all()
-                  .item<bool>());
-  const auto pruned = MakePruned24DenseLinear(linear);
-  const at::Tensor y = pruned->Forward(x);
-  EXPECT_TRUE(at::equal(y, at::linear(x, w * mask, linear->bias.detach())));
-  // Half of the weights are gone, so it is not the unpruned layer.
-  EXPECT_GT(MaxAbs(y, linear->forward(x)), 1e-3);
-  EXPECT_STREQ(pruned->name(), "pruned-2:4-dense");
 }
 
 }  // namespace

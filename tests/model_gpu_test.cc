@@ -10,7 +10,6 @@
 #include "model/api/engine.h"
 #include "model/io/rle.h"
 #include "model/memory_account.h"
-#include "model/fast_linear.h"
 #include "model/golden.h"
 #include "tests/golden_dir.h"
 
@@ -277,7 +276,10 @@ TEST(EngineCuda, GpuPostprocessMatchesCpuMasks) {
   }
 }
 
-TEST(EngineCuda, Int8AndSparseStayCloseToBf16) {
+// fp8 linears (the quantised encoder that stays; int8 and 2:4 were retired after run 17): the
+// replacement reaches the encoder, the cache identity follows the numerics, and switching back
+// restores the dense path exactly.
+TEST(EngineCuda, Fp8LinearsChangeTheNumericsAndTheIdentity) {
   REQUIRE_CUDA();
   auto e = RandomVitBBf16();
   ASSERT_TRUE(e);
@@ -287,125 +289,26 @@ TEST(EngineCuda, Int8AndSparseStayCloseToBf16) {
   ASSERT_TRUE(e->Reconfigure(f).ok());
   const std::string dense_id = e->description().identity;
   const auto ref = (*e->Encode({*e->Prepare(im)}))[0]->ToFloat();
-  for (int mode = 0; mode < 2; ++mode) {
-    FastPathOptions q = f;
-    (mode == 0 ? q.int8 : q.sparse24) = true;
-    Status s = e->Reconfigure(q);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-    EXPECT_NE(e->description().identity, dense_id) << "numerics changed, so must the cache identity";
-    auto emb = e->Encode({*e->Prepare(im)});
-    ASSERT_TRUE(emb.ok()) << emb.status().ToString();
-    const double rel = RelL2((*emb)[0]->ToFloat(), ref);
-    std::printf("vit_b %s vs bf16 dense: embedding rel L2 %.3e (random weights: a numerical-error bound only)\n",
-                mode == 0 ? "int8" : "2:4 sparse", rel);
-    // int8 per-token/per-channel rounding is a few percent. Pruning half the weights of random
-    // (not sparsity-trained) layers changes the function itself: 0.766 on the H200 runs of
-    // bench/results/2026-12-02-*; 1.0 would also pass an all-zero embedding, so the bound sits just
-    // above the measured value. That the sparse GEMM computes the pruned layer exactly is checked
-    // per layer in Sparse24LinearEqualsTheDenseLinearOfThePrunedWeight.
-    EXPECT_LT(rel, mode == 0 ? 0.1 : 0.85);
-  }
-}
-
-TEST(EngineCuda, Sparse24LinearEqualsTheDenseLinearOfThePrunedWeight) {
-  REQUIRE_CUDA();
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(24);
-  torch::nn::Linear linear(torch::nn::LinearOptions(256, 128).bias(true));
-  linear->to(at::Device(at::kCUDA), at::kBFloat16);
-  const at::Tensor x = at::randn({64, 256}, at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA));
-  const at::Tensor w = linear->weight;
-  const at::Tensor mask = Prune24(w);
-  // Two of every four consecutive inputs survive, and they are the two largest |w|.
-  const at::Tensor kept = mask.to(at::kFloat).view({128, 64, 4}).sum(-1);
-  EXPECT_TRUE(at::equal(kept, at::full_like(kept, 2))) << "not a 2:4 pattern";
-  const at::Tensor mag = w.abs().to(at::kFloat).view({128, 64, 4});
-  const at::Tensor m4 = mask.to(at::kBool).view({128, 64, 4});
-  const at::Tensor min_kept = at::where(m4, mag, at::full_like(mag, INFINITY)).amin(-1);
-  const at::Tensor max_dropped = at::where(m4, at::full_like(mag, -INFINITY), mag).amax(-1);
-  EXPECT_TRUE((min_kept >= max_dropped).all().item<bool>()) << "a dropped weight is larger than a kept one";
-  const auto sparse = MakeSparse24Linear(linear);
-  ASSERT_TRUE(sparse);
-  const at::Tensor y = sparse->Forward(x).to(at::kFloat);
-  const at::Tensor expect = at::linear(x.to(at::kFloat), (w * mask.to(w.dtype())).to(at::kFloat),
-                                       linear->bias.to(at::kFloat));
-  // bf16 inputs, fp32 accumulation in both; the output rounding to bf16 is ~2^-8 relative.
-  const double rel = (y - expect).norm().item<double>() / expect.norm().item<double>();
-  EXPECT_LT(rel, 1e-2);
-}
-
-// Issue #12, 2:4 item (a): the sparse path against dense math on the same pruned weights, through
-// the whole vit_b encoder in bf16 and a decode of 8 clicks. Only the kernels' rounding differs, so
-// the issue's bar applies: mask IoU >= 0.99. (b), what pruning does against the unpruned weights,
-// is a property of the weights: maskbench's "2:4-pruned weights, dense GEMMs" row.
-TEST(EngineCuda, Sparse24EncoderMatchesDenseMathOnThePrunedWeights) {
-  REQUIRE_CUDA();
-  auto e = RandomVitBBf16();
-  ASSERT_TRUE(e);
-  const ImageRGB8 im = TestImage(1024, 768, 9);
-  struct Run {
-    std::vector<float> embedding;
-    std::vector<std::vector<uint8_t>> masks;
-  };
-  auto run = [&](const FastPathOptions& f) {
-    Run r;
-    Status st = e->Reconfigure(f);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    if (!st.ok()) return r;
-    auto emb = e->Encode({*e->Prepare(im)});
-    EXPECT_TRUE(emb.ok()) << emb.status().ToString();
-    if (!emb.ok()) return r;
-    r.embedding = (*emb)[0]->ToFloat();
-    std::vector<DecodeItem> items;
-    for (int i = 0; i < 8; ++i) {
-      PromptSpec p;
-      p.points = {{60.f + 110 * i, 50.f + 80 * i, 1}};
-      items.push_back({(*emb)[0], p});
-    }
-    auto dec = e->Decode(items);
-    EXPECT_TRUE(dec.ok()) << dec.status().ToString();
-    if (!dec.ok()) return r;
-    std::vector<PostprocessItem> post;
-    for (const auto& d : *dec)
-      post.push_back({d.logits, im.width, im.height, (*emb)[0]->input_width(), (*emb)[0]->input_height(),
-                      MaskEncoding::kBitmask});
-    auto masks = e->Postprocess(post);
-    EXPECT_TRUE(masks.ok()) << masks.status().ToString();
-    if (!masks.ok()) return r;
-    for (const auto& per_prompt : *masks)
-      for (const auto& m : per_prompt) r.masks.push_back(m.bitmask);
-    return r;
-  };
-  FastPathOptions pruned;
-  pruned.prune24_dense = true;
-  FastPathOptions sparse;
-  sparse.sparse24 = true;
-  const Run ref = run(pruned);
-  const Run got = run(sparse);
-  ASSERT_FALSE(ref.masks.empty());
-  ASSERT_EQ(got.masks.size(), ref.masks.size());
-  const double rel = RelL2(got.embedding, ref.embedding);
-  double iou_sum = 0;
-  size_t partial = 0;  // masks neither empty nor full: an IoU of empty masks would prove nothing
-  for (size_t m = 0; m < ref.masks.size(); ++m) {
-    ASSERT_EQ(got.masks[m].size(), ref.masks[m].size());
-    size_t inter = 0, uni = 0, area = 0;
-    for (size_t k = 0; k < ref.masks[m].size(); ++k) {
-      inter += ref.masks[m][k] & got.masks[m][k];
-      uni += ref.masks[m][k] | got.masks[m][k];
-      area += ref.masks[m][k] != 0;
-    }
-    iou_sum += uni ? static_cast<double>(inter) / uni : 1.0;
-    partial += area > 0 && area < ref.masks[m].size();
-  }
-  EXPECT_GT(partial, ref.masks.size() / 2) << "most reference masks are empty or full";
-  const double iou = iou_sum / static_cast<double>(ref.masks.size());
-  std::printf("vit_b 2:4 sparse vs dense math on the same pruned weights: embedding rel L2 %.3e, "
-              "mean mask IoU %.4f over %zu masks\n", rel, iou, ref.masks.size());
-  // Per layer the sparse GEMM is within bf16 output rounding (~1e-2 relative, above); twelve
-  // blocks of that stay well under 5 %.
-  EXPECT_LT(rel, 5e-2);
-  EXPECT_GE(iou, 0.99);
+  FastPathOptions q = f;
+  q.fp8 = true;
+  Status s = e->Reconfigure(q);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const auto opts = e->optimisations();
+  EXPECT_NE(std::find(opts.begin(), opts.end(), "fp8-e4m3-linears"), opts.end());
+  EXPECT_NE(e->description().identity, dense_id) << "numerics changed, so must the cache identity";
+  auto emb = e->Encode({*e->Prepare(im)});
+  ASSERT_TRUE(emb.ok()) << emb.status().ToString();
+  const std::vector<float> got = (*emb)[0]->ToFloat();
+  for (float v : got) ASSERT_TRUE(std::isfinite(v));
+  const double rel = RelL2(got, ref);
+  std::printf("vit_b fp8 vs bf16 dense: embedding rel L2 %.3e (random weights: a numerical-error bound only)\n", rel);
+  EXPECT_GT(rel, 0.0) << "the fp8 linears did not reach the encoder";
+  // A loose sanity bound, not a measured one (maskbench reports fp8's IoU against fp32 on real
+  // weights): e4m3 keeps each value within 2^-4 relative.
+  EXPECT_LT(rel, 0.5);
+  ASSERT_TRUE(e->Reconfigure(f).ok());
+  EXPECT_EQ(e->description().identity, dense_id);
+  EXPECT_EQ((*e->Encode({*e->Prepare(im)}))[0]->ToFloat(), ref);
 }
 
 // maskbench --memory-account: the recorded allocations replayed to their peak must give the peak the

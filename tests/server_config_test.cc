@@ -2,6 +2,7 @@
 // --help, sizes, devices, checkpoint resolution, engine options.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -70,7 +71,7 @@ TEST(ServerConfig, HelpDocumentsEveryFlagWithItsEnvironmentVariable) {
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag :
        {"--checkpoint", "--models-dir", "--demo-seed", "--device", "--precision", "--fast", "--attention",
-        "--cuda-graphs", "--int8", "--fp8", "--sparse24", "--gpu-preprocess", "--gpu-postprocess", "--gpu-rle-string", "--decoder-priority", "--warmup",
+        "--cuda-graphs", "--fp8", "--gpu-preprocess", "--gpu-postprocess", "--gpu-rle-string", "--decoder-priority", "--warmup",
         "--require-checkpoint", "--listen", "--encoder-max-batch", "--encoder-queue-delay-us", "--encoder-queue-capacity",
         "--decoder-max-prompts", "--decoder-queue-delay-us", "--decoder-queue-capacity",
         "--cache-device-bytes", "--cache-host-bytes", "--result-store-bytes", "--decode-threads",
@@ -118,6 +119,46 @@ TEST(ServerConfig, FlagBeatsEnvironmentBeatsFileBeatsDefault) {
   EXPECT_FALSE(c.access_log);
   EXPECT_EQ(c.decoder_max_prompts, 64);         // default
   EXPECT_EQ(c.config_file, (dir / "maskd.json").string());
+}
+
+// --int8 and --sparse24 were retired after run 17 (slower than bf16 on H200): a deployment that still
+// asks for them, by flag, MASKD_* variable or config-file key, is refused with the reason and the
+// alternative, not with CLI11's bare "extra arguments" nor silently ignored.
+TEST(ServerConfig, RetiredInt8AndSparse24AreRefusedWithTheReason) {
+  const fs::path dir = TempDir("retired");
+  for (const std::string name : {"int8", "sparse24"}) {
+    const std::string flag = "--" + name;
+    auto expect_refused = [&](const ConfigParseResult& r, const std::string& how) {
+      EXPECT_TRUE(r.exit) << how;
+      EXPECT_NE(r.exit_code, 0) << how;
+      EXPECT_NE(r.output.find(flag + " was retired"), std::string::npos) << how << ": " << r.output;
+      EXPECT_NE(r.output.find("BENCHMARKS.md"), std::string::npos) << how << ": " << r.output;
+      EXPECT_NE(r.output.find("use --fp8"), std::string::npos) << how << ": " << r.output;
+    };
+    expect_refused(Parse({flag}), flag + " alone");
+    expect_refused(Parse({flag, "true", "--fp8", "on"}), flag + " true");
+    expect_refused(Parse({"--device", "cpu", flag}), flag + " last");
+    expect_refused(Parse({flag + "=false"}), flag + "=false");  // the line has to go, whatever it says
+    {
+      std::string env = "MASKD_";
+      for (char ch : name) env.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
+      ScopedEnv e(env.c_str(), "1");
+      expect_refused(Parse({}), env);
+    }
+    const fs::path file = dir / (name + ".json");
+    Write(file, "{\"device\": \"cpu\", \"" + name + "\": true}");
+    const auto from_file = Parse({"--config", file.string()});
+    expect_refused(from_file, "config key \"" + name + "\"");
+    EXPECT_NE(from_file.output.find(file.string()), std::string::npos) << from_file.output;
+  }
+  // Not offered any more.
+  auto help = Parse({"--help"});
+  EXPECT_EQ(help.output.find("--int8"), std::string::npos) << help.output;
+  EXPECT_EQ(help.output.find("--sparse24"), std::string::npos) << help.output;
+  // The quantised encoder that stays.
+  auto fp8 = Parse({"--fp8", "true"});
+  ASSERT_FALSE(fp8.exit) << fp8.output;
+  EXPECT_EQ(fp8.config.fp8, std::optional<bool>(true));
 }
 
 TEST(ServerConfig, BadInputNamesTheSetting) {
@@ -329,13 +370,13 @@ TEST(ServerConfig, EngineOptionsPerDeviceKind) {
 
   c.precision = "fp16";
   c.cuda_graphs = false;
-  c.int8 = true;
+  c.gpu_preprocess = false;
   c.attention = "sdpa";
   auto tuned = MakeEngineOptions(c, DeviceSpec{"cuda:0", "cuda:0", true}, ck);
   ASSERT_TRUE(tuned.ok());
   EXPECT_EQ(tuned->precision, Precision::kFloat16);
   EXPECT_FALSE(tuned->fast.cuda_graphs);
-  EXPECT_TRUE(tuned->fast.int8);
+  EXPECT_FALSE(tuned->fast.gpu_preprocess);  // on in Fast(): the switch overrides the preset
   EXPECT_EQ(tuned->fast.attention, AttentionImpl::kSdpa);
 
   c = ServerConfig{};

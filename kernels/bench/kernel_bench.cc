@@ -324,70 +324,20 @@ void BenchPostprocess() {
               pass ? "" : "  FAIL");
 }
 
-void BenchInt8() {
-  std::printf("\n== int8 linear: QuantizePerToken + Int8Linear (bf16 out) vs bf16 at::linear ==\n");
-  std::printf("    %-26s %8s %8s %8s %8s %7s %8s  %s\n", "layer (M x K -> N)", "quant", "int8mm",
-              "total", "bf16", "speed", "TOPS", "check");
-  const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
-  for (const Model& md : kModels) {
-    struct Layer {
-      const char* name;
-      int64_t k, n;
-    };
-    const Layer layers[] = {{"qkv", md.dim, 3 * md.dim},
-                            {"proj", md.dim, md.dim},
-                            {"fc1", md.dim, md.mlp},
-                            {"fc2", md.mlp, md.dim}};
-    for (const int64_t batch : {1, 8, 32}) {
-      const int64_t M = batch * 4096;
-      for (const Layer& l : layers) {
-        const at::Tensor x = at::randn({M, l.k}, opt);
-        const at::Tensor w = at::randn({l.n, l.k}, opt) * 0.02;
-        const at::Tensor bias = at::randn({l.n}, opt);
-        const mk::QuantizedWeight wq = mk::QuantizeWeightPerChannel(w);
-        mk::QuantizedActivations xq;
-        at::Tensor y, y_ref;
-        const Measure mq = Time([&] { xq = mk::QuantizePerToken(x); });
-        const Measure mm = Time([&] { y = mk::Int8Linear(xq, wq, bias, at::kBFloat16); });
-        const Measure ml = Time([&] { y_ref = at::linear(x, w, bias); });
-        std::string check = "-";
-        if (batch == 1) {
-          const mk::QuantizedActivations xr = mk::QuantizePerTokenReference(x);
-          const bool exact = at::equal(xr.values, xq.values) && at::equal(xr.scales, xq.scales) &&
-                             at::equal(y, mk::Int8LinearReference(xq, wq, bias, at::kBFloat16));
-          if (!exact) ++g_failures;
-          char buf[80];
-          std::snprintf(buf, sizeof(buf), "%s, rel_l2 vs bf16 %.1e", exact ? "exact" : "DIFFERS FAIL",
-                        RelL2(y, y_ref));
-          check = buf;
-        }
-        const double total = mq.ms + mm.ms;
-        const double ops = 2.0 * M * l.k * l.n;
-        char name[64];
-        std::snprintf(name, sizeof(name), "%s %s %lldx%lld->%lld", md.name, l.name,
-                      static_cast<long long>(M), static_cast<long long>(l.k),
-                      static_cast<long long>(l.n));
-        std::printf("    %-26s %8.3f %8.3f %8.3f %8.3f %6.2fx %8.1f  %s\n", name, mq.ms, mm.ms, total,
-                    ml.ms, ml.ms / total, ops / (total * 1e-3) / 1e12, check.c_str());
-      }
-    }
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Sections to run (all by default): attention, preprocess, postprocess, int8; --fused-only.
+  // Sections to run (all by default): attention, preprocess, postprocess; --fused-only.
   std::vector<std::string> sections;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--fused-only") {
       g_fused_only = true;
-    } else if (a == "attention" || a == "preprocess" || a == "postprocess" || a == "int8") {
+    } else if (a == "attention" || a == "preprocess" || a == "postprocess") {
       sections.push_back(a);
     } else {
       std::fprintf(stderr,
-                   "usage: maskd_kernel_bench [attention] [preprocess] [postprocess] [int8] "
+                   "usage: maskd_kernel_bench [attention] [preprocess] [postprocess] "
                    "[--fused-only]\nunknown argument '%s'\n",
                    argv[i]);
       return 2;
@@ -413,7 +363,6 @@ int main(int argc, char** argv) {
     if (wanted("attention")) BenchAttention();
     if (wanted("preprocess")) BenchPreprocess();
     if (wanted("postprocess")) BenchPostprocess();
-    if (wanted("int8")) BenchInt8();
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "maskd_kernel_bench: %s\n", e.what_without_backtrace());
     return 3;

@@ -55,20 +55,11 @@ struct FastPathOptions {
   // Capture the encoder at each EngineOptions::encoder_batch_sizes and the decoder at bucketed
   // prompt counts in CUDA graphs, replayed with static, padded inputs.
   bool cuda_graphs = false;
-  // int8 dynamic quantisation of the encoder's linear layers (per-token activation scales,
-  // per-channel weight scales, int8 tensor-core GEMM).
-  bool int8 = false;
-  // 2:4 semi-structured sparsity of the encoder's linear weights (qkv, proj, fc1, fc2; magnitude
-  // pruned), cuSPARSELt GEMMs. CUDA only.
-  bool sparse24 = false;
-  // The same 2:4-pruned weights computed with dense GEMMs (any device). Not a speed option: it
-  // separates what pruning does to the outputs (a property of the weights: large for weights not
-  // trained sparse) from what the sparse kernel does (it must compute the pruned layers exactly):
-  // maskbench's pruning-loss row and the sparse row's reference. Excludes int8 / fp8 / 2:4.
-  bool prune24_dense = false;
+  // (int8 dynamic quantisation and 2:4 sparsity of the encoder linears were retired: both slower
+  // than bf16 on H200, run 17; the 2:4 kernel also missed the mask IoU bar. See BENCHMARKS.md.)
   // fp8 (e4m3) encoder linears with row-wise scales (Hopper fp8 tensor cores via at::_scaled_mm),
   // weights quantised once at load, activations per token at each call. Opt-in (an accuracy
-  // trade, reported by maskbench against fp32); bf16 precision on CUDA only; excludes int8 / 2:4.
+  // trade, reported by maskbench against fp32); bf16 precision on CUDA only.
   bool fp8 = false;
   // Resize/normalise/pad on the device from uint8 (bit-exact with the CPU resize).
   bool gpu_preprocess = false;
@@ -113,8 +104,8 @@ struct FastPathOptions {
   // image's tokens only (vit_b/h: 4096 instead of 4900 per image). CUDA only.
   bool windows_in_kernel = false;
 
-  // Everything that helps on CUDA: fused attention, graphs, GPU pre/post-processing (not int8 or
-  // 2:4 sparsity, which trade accuracy for speed and are opt-in).
+  // Everything that helps on CUDA: fused attention, graphs, GPU pre/post-processing (not fp8,
+  // which trades accuracy for speed and is opt-in).
   static FastPathOptions Fast();
 };
 
@@ -350,15 +341,15 @@ class Engine {
   virtual std::string device() const = 0;
   // e.g. "NVIDIA H200" or "cpu".
   virtual std::string device_name() const = 0;
-  // Optimisations in effect ("sdpa-folded", "fused-relpos-attention", "cuda-graphs", "int8", ...).
+  // Optimisations in effect ("sdpa-folded", "fused-relpos-attention", "cuda-graphs", "fp8", ...).
   virtual std::vector<std::string> optimisations() const = 0;
   // Largest batch Encode runs in one pass.
   virtual int max_encoder_batch() const = 0;
 
-  // Switches the fast path (attention, graphs, int8/2:4, GPU pre/post-processing) of a created
+  // Switches the fast path (attention, graphs, fp8, GPU pre/post-processing) of a created
   // engine, e.g. for the benchmark waterfall; re-derives quantised weights from the dense ones and
   // recaptures graphs. Must not overlap any other call on this engine. The identity changes when the
-  // numerics do (int8, 2:4).
+  // numerics do (fp8).
   virtual Status Reconfigure(const FastPathOptions& fast) {
     (void)fast;
     return FailedPrecondition("this engine cannot be reconfigured");
