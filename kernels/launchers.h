@@ -227,14 +227,27 @@ cudaError_t LaunchMaskRleWrite(const MaskRleArgs& args, cudaStream_t stream);
 cudaError_t LaunchMaskRleDiff(const int32_t* positions, const int64_t* offsets,
                               const int64_t* table, int num_masks, int32_t* counts,
                               cudaStream_t stream);
+// Sets counts [M, 3] to 0 and extent [M, 4] to (INT_MAX, INT_MAX, -1, -1) before LaunchMaskEval.
+cudaError_t LaunchMaskStatsInit(unsigned long long* counts, int32_t* extent, int num_masks,
+                                cudaStream_t stream);
+// One block: base[i] = exclusive scan of counts [M * groups] (mask-major) plus `extra` per mask
+// before i's; mask_offsets [M + 1]: mask_offsets[m] = base[m * groups], mask_offsets[M] = the total +
+// M * extra. With MaskRleCount's block counts and extra = 1 (each region's end slot) it gives
+// MaskRleWrite's block_base and the regions' offsets; with the string segments' chars and extra = 0,
+// the segments' char positions and each mask's string offset.
+cudaError_t LaunchGroupScan(const int32_t* counts, int num_masks, int groups, int extra, int64_t* base,
+                            int64_t* mask_offsets, cudaStream_t stream);
 // COCO's compressed RLE string (pycocotools rleToString) from the counts of LaunchMaskRleDiff:
 // run j of mask m is x = counts[j] - (j > 2 ? counts[j - 2] : 0) within its region, written as
-// 5-bit groups, low first, each char = group (| 0x20 when more follow) + 48. Lengths gives each
-// run's number of chars; Write puts them at char_pos[i] (an exclusive scan of the lengths).
-cudaError_t LaunchRleStringLengths(const int32_t* counts, const int64_t* offsets, int num_masks,
-                                   int32_t* lengths, cudaStream_t stream);
-cudaError_t LaunchRleStringWrite(const int32_t* counts, const int64_t* offsets, int num_masks,
-                                 const int64_t* char_pos, uint8_t* chars, cudaStream_t stream);
+// 5-bit groups, low first, each char = group (| 0x20 when more follow) + 48. Each mask's runs are
+// split into kRleStringSegments contiguous segments: SegmentChars counts each segment's chars into
+// seg_chars [M * kRleStringSegments]; SegmentWrite writes them at seg_base (their exclusive scan,
+// LaunchGroupScan) into chars, which may be device-mapped pinned host memory.
+inline constexpr int kRleStringSegments = 16;
+cudaError_t LaunchRleStringSegmentChars(const int32_t* counts, const int64_t* offsets, int num_masks,
+                                        int32_t* seg_chars, cudaStream_t stream);
+cudaError_t LaunchRleStringSegmentWrite(const int32_t* counts, const int64_t* offsets, int num_masks,
+                                        const int64_t* seg_base, uint8_t* chars, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------
 // fp8 (fp8.cu). x [rows, cols] (row stride in elements) -> q [rows, cols] float8_e4m3fn contiguous,

@@ -97,6 +97,30 @@ float Stability(int64_t n_hi, int64_t n_lo) {
 }
 
 #ifdef MASKD_WITH_CUDA
+// Most runs (every pixel a boundary, plus the end slots) for which the string-only path sizes its
+// scratch from the pixels instead of waiting for the device's count: a click's three masks of a
+// 1024 x 1365 image; the room costs 8 bytes of device memory a run and 5 pinned chars.
+constexpr int64_t kUnsyncedRunsRoom = int64_t{1} << 22;
+
+// Most chars of COCO's string for one value of magnitude <= limit: 5 bits a char, the last char's
+// high bit the sign.
+int64_t MaxRleStringChars(int64_t limit) {
+  int64_t n = 1;
+  while (n < 13 && (int64_t{1} << (5 * n - 1)) <= limit) ++n;
+  return n;
+}
+
+// The device's address of pinned host memory (cudaHostAlloc'd memory is mapped under unified
+// addressing), or null when it has none.
+void* MappedDevicePointer(void* host) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, host) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return attr.type == cudaMemoryTypeHost ? attr.devicePointer : nullptr;
+}
+
 MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at::Tensor& geometry,
                                           int64_t pad_size, bool want_rle, bool want_bitmask,
                                           Stream stream, bool want_rle_string, bool want_rle_counts) {
@@ -133,11 +157,39 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
               65535 * detail::kMaskColumnsPerBlock, " pixels");
   const at::Tensor table = table_host.to(logits.device(), /*non_blocking=*/true);
 
-  at::Tensor words = at::empty({words_total}, dev.dtype(at::kInt));
-  at::Tensor counts = at::zeros({M, 3}, dev.dtype(at::kLong));
-  at::Tensor extent = at::empty({M, 4}, dev.dtype(at::kInt));
-  extent.slice(1, 0, 2).fill_(INT_MAX);
-  extent.slice(1, 2, 4).fill_(-1);
+  // Device scratch in one allocation, in int64 units (int32 arrays take half a unit per value).
+  const int64_t G = max_groups;
+  const int64_t S = detail::kRleStringSegments;
+  const auto half = [](int64_t n) { return (n + 1) / 2; };
+  int64_t units = 0;
+  const auto take = [&units](int64_t n) {
+    const int64_t begin = units;
+    units += n;
+    return begin;
+  };
+  const int64_t u_counts = take(M * 3), u_extent = take(M * 2), u_words = take(half(words_total));
+  int64_t u_block_counts = 0, u_base = 0, u_offsets = 0, u_seg_chars = 0, u_seg_base = 0, u_string_offsets = 0;
+  if (want_rle) {
+    u_block_counts = take(half(M * G));
+    u_base = take(M * G);
+    u_offsets = take(M + 1);
+    u_seg_chars = take(half(M * S));
+    u_seg_base = take(M * S);
+    u_string_offsets = take(M + 1);
+  }
+  const at::Tensor scratch = at::empty({units}, dev.dtype(at::kLong));
+  int64_t* const sp = scratch.data_ptr<int64_t>();
+  const auto i32 = [sp](int64_t u) { return reinterpret_cast<int32_t*>(sp + u); };
+  // Host results, one pinned allocation: per-mask statistics, the regions' and strings' offsets.
+  const at::Tensor host = at::empty({M * 5 + 2 * (M + 1)}, pinned(at::kLong));
+  const at::Tensor counts_host = host.narrow(0, 0, M * 3);
+  const at::Tensor extent_host = host.narrow(0, M * 3, M * 2).view(at::kInt);
+  const at::Tensor offsets_host = host.narrow(0, M * 5, M + 1);
+  const at::Tensor string_offsets_host = host.narrow(0, M * 6 + 1, M + 1);
+  const auto to_host = [&scope](const at::Tensor& dst, const void* src) {
+    internal::CheckLaunch(cudaMemcpyAsync(dst.data_ptr(), src, dst.nbytes(), cudaMemcpyDeviceToHost, scope.get()),
+                          "cudaMemcpyAsync (to the host)");
+  };
   at::Tensor bitmask_dev;
   if (want_bitmask) bitmask_dev = at::empty({pixels_total}, dev.dtype(at::kByte));
 
@@ -149,79 +201,93 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
   ea.pad = static_cast<int>(pad_size);
   ea.table = table.data_ptr<int64_t>();
   ea.max_groups = static_cast<int>(max_groups);
-  ea.words = reinterpret_cast<uint32_t*>(words.data_ptr<int32_t>());
-  ea.counts = reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>());
-  ea.extent = extent.data_ptr<int32_t>();
+  ea.words = reinterpret_cast<uint32_t*>(i32(u_words));
+  ea.counts = reinterpret_cast<unsigned long long*>(sp + u_counts);
+  ea.extent = i32(u_extent);
   ea.bitmask = want_bitmask ? bitmask_dev.data_ptr<uint8_t>() : nullptr;
+  internal::CheckLaunch(detail::LaunchMaskStatsInit(ea.counts, ea.extent, ea.num_masks, scope.get()),
+                        "MaskStatsInitKernel");
   internal::CheckLaunch(
       detail::LaunchMaskEval(ea, internal::ToDType(logits.scalar_type(), "logits"), scope.get()),
       "MaskEvalKernel");
 
   MaskPostprocessOutput out;
+  at::Tensor chars_host;  // the strings' room (pinned); out.rle_string is its used part
   if (want_rle) {
     detail::MaskRleArgs ra;
     ra.words = ea.words;
     ra.table = ea.table;
     ra.num_masks = ea.num_masks;
     ra.max_groups = ea.max_groups;
-    at::Tensor block_counts = at::empty({M, max_groups}, dev.dtype(at::kInt));
-    ra.block_counts = block_counts.data_ptr<int32_t>();
+    ra.block_counts = i32(u_block_counts);
     internal::CheckLaunch(detail::LaunchMaskRleCount(ra, scope.get()), "MaskRleKernel<count>");
     // Mask m's region holds its boundaries then one slot for the end: base(m, g) = boundaries
     // before (m, g) in mask-major, column-group order + m end slots.
-    const at::Tensor bc = block_counts.to(at::kLong);
-    const at::Tensor inclusive = bc.flatten().cumsum(0).view({M, max_groups});
-    const at::Tensor base =
-        (inclusive - bc + at::arange(M, dev.dtype(at::kLong)).unsqueeze(1)).contiguous();
-    at::Tensor offsets = at::empty({M + 1}, dev.dtype(at::kLong));
-    offsets.slice(0, 0, M).copy_(base.select(1, 0));
-    offsets.slice(0, M, M + 1).copy_(inclusive.view({-1}).slice(0, M * max_groups - 1) + M);
-    const at::Tensor offsets_host = offsets.to(at::kCPU);  // synchronises: sizes the output
-    const int64_t total = offsets_host.data_ptr<int64_t>()[M];
-    at::Tensor positions = at::empty({total}, dev.dtype(at::kInt));
-    at::Tensor rle_dev = at::empty({total}, dev.dtype(at::kInt));
-    ra.block_base = base.data_ptr<int64_t>();
-    ra.positions = positions.data_ptr<int32_t>();
+    int64_t* const offsets = sp + u_offsets;
+    internal::CheckLaunch(detail::LaunchGroupScan(ra.block_counts, ea.num_masks, ea.max_groups, /*extra=*/1,
+                                                  sp + u_base, offsets, scope.get()),
+                          "GroupScanKernel<runs>");
+    to_host(offsets_host, offsets);
+    // Room for the runs: with the string alone and few pixels, every pixel's worth (no wait for the
+    // device: a click's three masks go through with one synchronisation); else the exact total,
+    // which costs one synchronisation here.
+    const bool want_counts = want_rle_counts || !want_rle_string;
+    int64_t runs_room = pixels_total + M;
+    const bool bounded = !want_counts && runs_room <= kUnsyncedRunsRoom;
+    if (!bounded) {
+      const cudaError_t sync = cudaStreamSynchronize(scope.get());
+      TORCH_CHECK(sync == cudaSuccess, "MaskPostprocess: cudaStreamSynchronize: ", cudaGetErrorString(sync));
+      runs_room = offsets_host.data_ptr<int64_t>()[M];
+    }
+    const at::Tensor runs = at::empty({2 * runs_room}, dev.dtype(at::kInt));
+    int32_t* const positions = runs.data_ptr<int32_t>();
+    int32_t* const rle_dev = positions + runs_room;
+    ra.block_base = sp + u_base;
+    ra.positions = positions;
     internal::CheckLaunch(detail::LaunchMaskRleWrite(ra, scope.get()), "MaskRleKernel<write>");
     internal::CheckLaunch(
-        detail::LaunchMaskRleDiff(ra.positions, offsets.data_ptr<int64_t>(), ea.table, ea.num_masks,
-                                  rle_dev.data_ptr<int32_t>(), scope.get()),
+        detail::LaunchMaskRleDiff(positions, offsets, ea.table, ea.num_masks, rle_dev, scope.get()),
         "MaskRleDiffKernel");
-    if (want_rle_counts || !want_rle_string) {
-      out.rle_counts = at::empty({total}, pinned(at::kInt));
-      out.rle_counts.copy_(rle_dev, /*non_blocking=*/true);
+    if (want_counts) {
+      out.rle_counts = at::empty({runs_room}, pinned(at::kInt));
+      to_host(out.rle_counts, rle_dev);
     }
     out.rle_offsets = offsets_host;
 
     if (want_rle_string) {
-    // COCO's string too, so that the host only copies bytes (a noisy 1024 x 768 mask has ~5 x 10^4
-    // runs: ~0.3-0.6 ms of CPU per mask in RleCountsToString). One more sync sizes it.
-    at::Tensor lengths = at::empty({total}, dev.dtype(at::kInt));
-    internal::CheckLaunch(
-        detail::LaunchRleStringLengths(rle_dev.data_ptr<int32_t>(), offsets.data_ptr<int64_t>(),
-                                       ea.num_masks, lengths.data_ptr<int32_t>(), scope.get()),
-        "RleStringKernel<lengths>");
-    const at::Tensor inclusive_chars = lengths.to(at::kLong).cumsum(0);
-    const at::Tensor char_pos = (inclusive_chars - lengths).contiguous();
-    // Every region holds at least its end slot, so offsets[m] < offsets[m + 1] <= total.
-    const at::Tensor string_offsets = at::cat(
-        {char_pos.index_select(0, offsets.slice(0, 0, M)), inclusive_chars.slice(0, total - 1)});
-    out.rle_string_offsets = string_offsets.to(at::kCPU);  // synchronises: sizes the string
-    const int64_t chars_total = out.rle_string_offsets.data_ptr<int64_t>()[M];
-    at::Tensor chars = at::empty({chars_total}, dev.dtype(at::kByte));
-    internal::CheckLaunch(
-        detail::LaunchRleStringWrite(rle_dev.data_ptr<int32_t>(), offsets.data_ptr<int64_t>(),
-                                     ea.num_masks, char_pos.data_ptr<int64_t>(),
-                                     chars.data_ptr<uint8_t>(), scope.get()),
-        "RleStringKernel<write>");
-    out.rle_string = at::empty({chars_total}, pinned(at::kByte));
-    out.rle_string.copy_(chars, /*non_blocking=*/true);
+      // COCO's string too, so that the host only copies bytes (a noisy 1024 x 768 mask has ~5 x 10^4
+      // runs: ~0.3-0.6 ms of CPU per mask in RleCountsToString), written straight into pinned host
+      // memory: its room is each run's most chars, and only the used part is read.
+      int32_t* const seg_chars = i32(u_seg_chars);
+      int64_t* const string_offsets = sp + u_string_offsets;
+      internal::CheckLaunch(
+          detail::LaunchRleStringSegmentChars(rle_dev, offsets, ea.num_masks, seg_chars, scope.get()),
+          "RleStringSegmentKernel<chars>");
+      internal::CheckLaunch(detail::LaunchGroupScan(seg_chars, ea.num_masks, static_cast<int>(S), /*extra=*/0,
+                                                    sp + u_seg_base, string_offsets, scope.get()),
+                            "GroupScanKernel<chars>");
+      to_host(string_offsets_host, string_offsets);
+      const int64_t* const oh = offsets_host.data_ptr<int64_t>();
+      int64_t chars_room = 0;
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t hw = geo[m].orig_h * geo[m].orig_w;
+        chars_room += (bounded ? hw + 1 : oh[m + 1] - oh[m]) * MaxRleStringChars(hw);
+      }
+      chars_host = at::empty({chars_room}, pinned(at::kByte));
+      auto* dst = static_cast<uint8_t*>(MappedDevicePointer(chars_host.data_ptr()));
+      at::Tensor chars_dev;
+      if (dst == nullptr) {  // not mapped: the device writes its own buffer, copied whole
+        chars_dev = at::empty({chars_room}, dev.dtype(at::kByte));
+        dst = chars_dev.data_ptr<uint8_t>();
+      }
+      internal::CheckLaunch(detail::LaunchRleStringSegmentWrite(rle_dev, offsets, ea.num_masks, sp + u_seg_base,
+                                                                dst, scope.get()),
+                            "RleStringSegmentKernel<write>");
+      if (chars_dev.defined()) to_host(chars_host, chars_dev.data_ptr());
     }
   }
-  at::Tensor counts_host = at::empty({M, 3}, pinned(at::kLong));
-  counts_host.copy_(counts, /*non_blocking=*/true);
-  at::Tensor extent_host = at::empty({M, 4}, pinned(at::kInt));
-  extent_host.copy_(extent, /*non_blocking=*/true);
+  to_host(counts_host, sp + u_counts);
+  to_host(extent_host, i32(u_extent));
   if (want_bitmask) {
     out.bitmask = at::empty({pixels_total}, pinned(at::kByte));
     out.bitmask.copy_(bitmask_dev, /*non_blocking=*/true);
@@ -233,6 +299,13 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
   const cudaError_t sync = cudaStreamSynchronize(scope.get());
   TORCH_CHECK(sync == cudaSuccess, "MaskPostprocess: cudaStreamSynchronize: ",
               cudaGetErrorString(sync));
+  if (want_rle && want_rle_string) {
+    out.rle_string_offsets = string_offsets_host;
+    const int64_t used = string_offsets_host.data_ptr<int64_t>()[M];
+    TORCH_CHECK(used <= chars_host.numel(), "MaskPostprocess: the RLE strings took ", used,
+                " chars, more than their room of ", chars_host.numel());
+    out.rle_string = chars_host.narrow(0, 0, used);
+  }
 
   out.area = at::empty({M}, at::kLong);
   out.bbox = at::empty({M, 4}, at::kInt);

@@ -223,25 +223,29 @@ __global__ void __launch_bounds__(kThreads) MaskEvalKernel(const MaskEvalArgs a)
   }
 }
 
-// Exclusive block-wide prefix sum of one int per thread (kThreads threads); also returns the total.
-__device__ __forceinline__ int BlockExclusiveScan(int v, int* total) {
-  __shared__ int warp_sums[kWarps];
+// Exclusive block-wide prefix sum of one value per thread (kT threads, all of them calling); also
+// returns the block's total. Safe to call in a loop: the warp sums are read before anyone returns.
+template <int kT, typename V>
+__device__ __forceinline__ V BlockExclusiveScan(V v, V* total) {
+  __shared__ V warp_sums[kT / 32];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  int incl = v;
+  V incl = v;
 #pragma unroll
   for (int d = 1; d < 32; d *= 2) {
-    const int o = __shfl_up_sync(0xffffffffu, incl, d);
+    const V o = __shfl_up_sync(0xffffffffu, incl, d);
     if (lane >= d) incl += o;
   }
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
-  int before = 0, sum = 0;
+  V before = 0, sum = 0;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += warp_sums[w];
-    sum += warp_sums[w];
+  for (int w = 0; w < kT / 32; ++w) {
+    const V x = warp_sums[w];
+    if (w < warp) before += x;
+    sum += x;
   }
+  __syncthreads();
   *total = sum;
   return before + incl - v;
 }
@@ -292,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) MaskRleKernel(const MaskRleArgs a) {
   for (int i = begin; i < end; ++i) count += __popc(boundaries(i));
 
   int total = 0;
-  const int before = BlockExclusiveScan(count, &total);
+  const int before = BlockExclusiveScan<kThreads>(count, &total);
   if (!kWrite) {
     if (threadIdx.x == 0) a.block_counts[slot] = total;
     return;
@@ -333,33 +337,97 @@ __device__ __forceinline__ int64_t RleStringValue(const int32_t* counts, int64_t
   return x;
 }
 
-// Runs of a mask are spread over gridDim.y blocks of threads (a noisy mask has ~10^5 runs).
+// pycocotools' rleToString for one value: 5-bit groups, low first, | 0x20 while more follow, + 48.
+// Returns the number of chars; writes them when out is not null.
+__device__ __forceinline__ int RleStringChars(int64_t x, uint8_t* out) {
+  int n = 0;
+  bool more = true;
+  while (more) {
+    int c = static_cast<int>(x & 0x1f);
+    x >>= 5;  // arithmetic: a negative value converges to -1
+    more = (c & 0x10) ? x != -1 : x != 0;
+    if (more) c |= 0x20;
+    if (out != nullptr) out[n] = static_cast<uint8_t>(c + 48);
+    ++n;
+  }
+  return n;
+}
+
+// Segment s of mask m's runs: a contiguous kRleStringSegments-th of its region (every slot of the
+// region is a run after MaskRleDiffKernel, the end slot the last one).
+__device__ __forceinline__ void RleSegment(const int64_t* offsets, int m, int s, int64_t* start,
+                                           int64_t* begin, int64_t* end) {
+  *start = offsets[m];
+  const int64_t runs = offsets[m + 1] - *start;
+  *begin = *start + runs * s / kRleStringSegments;
+  *end = *start + runs * (s + 1) / kRleStringSegments;
+}
+
+// Count pass: each segment's number of chars. Write pass: the chars at seg_base (an exclusive scan
+// of the counts, GroupScanKernel), each thread's at its block-scan position within the segment.
 template <bool kWrite>
 __global__ void __launch_bounds__(kThreads)
-    RleStringKernel(const int32_t* __restrict__ counts, const int64_t* __restrict__ offsets,
-                    int32_t* __restrict__ lengths, const int64_t* __restrict__ char_pos,
-                    uint8_t* __restrict__ chars) {
+    RleStringSegmentKernel(const int32_t* __restrict__ counts, const int64_t* __restrict__ offsets,
+                           int32_t* __restrict__ seg_chars, const int64_t* __restrict__ seg_base,
+                           uint8_t* __restrict__ chars) {
   const int m = blockIdx.x;
-  const int64_t start = offsets[m], end = offsets[m + 1];
-  const int64_t step = static_cast<int64_t>(gridDim.y) * kThreads;
-  for (int64_t i = start + static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x; i < end; i += step) {
-    int64_t x = RleStringValue(counts, start, i);
-    int n = 0;
-    uint8_t* out = kWrite ? chars + char_pos[i] : nullptr;
-    bool more = true;
-    while (more) {
-      int c = static_cast<int>(x & 0x1f);
-      x >>= 5;  // arithmetic: a negative value converges to -1
-      more = (c & 0x10) ? x != -1 : x != 0;
-      if (more) c |= 0x20;
-      if constexpr (kWrite) out[n] = static_cast<uint8_t>(c + 48);
-      ++n;
+  const int s = blockIdx.y;
+  int64_t start, begin, end;
+  RleSegment(offsets, m, s, &start, &begin, &end);
+  const int64_t slot = static_cast<int64_t>(m) * kRleStringSegments + s;
+  if constexpr (!kWrite) {
+    int64_t n = 0;
+    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads)
+      n += RleStringChars(RleStringValue(counts, start, i), nullptr);
+    int64_t total = 0;
+    BlockExclusiveScan<kThreads>(n, &total);
+    if (threadIdx.x == 0) seg_chars[slot] = static_cast<int32_t>(total);
+  } else {
+    int64_t pos = seg_base[slot];
+    for (int64_t c0 = begin; c0 < end; c0 += kThreads) {  // block-uniform trip count
+      const int64_t i = c0 + threadIdx.x;
+      const int64_t x = i < end ? RleStringValue(counts, start, i) : 0;
+      const int n = i < end ? RleStringChars(x, nullptr) : 0;
+      int total = 0;
+      const int before = BlockExclusiveScan<kThreads>(n, &total);
+      if (i < end) RleStringChars(x, chars + pos + before);
+      pos += total;
     }
-    if constexpr (!kWrite) lengths[i] = n;
   }
 }
 
-constexpr int kRleStringBlocksPerMask = 16;
+constexpr int kScanThreads = 1024;
+
+// One block: base[i] = exclusive scan of counts [M * G] (mask-major) + extra per mask before i's;
+// mask_offsets[m] = base[m * G], mask_offsets[M] = the total + M * extra.
+__global__ void __launch_bounds__(kScanThreads)
+    GroupScanKernel(const int32_t* __restrict__ counts, int num_masks, int groups, int extra,
+                    int64_t* __restrict__ base, int64_t* __restrict__ mask_offsets) {
+  const int64_t n = static_cast<int64_t>(num_masks) * groups;
+  int64_t carry = 0;
+  for (int64_t c0 = 0; c0 < n; c0 += kScanThreads) {  // block-uniform trip count
+    const int64_t i = c0 + threadIdx.x;
+    const int64_t v = i < n ? counts[i] : 0;
+    int64_t total = 0;
+    const int64_t before = BlockExclusiveScan<kScanThreads>(v, &total);
+    if (i < n) {
+      const int64_t b = carry + before + (i / groups) * extra;
+      base[i] = b;
+      if (i % groups == 0) mask_offsets[i / groups] = b;
+    }
+    carry += total;
+  }
+  if (threadIdx.x == 0) mask_offsets[num_masks] = carry + static_cast<int64_t>(num_masks) * extra;
+}
+
+__global__ void MaskStatsInitKernel(unsigned long long* __restrict__ counts, int32_t* __restrict__ extent,
+                                    int num_masks) {
+  for (int m = blockIdx.x * blockDim.x + threadIdx.x; m < num_masks; m += gridDim.x * blockDim.x) {
+    counts[3 * m] = counts[3 * m + 1] = counts[3 * m + 2] = 0;
+    extent[4 * m] = extent[4 * m + 1] = INT_MAX;
+    extent[4 * m + 2] = extent[4 * m + 3] = -1;
+  }
+}
 
 }  // namespace
 
@@ -396,17 +464,29 @@ cudaError_t LaunchMaskRleDiff(const int32_t* positions, const int64_t* offsets,
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRleStringLengths(const int32_t* counts, const int64_t* offsets, int num_masks,
-                                   int32_t* lengths, cudaStream_t stream) {
-  const dim3 grid(num_masks, kRleStringBlocksPerMask);
-  RleStringKernel<false><<<grid, kThreads, 0, stream>>>(counts, offsets, lengths, nullptr, nullptr);
+cudaError_t LaunchMaskStatsInit(unsigned long long* counts, int32_t* extent, int num_masks,
+                                cudaStream_t stream) {
+  MaskStatsInitKernel<<<(num_masks + kThreads - 1) / kThreads, kThreads, 0, stream>>>(counts, extent, num_masks);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRleStringWrite(const int32_t* counts, const int64_t* offsets, int num_masks,
-                                 const int64_t* char_pos, uint8_t* chars, cudaStream_t stream) {
-  const dim3 grid(num_masks, kRleStringBlocksPerMask);
-  RleStringKernel<true><<<grid, kThreads, 0, stream>>>(counts, offsets, nullptr, char_pos, chars);
+cudaError_t LaunchGroupScan(const int32_t* counts, int num_masks, int groups, int extra, int64_t* base,
+                            int64_t* mask_offsets, cudaStream_t stream) {
+  GroupScanKernel<<<1, kScanThreads, 0, stream>>>(counts, num_masks, groups, extra, base, mask_offsets);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRleStringSegmentChars(const int32_t* counts, const int64_t* offsets, int num_masks,
+                                        int32_t* seg_chars, cudaStream_t stream) {
+  const dim3 grid(num_masks, kRleStringSegments);
+  RleStringSegmentKernel<false><<<grid, kThreads, 0, stream>>>(counts, offsets, seg_chars, nullptr, nullptr);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRleStringSegmentWrite(const int32_t* counts, const int64_t* offsets, int num_masks,
+                                        const int64_t* seg_base, uint8_t* chars, cudaStream_t stream) {
+  const dim3 grid(num_masks, kRleStringSegments);
+  RleStringSegmentKernel<true><<<grid, kThreads, 0, stream>>>(counts, offsets, nullptr, seg_base, chars);
   return cudaGetLastError();
 }
 

@@ -39,7 +39,7 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
       }
       if (logits.empty()) continue;
       const int64_t M = static_cast<int64_t>(owners.size());
-      at::Tensor all = at::cat(logits, 0);
+      const at::Tensor all = logits.size() == 1 ? logits.front() : at::cat(logits, 0);
       at::Tensor geom = at::from_blob(geometry.data(), {M, 4}, at::kInt).clone();
       const kernels::MaskPostprocessOutput r =
           PostprocessLogits(all, geom, enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask,

@@ -374,6 +374,44 @@ TEST(kernels_gpu, MaskPostprocessManyRunsAndStatsOnly) {
   EXPECT_TRUE(at::equal(stats.stability, out.stability));
 }
 
+// The string-only call sizes its scratch from the pixels when they are few (no wait for the device's
+// run count) and from the counted runs otherwise; both, with the strings written straight into
+// pinned host memory, must give the bytes the host encoder gives for the counts.
+TEST(kernels_gpu, MaskPostprocessStringsOnlyBoundedAndCounted) {
+  SKIP_WITHOUT_GPU();
+  const at::Tensor logits = Randn({2, 256, 256}, 67);
+  for (const std::vector<int32_t>& flat : {std::vector<int32_t>{256, 256, 300, 257, 200, 256, 768, 1024},
+                                           std::vector<int32_t>{256, 256, 300, 257, 200, 256, 2000, 2560}}) {
+    const int64_t pixels = int64_t{flat[2]} * flat[3] + int64_t{flat[6]} * flat[7];
+    SCOPED_TRACE(std::to_string(pixels) + " pixels");
+    const at::Tensor geometry = at::tensor(at::ArrayRef<int32_t>(flat), at::kInt).view({2, 4});
+    Poison(int64_t{1} << 26);
+    const mk::MaskPostprocessOutput with_counts =
+        mk::MaskPostprocess(logits, geometry, 256, true, false, nullptr, /*want_rle_string=*/true);
+    const mk::MaskPostprocessOutput strings_only =
+        mk::MaskPostprocess(logits, geometry, 256, true, false, nullptr, /*want_rle_string=*/true,
+                            /*want_rle_counts=*/false);
+    ASSERT_TRUE(with_counts.rle_counts.defined());
+    ASSERT_FALSE(strings_only.rle_counts.defined());
+    EXPECT_TRUE(at::equal(strings_only.rle_offsets, with_counts.rle_offsets));
+    EXPECT_TRUE(at::equal(strings_only.rle_string_offsets, with_counts.rle_string_offsets));
+    EXPECT_TRUE(at::equal(strings_only.rle_string, with_counts.rle_string));
+    EXPECT_EQ(strings_only.rle_string.numel(), strings_only.rle_string_offsets[2].item<int64_t>());
+    for (int m = 0; m < 2; ++m) {
+      const int64_t r0 = with_counts.rle_offsets[m].item<int64_t>(), r1 = with_counts.rle_offsets[m + 1].item<int64_t>();
+      const int64_t s0 = strings_only.rle_string_offsets[m].item<int64_t>();
+      const int64_t s1 = strings_only.rle_string_offsets[m + 1].item<int64_t>();
+      const std::vector<uint32_t> counts(with_counts.rle_counts.data_ptr<int32_t>() + r0,
+                                         with_counts.rle_counts.data_ptr<int32_t>() + r1);
+      EXPECT_GT(counts.size(), 1000u) << "mask " << m;
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(strings_only.rle_string.data_ptr<uint8_t>()) + s0,
+                            reinterpret_cast<const char*>(strings_only.rle_string.data_ptr<uint8_t>()) + s1),
+                maskd::RleCountsToString(counts))
+          << "mask " << m;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // fp8 e4m3 row-wise GEMM (at::_scaled_mm) against the dequantised fp32 reference on the same
 // quantised operands (fp32 accumulation on both sides; the kernel rounds once to bf16), on the
