@@ -61,6 +61,7 @@ std::vector<Row> Waterfall() {
   rows.push_back({"+ CUDA graphs", Precision::kBFloat16, f});
   f.gpu_preprocess = true;
   f.gpu_postprocess = true;
+  f.gpu_rle_string = true;  // the server's default: COCO strings made on the device (the RLE latency rows)
   rows.push_back({"+ GPU pre/post-processing", Precision::kBFloat16, f});
   f.fuse_encoder_ops = true;
   rows.push_back({"+ fused norm/window/residual", Precision::kBFloat16, f});

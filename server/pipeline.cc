@@ -620,7 +620,7 @@ Status Pipeline::PostprocessChunk(const JobPtr& job, size_t first,
 }
 
 Status Pipeline::FinishPostChunk(const JobPtr& job, size_t first, const std::vector<DecodedPrompt>& decoded,
-                                 const std::vector<std::vector<MaskData>>& masks) {
+                                 std::vector<std::vector<MaskData>>& masks) {
   DeviceWorker* worker = job->worker.load();
   const CachedEmbedding& e = *job->entry;
   const OutputFormat format = job->output.format;
@@ -638,7 +638,7 @@ Status Pipeline::FinishPostChunk(const JobPtr& job, size_t first, const std::vec
   const int w = e.geometry.width, h = e.geometry.height;
   for (size_t k = 0; k < decoded.size(); ++k) {
     const DecodedPrompt& d = decoded[k];
-    const std::vector<MaskData>& md = masks[k];
+    std::vector<MaskData>& md = masks[k];  // its strings move into the response
     if (md.size() != d.scores.size()) {
       return Internal("Engine::Postprocess returned " + std::to_string(md.size()) + " masks for a " +
                       "prompt with " + std::to_string(d.scores.size()) + " scores");
@@ -668,7 +668,7 @@ Status Pipeline::FinishPostChunk(const JobPtr& job, size_t first, const std::vec
         case MaskEncoding::kRle:
           // The device's string when it made one (the same bytes: kernels_gpu tests it).
           mr.rle_counts = md[m].rle_string.empty() ? RleCountsToString(md[m].rle_counts)
-                                                   : md[m].rle_string;
+                                                   : std::move(md[m].rle_string);
           break;
         case MaskEncoding::kBitmask: {
           if (md[m].bitmask.size() != static_cast<size_t>(w) * h) {

@@ -126,9 +126,10 @@ class Pipeline {
                         const std::function<void(PostChunk&, const Status&)>& done);
   // The engine's items for a chunk (checked against what the decoder returned).
   Status PostItems(const Job& job, const std::vector<DecodedPrompt>& decoded, std::vector<PostprocessItem>* items);
-  // A chunk's masks, post-processed, into its results (the result store, the requested encoding).
+  // A chunk's masks, post-processed, into its results (the result store, the requested encoding);
+  // the masks' strings are moved out.
   Status FinishPostChunk(const JobPtr& job, size_t first, const std::vector<DecodedPrompt>& decoded,
-                         const std::vector<std::vector<MaskData>>& masks);
+                         std::vector<std::vector<MaskData>>& masks);
   Status PostprocessChunk(const JobPtr& job, size_t first, const std::vector<DecodedPrompt>& decoded);
   void ChunkDone(const JobPtr& job, const Status& status);
   // GenerateMasks after its embedding is resolved: queue the generator on the generation pool.
