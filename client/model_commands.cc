@@ -1,102 +1,115 @@
 #include "client/model_commands.h"
 
-#include <chrono>
-#include <cstdio>
-#include <fstream>
-#include <memory>
-#include <nlohmann/json.hpp>
-#include <sstream>
+#include <dlfcn.h>
+#include <limits.h>
+#include <unistd.h>
 
-#include "model/api/engine.h"
-#include "model/engine_create.h"
-#include "model/golden.h"
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/model_module.h"
+#include "model/api/enums.h"
+
+#ifndef MASKCTL_MODEL_MODULE_RELDIR
+#define MASKCTL_MODEL_MODULE_RELDIR "../lib"
+#endif
 
 namespace {
 
-struct VerifyArgs {
-  std::string dir;
-  std::string device = "cpu";
-  std::string dtype = "fp32";
-  std::string attention = "auto";
-  std::vector<std::string> images;
-  bool no_png = false;
-  bool fast = false;
-  std::string json;
-};
-
-int RunVerify(const VerifyArgs& a) {
-  auto precision = maskd::ParsePrecision(a.dtype);
-  if (!precision.ok()) throw CLI::ValidationError("--dtype", precision.status().message());
-  auto attention = maskd::ParseAttentionImpl(a.attention);
-  if (!attention.ok()) throw CLI::ValidationError("--attention", attention.status().message());
-  auto ckpt = maskd::GoldenCheckpoint(a.dir);
-  if (!ckpt.ok()) {
-    std::fprintf(stderr, "verify-golden: %s\n", ckpt.status().ToString().c_str());
-    return 2;
+// The folder of the running maskctl, symlinks resolved (a maskctl linked into another bin/ still finds
+// its own module). /proc/self/exe first; dladdr on this function as the fallback where /proc is absent.
+std::string ExecutableDir() {
+  std::string path;
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) {
+    path.assign(buf, static_cast<size_t>(n));
+  } else {
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&ExecutableDir), &info) != 0 && info.dli_fname != nullptr) {
+      char* real = ::realpath(info.dli_fname, nullptr);
+      if (real != nullptr) {
+        path = real;
+        std::free(real);
+      }
+    }
   }
-  maskd::EngineOptions o;
-  o.checkpoint = *ckpt;
-  o.device = a.device;
-  o.precision = *precision;
-  if (a.fast) o.fast = maskd::FastPathOptions::Fast();
-  o.fast.attention = *attention;
-  o.log = [](maskd::LogLevel l, std::string_view m) {
-    if (l >= maskd::LogLevel::kWarning) std::fprintf(stderr, "%.*s\n", static_cast<int>(m.size()), m.data());
-  };
-  auto engine = maskd::Engine::Create(o);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "verify-golden: %s\n", engine.status().ToString().c_str());
-    return 2;
-  }
-  const maskd::GoldenTolerances tol = *precision == maskd::Precision::kFloat32
-                                          ? maskd::GoldenTolerances::Fp32()
-                                          : maskd::GoldenTolerances::Reduced(*precision);
-  auto report = maskd::RunGolden(**engine, {a.dir, a.images, !a.no_png}, tol);
-  if (!report.ok()) {
-    std::fprintf(stderr, "verify-golden: %s\n", report.status().ToString().c_str());
-    return 2;
-  }
-  std::printf("maskd verify-golden: %s on %s (%s), %s, attention %s\n", a.dir.c_str(),
-              (*engine)->device().c_str(), (*engine)->device_name().c_str(), a.dtype.c_str(),
-              a.attention.c_str());
-  std::printf("optimisations: ");
-  for (const auto& s : (*engine)->optimisations()) std::printf("%s ", s.c_str());
-  std::printf("\ntolerances (%s): embedding %.1e, logits %.1e, IoU %.1e, mask pixels %.1e\n",
-              tol.source.c_str(), tol.embedding_max_abs, tol.logits_max_abs, tol.iou_max_abs,
-              tol.mask_pixel_fraction);
-  std::printf("%-8s %-14s %-10s %12s %12s %12s %12s %8s  %s\n", "image", "path", "case", "emb max|d|",
-              "logit max|d|", "iou max|d|", "mask px frac", "resize", "result");
-  nlohmann::json j = nlohmann::json::array();
-  for (const auto& c : report->cases) {
-    const bool emb = c.name == "embedding";
-    std::printf("%-8s %-14s %-10s %12s %12s %12s %12s %8s  %s%s\n", c.image.c_str(), c.path.c_str(),
-                c.name.c_str(), emb ? std::to_string(c.max_abs_embedding).substr(0, 10).c_str() : "",
-                emb ? "" : std::to_string(c.max_abs_logits).substr(0, 10).c_str(),
-                emb ? "" : std::to_string(c.max_abs_iou).substr(0, 10).c_str(),
-                emb ? "" : std::to_string(c.mask_pixel_fraction).substr(0, 10).c_str(),
-                c.resize_max_diff >= 0 ? std::to_string(c.resize_max_diff).c_str() : "",
-                c.passed ? "ok" : "FAIL ", c.failure.c_str());
-    j.push_back({{"image", c.image}, {"path", c.path}, {"case", c.name},
-                 {"embedding_max_abs", c.max_abs_embedding}, {"logits_max_abs", c.max_abs_logits},
-                 {"iou_max_abs", c.max_abs_iou}, {"mask_pixel_fraction", c.mask_pixel_fraction},
-                 {"differing_pixels", c.differing_pixels}, {"resize_max_diff", c.resize_max_diff},
-                 {"passed", c.passed}});
-  }
-  if (!a.json.empty()) {
-    std::ofstream f(a.json);
-    f << nlohmann::json{{"device", (*engine)->device()}, {"dtype", a.dtype}, {"attention", a.attention},
-                        {"tolerances", tol.source}, {"cases", j}}
-             .dump(1);
-  }
-  const bool ok = report->passed();
-  std::printf("%s: %zu comparisons, %s\n", ok ? "PASSED" : "FAILED", report->cases.size(),
-              ok ? "all within tolerance" : "some exceed the tolerances above");
-  return ok ? 0 : 1;
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash);
 }
+
+// Loads the module and runs one subcommand in it; returns its exit code, or `failed` when the module
+// cannot be loaded (the message names every path tried and the loader's reason).
+int RunInModule(const char* name, const MaskctlModelArgs& args, int failed) {
+  std::string tried;
+  for (const auto& path : ModelModuleCandidates()) {
+    // RTLD_NOW: a missing LibTorch or CUDA library is reported here, not as a crash later.
+    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* why = ::dlerror();
+      tried += "\n  " + path + ": " + (why ? why : "unknown error");
+      continue;
+    }
+    // Never dlclose'd: LibTorch's static destructors run at exit as they did when maskctl linked it.
+    auto version = reinterpret_cast<MaskctlModelAbiVersionFn>(::dlsym(handle, MASKCTL_MODEL_ABI_VERSION_SYMBOL));
+    auto run = reinterpret_cast<MaskctlModelRunFn>(::dlsym(handle, MASKCTL_MODEL_RUN_SYMBOL));
+    if (version == nullptr || run == nullptr) {
+      tried += "\n  " + path + ": not a maskctl model module (no " MASKCTL_MODEL_RUN_SYMBOL ")";
+      continue;
+    }
+    if (version() != MASKCTL_MODEL_ABI_VERSION) {
+      tried += "\n  " + path + ": module interface version " + std::to_string(version()) + ", this maskctl needs " +
+               std::to_string(MASKCTL_MODEL_ABI_VERSION) + " (a module of another build)";
+      continue;
+    }
+    return run(&args);
+  }
+  std::fprintf(stderr,
+               "%s: cannot load the model module " MASKCTL_MODEL_MODULE_NAME
+               " (the engine, with LibTorch, that this subcommand runs; set " MASKCTL_MODEL_MODULE_ENV
+               " to its path). Tried:%s\n",
+               name, tried.c_str());
+  return failed;
+}
+
+// Throws what CLI11_PARSE turns into the exit code, silently (as the subcommands did when linked in).
+void Finish(int rc) {
+  if (rc != 0) throw CLI::RuntimeError(rc);
+}
+
+constexpr const char* kModuleFooter =
+    "Runs the engine from " MASKCTL_MODEL_MODULE_NAME ", loaded from beside maskctl, its ../lib or the "
+    "library path (env " MASKCTL_MODEL_MODULE_ENV ": that file instead).";
 
 }  // namespace
 
+std::vector<std::string> ModelModuleCandidates() {
+  const char* env = std::getenv(MASKCTL_MODEL_MODULE_ENV);
+  if (env != nullptr && *env != '\0') return {env};
+  std::vector<std::string> paths;
+  const std::string dir = ExecutableDir();
+  if (!dir.empty()) {
+    paths.push_back(dir + "/" MASKCTL_MODEL_MODULE_NAME);
+    paths.push_back(dir + "/" MASKCTL_MODEL_MODULE_RELDIR "/" MASKCTL_MODEL_MODULE_NAME);
+  }
+  paths.push_back(MASKCTL_MODEL_MODULE_NAME);
+  return paths;
+}
+
 void AddModelCommands(CLI::App& app) {
+  struct VerifyArgs {
+    std::string dir;
+    std::string device = "cpu";
+    std::string dtype = "fp32";
+    std::string attention = "auto";
+    std::vector<std::string> images;
+    bool no_png = false;
+    bool fast = false;
+    std::string json;
+  };
   auto verify = std::make_shared<VerifyArgs>();
   CLI::App* v = app.add_subcommand(
       "verify-golden",
@@ -113,9 +126,27 @@ void AddModelCommands(CLI::App& app) {
   v->add_flag("--no-png", verify->no_png, "Skip the PNG (decode + resize) path");
   v->add_flag("--fast", verify->fast, "Enable the CUDA fast path (graphs, GPU pre/post-processing)");
   v->add_option("--json", verify->json, "Also write the per-case results as JSON");
+  v->footer(kModuleFooter);
   v->callback([verify] {
-    const int rc = RunVerify(*verify);
-    if (rc != 0) throw CLI::RuntimeError(rc);
+    // Usage errors before the module loads, with CLI11's message and exit code as before the split.
+    auto precision = maskd::ParsePrecision(verify->dtype);
+    if (!precision.ok()) throw CLI::ValidationError("--dtype", precision.status().message());
+    auto attention = maskd::ParseAttentionImpl(verify->attention);
+    if (!attention.ok()) throw CLI::ValidationError("--attention", attention.status().message());
+    std::vector<const char*> images;
+    for (const auto& i : verify->images) images.push_back(i.c_str());
+    MaskctlModelArgs a{};
+    a.command = kMaskctlVerifyGolden;
+    a.dir = verify->dir.c_str();
+    a.device = verify->device.c_str();
+    a.dtype = verify->dtype.c_str();
+    a.attention = verify->attention.c_str();
+    a.images = images.data();
+    a.image_count = images.size();
+    a.no_png = verify->no_png ? 1 : 0;
+    a.fast = verify->fast ? 1 : 0;
+    a.json = verify->json.c_str();
+    Finish(RunInModule("verify-golden", a, 2));
   });
 
   struct MakeArgs {
@@ -131,14 +162,14 @@ void AddModelCommands(CLI::App& app) {
       ->check(CLI::IsMember({"vit_b", "vit_l", "vit_h", "tiny"}));
   m->add_option("--seed", make->seed, "Random seed")->capture_default_str();
   m->add_option("out", make->out, "Output .pth path")->required();
+  m->footer(kModuleFooter);
   m->callback([make] {
-    maskd::Status s = maskd::MakeRandomCheckpoint({make->arch, make->seed}, make->out);
-    if (!s.ok()) {
-      std::fprintf(stderr, "make-checkpoint: %s\n", s.ToString().c_str());
-      throw CLI::RuntimeError(1);
-    }
-    std::printf("wrote %s (%s, seed %llu)\n", make->out.c_str(), make->arch.c_str(),
-                static_cast<unsigned long long>(make->seed));
+    MaskctlModelArgs a{};
+    a.command = kMaskctlMakeCheckpoint;
+    a.arch = make->arch.c_str();
+    a.out = make->out.c_str();
+    a.seed = make->seed;
+    Finish(RunInModule("make-checkpoint", a, 1));
   });
 
   struct InspectArgs {
@@ -151,38 +182,12 @@ void AddModelCommands(CLI::App& app) {
   i->add_option("checkpoint", inspect->checkpoint, "Checkpoint path")->required();
   i->add_flag("--timings", inspect->timings,
               "Also print the engine's log and its start-up phases with seconds since the start (stderr)");
+  i->footer(kModuleFooter);
   i->callback([inspect] {
-    const auto start = std::chrono::steady_clock::now();
-    auto elapsed = [start] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    };
-    maskd::EngineOptions o;
-    o.checkpoint = inspect->checkpoint;
-    o.warmup = false;
-    if (inspect->timings) {
-      o.log = [elapsed](maskd::LogLevel, std::string_view m) {
-        std::fprintf(stderr, "%7.2f s  %.*s\n", elapsed(), static_cast<int>(m.size()), m.data());
-      };
-      o.on_startup_phase = [elapsed](maskd::StartupPhase p) {
-        const char* name = p == maskd::StartupPhase::kCheckpointRead ? "checkpoint_read"
-                           : p == maskd::StartupPhase::kWeightsReady  ? "weights_ready"
-                                                                       : "warmed_up";
-        std::fprintf(stderr, "%7.2f s  phase %s\n", elapsed(), name);
-      };
-    } else {
-      o.log = [](maskd::LogLevel, std::string_view) {};
-    }
-    auto e = maskd::Engine::Create(o);
-    if (!e.ok()) {
-      std::fprintf(stderr, "inspect-checkpoint: %s\n", e.status().ToString().c_str());
-      throw CLI::RuntimeError(1);
-    }
-    const auto& d = (*e)->description();
-    std::printf("arch %s\nembed_dim %d\ndepth %d\nnum_heads %d\nwindow_size %d\npatch_size %d\nimage_size %d\n"
-                "mlp_dim %d\nout_chans %d\nparameters %llu\nidentity %s\nglobal_attn_indexes",
-                d.arch.c_str(), d.embed_dim, d.depth, d.num_heads, d.window_size, d.patch_size, d.image_size,
-                d.mlp_dim, d.out_chans, static_cast<unsigned long long>(d.parameter_count), d.identity.c_str());
-    for (int g : d.global_attn_indexes) std::printf(" %d", g);
-    std::printf("\n");
+    MaskctlModelArgs a{};
+    a.command = kMaskctlInspectCheckpoint;
+    a.checkpoint = inspect->checkpoint.c_str();
+    a.timings = inspect->timings ? 1 : 0;
+    Finish(RunInModule("inspect-checkpoint", a, 1));
   });
 }

@@ -1,7 +1,8 @@
 # The layering of docs/ARCHITECTURE.md, checked at configure time: server/, client/ and load_tests/
 # (and the fake engine) reach the model through model/api and model/io only. None of their libraries
 # may link the engine (maskd_model), the kernels or LibTorch, directly or through another library;
-# programs (maskd, maskctl, maskbench) are where the real engine is linked in.
+# programs (maskd, maskbench) are where the real engine is linked in. maskctl is checked as well: its
+# model subcommands load the engine at run time from libmaskctl_model.so (client/CMakeLists.txt).
 function(maskd_check_torch_free)
   foreach(root IN LISTS ARGN)
     set(seen "")

@@ -39,3 +39,11 @@ if(TARGET maskd)
   set_tests_properties(maskload_ci_test PROPERTIES LABELS cpu TIMEOUT 600 SKIP_RETURN_CODE 77
                        ENVIRONMENT "MASKD_GOLDEN_DIR=${MASKD_GOLDEN_DIR};MASKD_PYTHON=${MASKD_PYTHON}")
 endif()
+
+# maskctl starts without LibTorch: no engine/LibTorch in its DT_NEEDED or loaded by an RPC command,
+# and the model subcommands find libmaskctl_model.so (build tree, install layout, MASKCTL_MODEL_MODULE)
+# or say clearly that they cannot.
+add_test(NAME maskctl_lazy_model_test
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/maskctl_lazy_model_test.sh $<TARGET_FILE:maskctl>
+                 $<TARGET_FILE:maskctl_model> $<TARGET_FILE:maskd_model> ${PROJECT_BINARY_DIR}/maskctl_lazy_model)
+set_tests_properties(maskctl_lazy_model_test PROPERTIES LABELS cpu TIMEOUT 300)

@@ -36,7 +36,7 @@ for arch in "$@"; do
   t1=$(date +%s%N)
   "$build/client/maskctl" --server 127.0.0.1:$port segment "$img" --point 512,384 > /dev/null
   t2=$(date +%s%N)
-  echo "cold start $arch: SERVING seen by a client at $(( (t1 - t0) / 1000000 )) ms after launch, first click answered $(( (t2 - t1) / 1000000 )) ms later (a fresh maskctl process included: its start alone loads LibTorch)"
+  echo "cold start $arch: SERVING seen by a client at $(( (t1 - t0) / 1000000 )) ms after launch, first click answered $(( (t2 - t1) / 1000000 )) ms later (a fresh maskctl process included; maskctl no longer loads LibTorch for RPC commands)"
   # The server's own time for that first request (its access log line).
   grep -m1 "access method=Segment" "$out/cold-$arch.log" | cut -c1-300
   "$build/client/maskctl" --server 127.0.0.1:$port info | grep -A8 "^startup"
