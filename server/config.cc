@@ -251,10 +251,10 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
         name);
   };
   retired("int8",
-          "(int8 dynamic quantisation of the encoder: slower than bf16 on H100/H200, see "
+          "(int8 dynamic quantisation of the encoder: slower than bf16 on the H200, see "
           "BENCHMARKS.md); use --fp8 for a quantised encoder");
   retired("sparse24",
-          "(2:4 sparsity of the encoder: slower than dense bf16 on H200 and not exact enough, see "
+          "(2:4 sparsity of the encoder: slower than dense bf16 on the H200 and not exact enough, see "
           "BENCHMARKS.md); use --fp8 for a faster quantised encoder");
   // CLI11 alone reads any number as a bool ("--warmup 2" = true): a typo must not pass silently.
   const CLI::Validator boolean_word(

@@ -457,6 +457,21 @@ void Pipeline::StartDecode(const JobPtr& job) {
   }
 }
 
+// fn's result, or INTERNAL for an exception escaping it: every post-processing chunk must finish
+// with a status, whatever a library below throws.
+namespace {
+template <typename Fn>
+auto CatchAll(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return Internal(std::string("unexpected exception in post-processing: ") + e.what());
+  } catch (...) {
+    return Internal("unexpected non-standard exception in post-processing");
+  }
+}
+}  // namespace
+
 // Most items (prompts) of one batched Engine::Postprocess call: bounds what one call holds on the
 // device and how long the first chunk of a batch waits for the last.
 constexpr size_t kMaxPostItems = 128;
@@ -514,31 +529,20 @@ void Pipeline::DrainBatch(std::vector<PostChunk> batch) {
     Job::Max(c.job->postprocess_us, us);
     ChunkDone(c.job, s);
   };
-  try {
+  const Status s = CatchAll([&] {
     PostprocessBatch(batch, worker, done);
-  } catch (const std::exception& e) {
+    return Status::Ok();
+  });
+  if (!s.ok())
     for (size_t k = 0; k < batch.size(); ++k)
-      if (!finished[k]) done(batch[k], Internal(std::string("unexpected exception in post-processing: ") + e.what()));
-  } catch (...) {
-    for (size_t k = 0; k < batch.size(); ++k)
-      if (!finished[k]) done(batch[k], Internal("unexpected non-standard exception in post-processing"));
-  }
+      if (!finished[k]) done(batch[k], s);
 }
 
 void Pipeline::PostprocessBatch(std::vector<PostChunk>& batch, DeviceWorker* worker,
                                 const std::function<void(PostChunk&, const Status&)>& done) {
-  auto guarded = [](const std::function<Status()>& fn) -> Status {
-    try {
-      return fn();
-    } catch (const std::exception& e) {
-      return Internal(std::string("unexpected exception in post-processing: ") + e.what());
-    } catch (...) {
-      return Internal("unexpected non-standard exception in post-processing");
-    }
-  };
   if (batch.size() == 1) {
     PostChunk& c = batch.front();
-    done(c, guarded([&] { return PostprocessChunk(c.job, c.first, c.decoded); }));
+    done(c, CatchAll([&] { return PostprocessChunk(c.job, c.first, c.decoded); }));
     return;
   }
   // Every chunk's items in one call; a chunk whose items cannot be made finishes with that error.
@@ -547,7 +551,7 @@ void Pipeline::PostprocessBatch(std::vector<PostChunk>& batch, DeviceWorker* wor
   std::vector<Status> status(batch.size());
   for (size_t k = 0; k < batch.size(); ++k) {
     std::vector<PostprocessItem> own;
-    status[k] = guarded([&] { return PostItems(*batch[k].job, batch[k].decoded, &own); });
+    status[k] = CatchAll([&] { return PostItems(*batch[k].job, batch[k].decoded, &own); });
     begin[k] = items.size();
     if (!status[k].ok()) continue;
     count[k] = own.size();
@@ -556,15 +560,7 @@ void Pipeline::PostprocessBatch(std::vector<PostChunk>& batch, DeviceWorker* wor
   StatusOr<std::vector<std::vector<MaskData>>> masks = Internal("not post-processed");
   const Clock::time_point t1 = Clock::now();
   if (!items.empty()) {
-    masks = [&]() -> StatusOr<std::vector<std::vector<MaskData>>> {
-      try {
-        return worker->engine().Postprocess(items);
-      } catch (const std::exception& e) {
-        return Internal(std::string("unexpected exception in post-processing: ") + e.what());
-      } catch (...) {
-        return Internal("unexpected non-standard exception in post-processing");
-      }
-    }();
+    masks = CatchAll([&] { return worker->engine().Postprocess(items); });
   }
   const uint64_t masks_us = MicrosSince(t1);
   const bool batch_ok = masks.ok() && masks->size() == items.size();
@@ -574,13 +570,13 @@ void Pipeline::PostprocessBatch(std::vector<PostChunk>& batch, DeviceWorker* wor
       done(c, status[k]);
     } else if (!batch_ok) {
       // Alone, so that one chunk's failure (out of memory, a bad mask) stays its own.
-      done(c, guarded([&] { return PostprocessChunk(c.job, c.first, c.decoded); }));
+      done(c, CatchAll([&] { return PostprocessChunk(c.job, c.first, c.decoded); }));
     } else {
       worker->stages()[Stage::kPostprocessMasks].Add(masks_us);
       std::vector<std::vector<MaskData>> own(std::make_move_iterator(masks->begin() + static_cast<std::ptrdiff_t>(begin[k])),
                                              std::make_move_iterator(masks->begin() +
                                                                      static_cast<std::ptrdiff_t>(begin[k] + count[k])));
-      done(c, guarded([&] { return FinishPostChunk(c.job, c.first, c.decoded, own); }));
+      done(c, CatchAll([&] { return FinishPostChunk(c.job, c.first, c.decoded, own); }));
     }
   }
 }

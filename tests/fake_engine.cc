@@ -99,6 +99,11 @@ void FakeEngine::FailNextDecode(Status s) {
   fail_decode_ = std::move(s);
 }
 
+void FakeEngine::ThrowOnNextPostprocess(std::string what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  throw_postprocess_ = std::move(what);
+}
+
 void FakeEngine::SetEncodeMemoryLimit(int images) {
   std::lock_guard<std::mutex> lock(mu_);
   encode_memory_limit_ = images;
@@ -295,6 +300,14 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> FakeEngine::DecodeEach(const std:
 StatusOr<std::vector<std::vector<MaskData>>> FakeEngine::Postprocess(
     const std::vector<PostprocessItem>& items) {
   ++postprocess_calls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (throw_postprocess_) {
+      const std::string what = std::move(*throw_postprocess_);
+      throw_postprocess_.reset();
+      throw std::runtime_error(what);
+    }
+  }
   if (o_.postprocess_delay.count() > 0) std::this_thread::sleep_for(o_.postprocess_delay);
   std::vector<std::vector<MaskData>> out;
   for (const auto& it : items) {

@@ -47,6 +47,8 @@ class FakeEngine final : public Engine {
   // The next Encode/Decode returns `s` instead of running.
   void FailNextEncode(Status s);
   void FailNextDecode(Status s);
+  // The next Postprocess throws std::runtime_error(what) (a library failing below the engine).
+  void ThrowOnNextPostprocess(std::string what);
   // Out of memory, as the real engine reports it (RESOURCE_EXHAUSTED for the whole call, the engine
   // still usable): an Encode of more than `images` images, a DecodeEach of more than `prompts`
   // prompts (0: no limit), or any Encode with an image of content `content` (Checksum) / any
@@ -105,6 +107,7 @@ class FakeEngine final : public Engine {
   std::condition_variable cv_;
   bool hold_ = false;
   std::optional<Status> fail_encode_, fail_decode_;
+  std::optional<std::string> throw_postprocess_;
   int encode_memory_limit_ = 0, decode_memory_limit_ = 0;
   std::vector<uint64_t> oom_encode_of_, oom_decode_of_;
   std::vector<int> encode_batches_, decode_batches_;

@@ -842,6 +842,21 @@ TEST(ServerService, ConcurrentRequestsShareBatchedPostprocessingAndKeepTheirOwnM
   EXPECT_GE(concurrent, 2);  // at least one per device
 }
 
+// An exception thrown below the engine's post-processing never crosses the RPC boundary: that call
+// gets INTERNAL naming it, and the server goes on serving the next one.
+TEST(ServerService, ExceptionInPostprocessingIsInternalAndTheServerGoesOn) {
+  MaskdOnFakeEngines m({});
+  const v1::Image image = Encoded(24, 16, 5);
+  m.engine(0)->ThrowOnNextPostprocess("cudaErrorIllegalAddress in a post-processing kernel");
+  auto broken = m.Segment(ByImage(image, {Click(3, 3)}));
+  EXPECT_EQ(broken.status().code(), StatusCode::kInternal);
+  EXPECT_EQ(broken.status().message(),
+            "unexpected exception in post-processing: cudaErrorIllegalAddress in a post-processing kernel");
+  auto next = m.Segment(ByImage(image, {Click(3, 3), Click(7, 9)}));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->results_size(), 2);
+}
+
 TEST(ServerService, RawImagesAreContentAddressed) {
   MaskdOnFakeEngines m({});
   const ImageRGB8 pic = Picture(6, 4, 3);
