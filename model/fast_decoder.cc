@@ -90,19 +90,9 @@ at::Tensor SharedImageDecoder::TokenToImage(const DecoderAttentionImpl& attn, co
   const at::Tensor q = Lin(attn.q_proj, q_tokens).view({n, l, heads_, c}).transpose(1, 2);
   const at::Tensor kh = k.view({n, hw, heads_, c}).transpose(1, 2);
   const at::Tensor vh = v.view({n, hw, heads_, c}).transpose(1, 2);
-  if (attn.few_query_kernel && kernels::FewQueryAttentionFits(q, kh, vh)) {
-    // A prompt's few tokens against the 4096 positions, split over the keys: [N, L, H, C].
-    const at::Tensor o = kernels::FewQueryAttention(q, kh, vh, 1.0 / std::sqrt(static_cast<double>(c)));
-    return Lin(attn.out_proj, o.view({n, l, internal_}));
-  }
-  at::Tensor out;
-  if (attn.use_sdpa) {
-    out = at::scaled_dot_product_attention(q, kh, vh);
-  } else {
-    at::Tensor a = at::matmul(q, kh.transpose(2, 3)) / std::sqrt(static_cast<double>(c));
-    out = at::matmul(at::softmax(a, -1), vh);
-  }
-  return Lin(attn.out_proj, out.transpose(1, 2).reshape({n, l, internal_}));
+  // The few-query kernel where it fits (a prompt's few tokens against the 4096 positions, split over
+  // the keys), else SDPA or the original's math.
+  return Lin(attn.out_proj, attn.Attend(q, kh, vh));
 }
 
 at::Tensor SharedImageDecoder::ImageToToken(const TwoWayAttentionBlockImpl& blk, const BlockTables& t,

@@ -28,24 +28,25 @@ at::Tensor DecoderAttentionImpl::forward(const at::Tensor& q_in, const at::Tenso
   const at::Tensor q = separate(q_proj->forward(q_in));
   const at::Tensor k = separate(k_proj->forward(k_in));
   const at::Tensor v = separate(v_proj->forward(v_in));
+  return out_proj->forward(Attend(q, k, v));
+}
+
+at::Tensor DecoderAttentionImpl::Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
+  const int64_t n = q.size(0), l = q.size(2), internal = q.size(1) * q.size(3);
+  const double root = std::sqrt(static_cast<double>(q.size(3)));
   if (few_query_kernel && kernels::FewQueryAttentionFits(q, k, v)) {
     // [N, L, H, C]: out_proj's input layout without the transpose.
-    const at::Tensor o = kernels::FewQueryAttention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))));
-    return out_proj->forward(o.view({o.size(0), o.size(1), o.size(2) * o.size(3)}));
+    return kernels::FewQueryAttention(q, k, v, 1.0 / root).view({n, l, internal});
   }
   at::Tensor out;
   if (use_sdpa) {
     out = at::scaled_dot_product_attention(q, k, v);
   } else {
-    const int64_t c_per_head = q.size(3);
-    at::Tensor attn = at::matmul(q, k.permute({0, 1, 3, 2}));
-    attn = attn / std::sqrt(static_cast<double>(c_per_head));
-    attn = at::softmax(attn, -1);
-    out = at::matmul(attn, v);
+    // Divided, as the original: the fp32 golden parity is bit-for-bit where it can be.
+    const at::Tensor attn = at::matmul(q, k.transpose(2, 3)) / root;
+    out = at::matmul(at::softmax(attn, -1), v);
   }
-  out = out.transpose(1, 2);
-  out = out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
-  return out_proj->forward(out);
+  return out.transpose(1, 2).reshape({n, l, internal});
 }
 
 DecoderMlpImpl::DecoderMlpImpl(int64_t in, int64_t hidden, int64_t out, int64_t num_layers) {

@@ -22,6 +22,9 @@ namespace maskd {
 struct DecoderAttentionImpl : torch::nn::Module {
   DecoderAttentionImpl(int64_t embedding_dim, int64_t num_heads, int64_t downsample_rate = 1);
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+  // The heads' attention of projected q [N, H, L, C], k / v [N, H, S, C] (views allowed), as
+  // out_proj's input [N, L, H * C], by the choice below (also SharedImageDecoder's).
+  at::Tensor Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
   int64_t num_heads;
   // The original's materialised softmax(q k^T / sqrt(d)) v, or SDPA.
