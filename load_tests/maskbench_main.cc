@@ -228,8 +228,8 @@ std::string Slug(const std::string& s) {
   return o;
 }
 
-// One encoder pass of `bs` images (encoder) and decode + post-processing of 64 prompts and of one click on one
-// image (decode), each under the Kineto profiler; the per-kernel tables are appended to
+// One encoder pass of `bs` images (encoder) and decode + post-processing of 64 prompts of one image, 64 over 16
+// images and one click (decode), each under the Kineto profiler; the per-kernel tables are appended to
 // DIR/profiles.txt, Chrome traces (with the host-side operators) written beside it.
 void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared, const std::string& arch,
                 const std::string& row, int bs, const std::string& dir, bool encoder, bool decode) {
@@ -254,18 +254,25 @@ void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared, co
   if (encoder)
     section(arch + " | " + row + " | encoder, batch " + std::to_string(bs), "trace-" + tag + "-encoder.json", bs,
             "img", [&] { return e.Encode(batch).status(); });
-  auto emb = decode ? e.Encode({prepared[0]}) : maskd::StatusOr<std::vector<std::shared_ptr<const maskd::Embedding>>>(
-                                                    maskd::InvalidArgument("not profiled"));
-  // 64 prompts of one image (the figure), then one click (kernel total against wall time
-  // shows what the click spends off the GPU).
-  for (int prompts : {64, 1}) {
+  // Sixteen embeddings of one image: the decoder groups prompts by embedding, as it does for sixteen
+  // different images.
+  auto emb = decode ? e.Encode(std::vector<maskd::PreparedImage>(16, prepared[0]))
+                    : maskd::StatusOr<std::vector<std::shared_ptr<const maskd::Embedding>>>(
+                          maskd::InvalidArgument("not profiled"));
+  // 64 prompts of one image (the figure); 64 prompts over 16 images (the jagged batches the
+  // server decodes at 256 clients: run 23, ~64 prompts a batch over the workload's 16 images); one
+  // click (kernel total against wall time shows what the click spends off the GPU).
+  struct Case {
+    int prompts, images;
+  };
+  for (const Case c : {Case{64, 1}, Case{64, 16}, Case{1, 1}}) {
     if (!emb.ok()) break;
     std::vector<maskd::DecodeItem> items;
-    for (int k = 0; k < prompts; ++k) {
+    for (int k = 0; k < c.prompts; ++k) {
       maskd::PromptSpec p;
       p.points = {{static_cast<float>((37 * k) % 1024), static_cast<float>((53 * k) % 768), 1}};
-      p.multimask = prompts == 1;
-      items.push_back({(*emb)[0], p});
+      p.multimask = c.prompts == 1;
+      items.push_back({(*emb)[static_cast<size_t>(k % c.images)], p});
     }
     auto run = [&]() -> maskd::Status {
       auto dec = e.Decode(items);
@@ -275,9 +282,14 @@ void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared, co
       return e.Postprocess(post).status();
     };
     (void)run();  // this prompt count's decoder graph captured outside the profile
-    const std::string what = prompts == 1 ? "one click (multimask)" : std::to_string(prompts) + " prompts of one image";
+    const std::string what = c.prompts == 1    ? std::string("one click (multimask)")
+                             : c.images == 1 ? std::to_string(c.prompts) + " prompts of one image"
+                                             : std::to_string(c.prompts) + " prompts over " +
+                                                   std::to_string(c.images) + " images";
     section(arch + " | " + row + " | " + what + ": decode + RLE post-processing",
-            "trace-" + tag + "-decode" + std::to_string(prompts) + ".json", prompts, "prompt", run);
+            "trace-" + tag + "-decode" + std::to_string(c.prompts) +
+                (c.images > 1 ? "x" + std::to_string(c.images) : std::string()) + ".json",
+            c.prompts, "prompt", run);
   }
   std::fclose(f);
 }
@@ -404,7 +416,7 @@ int main(int argc, char** argv) {
                "was allocated at that moment grouped by the model code that allocated it (CUDA only)");
   app.add_option("--profile", profile_dir,
                  "Folder for per-kernel profiles (LibTorch's Kineto profiler): for each --profile-rows row and "
-                 "batch, one encoder pass and one 64-prompt decode are profiled; tables go to "
+                 "batch, one encoder pass and the decodes (64 prompts of one image, 64 over 16 images, one click) are profiled; tables go to "
                  "DIR/profiles.txt, Chrome traces to DIR/trace-*.json");
   app.add_option("--profile-rows", profile_rows, "Rows (name substrings) that --profile profiles")
       ->delimiter(',')->capture_default_str();
