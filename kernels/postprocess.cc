@@ -190,6 +190,10 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
     internal::CheckLaunch(cudaMemcpyAsync(dst.data_ptr(), src, dst.nbytes(), cudaMemcpyDeviceToHost, scope.get()),
                           "cudaMemcpyAsync (to the host)");
   };
+  const auto wait_for_device = [&scope] {
+    const cudaError_t sync = cudaStreamSynchronize(scope.get());
+    TORCH_CHECK(sync == cudaSuccess, "MaskPostprocess: cudaStreamSynchronize: ", cudaGetErrorString(sync));
+  };
   at::Tensor bitmask_dev;
   if (want_bitmask) bitmask_dev = at::empty({pixels_total}, dev.dtype(at::kByte));
 
@@ -235,8 +239,7 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
     int64_t runs_room = pixels_total + M;
     const bool bounded = !want_counts && runs_room <= kUnsyncedRunsRoom;
     if (!bounded) {
-      const cudaError_t sync = cudaStreamSynchronize(scope.get());
-      TORCH_CHECK(sync == cudaSuccess, "MaskPostprocess: cudaStreamSynchronize: ", cudaGetErrorString(sync));
+      wait_for_device();
       runs_room = offsets_host.data_ptr<int64_t>()[M];
     }
     const at::Tensor runs = at::empty({2 * runs_room}, dev.dtype(at::kInt));
@@ -296,9 +299,7 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
     for (int64_t m = 0; m < M; ++m) bo[m] = tp[m * detail::kMaskTableCols + detail::kColBitmaskOffset];
     bo[M] = pixels_total;
   }
-  const cudaError_t sync = cudaStreamSynchronize(scope.get());
-  TORCH_CHECK(sync == cudaSuccess, "MaskPostprocess: cudaStreamSynchronize: ",
-              cudaGetErrorString(sync));
+  wait_for_device();
   if (want_rle && want_rle_string) {
     out.rle_string_offsets = string_offsets_host;
     const int64_t used = string_offsets_host.data_ptr<int64_t>()[M];
