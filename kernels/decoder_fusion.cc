@@ -131,6 +131,85 @@ at::Tensor ImageToTokenProbs(const at::Tensor& q, const at::Tensor& k, const at:
   return ImageToTokenProbsReference(q, k, q_rows, heads, scale);
 }
 
+at::Tensor ImageToTokenUpdateReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows,
+                                       int64_t heads, double scale, const at::Tensor& u, const at::Tensor& residual,
+                                       const at::Tensor& residual_rows, const at::Tensor& weight,
+                                       const at::Tensor& bias, double eps) {
+  const int64_t b = k.size(0);
+  const at::Tensor res = residual_rows.defined() ? residual.index_select(0, residual_rows)
+                                                 : residual.expand({b, residual.size(1), residual.size(2)});
+  const at::Tensor updated = at::baddbmm(res, ImageToTokenProbs(q, k, q_rows, heads, scale), u);
+  return RowNorm(updated, weight, bias, eps, /*gelu=*/false);
+}
+
+at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows, int64_t heads,
+                              double scale, const at::Tensor& u, const at::Tensor& residual,
+                              const at::Tensor& residual_rows, const at::Tensor& weight, const at::Tensor& bias,
+                              double eps, Stream stream) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.size(2) == k.size(2) && heads > 0 && k.size(2) % heads == 0,
+              "ImageToTokenUpdate: expected q [Bq, HW, I] and k [B, T, I] with I a multiple of heads, got ",
+              Describe(q), " and ", Describe(k));
+  const int64_t b = k.size(0), t = k.size(1), hw = q.size(1);
+  TORCH_CHECK(residual.dim() == 3 && residual.size(1) == hw && u.dim() == 3 && u.size(0) == b &&
+                  u.size(1) == heads * t && u.size(2) == residual.size(2),
+              "ImageToTokenUpdate: expected u [", b, ", ", heads * t, ", D] and residual [Br, ", hw,
+              ", D], got u ", Describe(u), " and residual ", Describe(residual));
+  TORCH_CHECK(residual_rows.defined()
+                  ? (residual_rows.dim() == 1 && residual_rows.size(0) == b && residual_rows.scalar_type() == at::kLong)
+                  : (residual.size(0) == b || residual.size(0) == 1),
+              "ImageToTokenUpdate: expected residual_rows [", b, "] int64, or a residual with ", b,
+              " or 1 rows, got residual ", Describe(residual),
+              residual_rows.defined() ? " and residual_rows " + Describe(residual_rows) : std::string());
+  const int64_t d = u.size(2);
+  for (const auto* x : {&u, &residual, &weight, &bias})
+    TORCH_CHECK(x->scalar_type() == q.scalar_type() && x->device() == q.device(),
+                "ImageToTokenUpdate: u, residual, weight and bias must have q's dtype and device, got ", Describe(*x));
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == d && bias.dim() == 1 && bias.size(0) == d,
+              "ImageToTokenUpdate: expected weight and bias [", d, "], got ", Describe(weight), " and ",
+              Describe(bias));
+#ifdef MASKD_WITH_CUDA
+  const auto aligned = [](const at::Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0; };
+  if (q.is_cuda() && q.scalar_type() != at::kFloat && heads == detail::kImageToTokenUpdateHeads &&
+      k.size(2) == 16 * heads && t >= 1 && t <= 16 && d == detail::kImageToTokenUpdateChannels && b <= 65535 &&
+      q.stride(2) == 1 && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && aligned(q) && residual.stride(2) == 1 &&
+      residual.stride(1) == d && residual.stride(0) % 8 == 0 && aligned(residual)) {
+    internal::StreamScope scope(stream, q.device());
+    const at::Tensor kc = k.contiguous(), uc = u.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
+    if (aligned(uc) && aligned(wc) && aligned(bc)) {
+      const at::Tensor qr = q_rows.defined() ? q_rows.contiguous() : at::Tensor();
+      const at::Tensor rr = residual_rows.defined() ? residual_rows.contiguous() : at::Tensor();
+      at::Tensor out = at::empty({b, hw, d}, q.options());
+      detail::ImageToTokenUpdateArgs a;
+      a.probs.q = q.data_ptr();
+      a.probs.q_batch_stride = q.stride(0);
+      a.probs.q_row_stride = q.stride(1);
+      a.probs.q_rows = qr.defined() ? qr.data_ptr<int64_t>() : nullptr;
+      a.probs.q_batches = q.size(0);
+      a.probs.k = kc.data_ptr();
+      a.probs.batch = b;
+      a.probs.positions = hw;
+      a.probs.heads = static_cast<int>(heads);
+      a.probs.tokens = static_cast<int>(t);
+      a.probs.scale = static_cast<float>(scale);
+      a.u = uc.data_ptr();
+      a.residual = residual.data_ptr();
+      // One residual for every prompt reads row 0 (batch stride 0), whatever its own stride.
+      a.residual_batch_stride = !rr.defined() && residual.size(0) == 1 ? 0 : residual.stride(0);
+      a.residual_rows = rr.defined() ? rr.data_ptr<int64_t>() : nullptr;
+      a.weight = wc.data_ptr();
+      a.bias = bc.data_ptr();
+      a.eps = static_cast<float>(eps);
+      a.out = out.data_ptr();
+      internal::CheckLaunch(detail::LaunchImageToTokenUpdate(a, internal::ToDType(q.scalar_type(), "q"), scope.get()),
+                            "ImageToTokenUpdateKernel");
+      return out;
+    }
+  }
+#endif
+  (void)stream;
+  return ImageToTokenUpdateReference(q, k, q_rows, heads, scale, u, residual, residual_rows, weight, bias, eps);
+}
+
 at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                                  const at::Tensor& hyper, int64_t h, int64_t width) {
   const int64_t b = hyper.size(0), m = hyper.size(1), c2 = w.size(1) / 4;

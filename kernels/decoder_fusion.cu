@@ -19,6 +19,12 @@
 // T <= 16 token keys (staged in shared memory as fp32), softmax in fp32 registers, one rounding per
 // probability, written straight in the [B, HW, heads * T] layout the value product wants. Replaces a
 // GEMM (misaligned for this shape), a softmax into fp32 and a permuting copy.
+// ImageToTokenUpdate: the whole image->token step of a block in one pass over the keys: the
+// probabilities as above, then residual + P u (u = the prompt's values through out_proj, [heads * T,
+// 256], staged in shared memory) and the LayerNorm, in fp32 registers from the loads to the one
+// rounding of the output. Replaces ImageToTokenProbs + baddbmm (with the residual copied in first)
+// + RowNorm: one read of q and the residual and one write per prompt instead of four passes, and
+// the prompts of one image read their shared residual in place (no expand or index_select copy).
 // CopySlices: many independent contiguous byte ranges copied in one launch (a table of
 // {dst, src, bytes}); the per-prompt mask logits of a decode, which as separate copies cost more
 // host launch time than GPU time.
@@ -283,6 +289,181 @@ __global__ void __launch_bounds__(kThreads) ImageToTokenProbsKernel(const ImageT
     if (t < a.tokens) o[t] = FromFloat<T>(s[t] * inv);
 }
 
+
+namespace upd {
+constexpr int kD = kImageToTokenUpdateChannels;  // channels of the keys (D)
+constexpr int kHeads = kImageToTokenUpdateHeads;
+constexpr int kRowsPerStep = 32 / kHeads;         // rows a warp handles at once: one lane per (row, head)
+constexpr int kRowsPerBlock = 128;                // 16 per warp
+constexpr int kKStride = 20;                      // floats per (token, head) in shared memory: 16 + 4
+                                                  // (float4 reads of the 8 heads hit distinct banks)
+__host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens) {
+  return ht * kD * elem + tokens * kHeads * kKStride * 4 + (kThreads / 32) * kRowsPerStep * ht * 4;
+}
+}  // namespace upd
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) ImageToTokenUpdateKernel(const ImageToTokenUpdateArgs a) {
+  // blockIdx.y: prompt b; blockIdx.x: 128 positions, 16 per warp, 4 at a time.
+  //   1. lane (r, h) = (lane / 8, lane % 8): scores of row r's head h against the T token keys and
+  //      their softmax, into the warp's probability rows in shared memory (fp32);
+  //   2. lane l owns channels 8l..8l+7 of the 4 rows: residual + sum over k of P[r, k] u[k] (u staged
+  //      in shared memory once per block, each 16-byte row slice reused for the 4 rows);
+  //   3. LayerNorm of each row (xor-shuffle sums over the warp), affine, one rounding, 16-byte stores.
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tokens = a.probs.tokens, ht = upd::kHeads * tokens;
+  T* u_s = reinterpret_cast<T*>(smem);
+  float* k_s = reinterpret_cast<float*>(smem + static_cast<size_t>(ht) * upd::kD * sizeof(T));
+  float* p_s = k_s + tokens * upd::kHeads * upd::kKStride;
+  const int64_t b = blockIdx.y;
+  {
+    const uint4* ub = reinterpret_cast<const uint4*>(static_cast<const T*>(a.u) + b * ht * upd::kD);
+    for (int i = threadIdx.x; i < ht * upd::kD / 8; i += kThreads) reinterpret_cast<uint4*>(u_s)[i] = ub[i];
+    const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * (upd::kHeads * kProbsHeadDim);
+    for (int i = threadIdx.x; i < tokens * upd::kHeads * kProbsHeadDim; i += kThreads) {
+      const int t = i / (upd::kHeads * kProbsHeadDim), h = (i / kProbsHeadDim) % upd::kHeads, c = i % kProbsHeadDim;
+      k_s[(t * upd::kHeads + h) * upd::kKStride + c] = ToFloat(kb[i]) * a.probs.scale;
+    }
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* pw = p_s + warp * upd::kRowsPerStep * ht;
+  const int64_t bq = a.probs.q_rows ? a.probs.q_rows[b] : (a.probs.q_batches == 1 ? 0 : b);
+  const int64_t br = a.residual_rows ? a.residual_rows[b] : b;
+  const T* qbase = static_cast<const T*>(a.probs.q) + bq * a.probs.q_batch_stride;
+  const T* rbase = static_cast<const T*>(a.residual) + br * a.residual_batch_stride;
+  T* obase = static_cast<T*>(a.out) + b * a.probs.positions * upd::kD;
+  float w[8], bi[8];
+  {
+    const uint4 wraw = reinterpret_cast<const uint4*>(a.weight)[lane];
+    const uint4 braw = reinterpret_cast<const uint4*>(a.bias)[lane];
+    const T* we = reinterpret_cast<const T*>(&wraw);
+    const T* be = reinterpret_cast<const T*>(&braw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      w[i] = ToFloat(we[i]);
+      bi[i] = ToFloat(be[i]);
+    }
+  }
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * upd::kRowsPerBlock + warp * (upd::kRowsPerBlock / 8);
+  for (int step = 0; step < upd::kRowsPerBlock / 8 / upd::kRowsPerStep; ++step) {
+    const int64_t p0 = first + step * upd::kRowsPerStep;
+    if (p0 >= a.probs.positions) break;  // uniform over the warp
+    {
+      const int r = lane / upd::kHeads, h = lane % upd::kHeads;
+      const int64_t p = p0 + r;
+      if (p < a.probs.positions) {
+        const uint4* qp = reinterpret_cast<const uint4*>(qbase + p * a.probs.q_row_stride + h * kProbsHeadDim);
+        float q[kProbsHeadDim];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint4 raw = qp[half];
+          const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) q[half * 8 + i] = ToFloat(e[i]);
+        }
+        float s[kProbsMaxTokens];
+        float m = -__builtin_huge_valf();
+#pragma unroll
+        for (int t = 0; t < kProbsMaxTokens; ++t) {
+          if (t < tokens) {
+            const float4* kt = reinterpret_cast<const float4*>(k_s + (t * upd::kHeads + h) * upd::kKStride);
+            float acc = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float4 kv = kt[i];
+              acc = fmaf(q[4 * i], kv.x, acc);
+              acc = fmaf(q[4 * i + 1], kv.y, acc);
+              acc = fmaf(q[4 * i + 2], kv.z, acc);
+              acc = fmaf(q[4 * i + 3], kv.w, acc);
+            }
+            s[t] = acc;
+            m = fmaxf(m, acc);
+          }
+        }
+        float sum = 0.f;
+#pragma unroll
+        for (int t = 0; t < kProbsMaxTokens; ++t) {
+          if (t < tokens) {
+            s[t] = __expf(s[t] - m);
+            sum += s[t];
+          }
+        }
+        const float inv = 1.f / sum;
+#pragma unroll
+        for (int t = 0; t < kProbsMaxTokens; ++t)
+          if (t < tokens) pw[r * ht + h * tokens + t] = s[t] * inv;
+      }
+    }
+    __syncwarp();
+    float acc[upd::kRowsPerStep][8];
+#pragma unroll
+    for (int r = 0; r < upd::kRowsPerStep; ++r) {
+      if (p0 + r < a.probs.positions) {
+        const uint4 raw = reinterpret_cast<const uint4*>(rbase + (p0 + r) * upd::kD)[lane];
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r][i] = ToFloat(e[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r][i] = 0.f;
+      }
+    }
+    for (int k = 0; k < ht; ++k) {
+      const uint4 raw = reinterpret_cast<const uint4*>(u_s + k * upd::kD)[lane];
+      const T* e = reinterpret_cast<const T*>(&raw);
+      float u[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) u[i] = ToFloat(e[i]);
+#pragma unroll
+      for (int r = 0; r < upd::kRowsPerStep; ++r) {
+        const float pk = pw[r * ht + k];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r][i] = fmaf(pk, u[i], acc[r][i]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < upd::kRowsPerStep; ++r) {
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += acc[r][i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      const float mean = sum / upd::kD;
+      float sq = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sq += (acc[r][i] - mean) * (acc[r][i] - mean);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+      const float rstd = rsqrtf(sq / upd::kD + a.eps);
+      if (p0 + r < a.probs.positions) {
+        uint4 oraw;
+        T* o = reinterpret_cast<T*>(&oraw);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] = FromFloat<T>((acc[r][i] - mean) * rstd * w[i] + bi[i]);
+        reinterpret_cast<uint4*>(obase + (p0 + r) * upd::kD)[lane] = oraw;
+      }
+    }
+    __syncwarp();  // the next step's probabilities overwrite pw
+  }
+}
+
+template <typename T>
+cudaError_t LaunchImageToTokenUpdateT(const ImageToTokenUpdateArgs& a, cudaStream_t stream) {
+  const int ht = upd::kHeads * a.probs.tokens;
+  const int bytes = upd::SharedBytes(static_cast<int>(sizeof(T)), ht, a.probs.tokens);
+  // Above the default 48 KB from T = 9 on (u alone is 4 KB a token in 16 bits). Set at each such
+  // launch, as flash-attention does: the attribute is per device, and the call is legal in a capture.
+  if (bytes > 48 * 1024) {
+    const cudaError_t attr =
+        cudaFuncSetAttribute(ImageToTokenUpdateKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (attr != cudaSuccess) return attr;
+  }
+  const dim3 grid(static_cast<unsigned>((a.probs.positions + upd::kRowsPerBlock - 1) / upd::kRowsPerBlock),
+                  static_cast<unsigned>(a.probs.batch));
+  ImageToTokenUpdateKernel<T><<<grid, kThreads, bytes, stream>>>(a);
+  return cudaGetLastError();
+}
 }  // namespace
 
 bool RowNormVectorized(int C, DType dtype) {
@@ -342,6 +523,19 @@ cudaError_t LaunchImageToTokenProbs(const ImageToTokenProbsArgs& a, DType dtype,
   else
     ImageToTokenProbsKernel<__half><<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
+}
+
+cudaError_t LaunchImageToTokenUpdate(const ImageToTokenUpdateArgs& a, DType dtype, cudaStream_t stream) {
+  const ImageToTokenProbsArgs& p = a.probs;
+  if (p.batch <= 0 || p.positions <= 0) return cudaSuccess;
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (dtype == DType::kFloat32 || p.tokens < 1 || p.tokens > kProbsMaxTokens || p.heads != upd::kHeads ||
+      p.q_batch_stride % 8 != 0 || p.q_row_stride % 8 != 0 || !aligned(p.q) || p.batch > 65535 ||
+      a.residual_batch_stride % 8 != 0 || !aligned(a.residual) || !aligned(a.u) || !aligned(a.weight) ||
+      !aligned(a.bias) || !aligned(a.out))
+    return cudaErrorInvalidValue;
+  return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdateT<__nv_bfloat16>(a, stream)
+                                   : LaunchImageToTokenUpdateT<__half>(a, stream);
 }
 
 }  // namespace maskd::kernels::detail

@@ -152,6 +152,22 @@ at::Tensor ImageToTokenProbs(const at::Tensor& q, const at::Tensor& k, const at:
                              double scale, Stream stream = nullptr);
 at::Tensor ImageToTokenProbsReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows,
                                       int64_t heads, double scale);
+// The image->token step of a two-way block with its LayerNorm: out[b] = LayerNorm(res_b + P_b u_b)
+// with P = ImageToTokenProbs(q, k, q_rows, heads, scale) [B, HW, heads * T], u [B, heads * T, D] (the
+// prompt's values through the output projection, its bias included), res_b = residual[row] with row
+// = residual_rows[b] when defined, else b (residual [B, HW, D]) or 0 (residual [1, HW, D]: one image
+// for every prompt), and LayerNorm(weight, bias, eps) over D. Returns [B, HW, D] in q's dtype. CUDA
+// kernel for bf16/fp16 with 8 heads of 16 channels, T <= 16, D = 256 and 16-byte aligned rows (the
+// probabilities, the sum and the statistics in fp32, one rounding); otherwise the composition
+// ImageToTokenUpdateReference (ImageToTokenProbs, baddbmm, RowNorm: roundings to q's dtype between).
+at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows, int64_t heads,
+                              double scale, const at::Tensor& u, const at::Tensor& residual,
+                              const at::Tensor& residual_rows, const at::Tensor& weight, const at::Tensor& bias,
+                              double eps, Stream stream = nullptr);
+at::Tensor ImageToTokenUpdateReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows,
+                                       int64_t heads, double scale, const at::Tensor& u, const at::Tensor& residual,
+                                       const at::Tensor& residual_rows, const at::Tensor& weight,
+                                       const at::Tensor& bias, double eps);
 // softmax(scale q k^T) v for a few queries against many keys: q [N, H, L, C], k and v [N, H, S, C]
 // (any strides, last dimension contiguous; the decoder's projections viewed per head). Returns
 // [N, L, H, C] contiguous in q's dtype (the layout of out_proj's input), scores, softmax and the

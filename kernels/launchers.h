@@ -127,6 +127,24 @@ struct ImageToTokenProbsArgs {
   float scale = 1.f;
 };
 cudaError_t LaunchImageToTokenProbs(const ImageToTokenProbsArgs& args, DType dtype, cudaStream_t stream);
+// The whole image->token step of a two-way block for every prompt (decoder_fusion.cu): the
+// probabilities above (probs.out unused), then out[b, p] = LayerNorm(residual[row(b), p] +
+// sum over (h, t) of P[b, p, h*T + t] u[b, h*T + t]) over D = 256 channels, in fp32 from the loads
+// to the one rounding of the output. heads == 8 (I = 128), tokens <= 16.
+struct ImageToTokenUpdateArgs {
+  ImageToTokenProbsArgs probs;
+  const void* u = nullptr;                // [B, heads * T, 256] contiguous, 16-byte aligned
+  const void* residual = nullptr;         // rows of 256 contiguous channels, 16-byte aligned
+  int64_t residual_batch_stride = 0;      // elements, multiple of 8 (0: one residual for every prompt)
+  const int64_t* residual_rows = nullptr; // [B] residual batch row of each prompt, or null: row b
+  const void* weight = nullptr;           // [256] LayerNorm weight and bias, 16-byte aligned
+  const void* bias = nullptr;
+  float eps = 1e-5f;
+  void* out = nullptr;                    // [B, positions, 256] contiguous
+};
+constexpr int kImageToTokenUpdateChannels = 256;
+constexpr int kImageToTokenUpdateHeads = 8;
+cudaError_t LaunchImageToTokenUpdate(const ImageToTokenUpdateArgs& args, DType dtype, cudaStream_t stream);
 // softmax(scale q k^T) v for at most kFewQueryMaxQueries queries per (batch, head) against many keys
 // (few_query_attention.cu), split over the keys: LaunchFewQueryAttention writes `out` itself when
 // splits == 1, else fp32 partials that LaunchFewQueryCombine merges into `out`.

@@ -97,8 +97,8 @@ at::Tensor SharedImageDecoder::TokenToImage(const DecoderAttentionImpl& attn, co
 
 at::Tensor SharedImageDecoder::ImageToToken(const TwoWayAttentionBlockImpl& blk, const BlockTables& t,
                                             const at::Tensor& q_img, const at::Tensor& q_rows,
-                                            const at::Tensor& residual, const at::Tensor& queries,
-                                            const at::Tensor& query_pe) const {
+                                            const at::Tensor& residual, const at::Tensor& residual_rows,
+                                            const at::Tensor& queries, const at::Tensor& query_pe) const {
   // Per prompt b: keys' = norm4(residual_b + out_proj(softmax(q_img_b k_b^T / sqrt(c)) v_b)), with k_b / v_b
   // the prompt's T tokens projected. out_proj(P V) + bias = sum over heads h of P_h (V_h Wo_h^T) + bias:
   // U_b [(h, t), D] = V_b,h Wo_h^T + bias / H (each head's softmax row sums to 1, so the bias comes out
@@ -111,13 +111,12 @@ at::Tensor SharedImageDecoder::ImageToToken(const TwoWayAttentionBlockImpl& blk,
   u = u.view({heads_, b, tt, dim_}).permute({1, 0, 2, 3}).reshape({b, heads_ * tt, dim_});
   u = u + t.wo_bias / static_cast<double>(heads_);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c));
-  // Scores and softmax in one kernel, written in the layout of the value product: [B, HW, H*T]
-  // (CPU: its LibTorch reference). Run 17 (H200): 64 prompts 3.38 ms with it, 3.89 ms with the
-  // batched GEMM + softmax + permuting copy it replaced.
-  const at::Tensor p = kernels::ImageToTokenProbs(q_img, kt, q_rows, heads_, scale);
-  const at::Tensor updated = at::baddbmm(residual, p, u);
+  // Scores, softmax, residual + P_b U_b and norm4 in one pass over the rows on CUDA (CPU and other
+  // shapes: ImageToTokenProbs, baddbmm, RowNorm). The residual is read where it is: the image's one
+  // row of keys for all its prompts, a group's row (residual_rows), or the prompt's own keys.
   auto& n4 = blk.norm4;
-  return kernels::RowNorm(updated, n4->weight, n4->bias, n4->options.eps(), /*gelu=*/false);
+  return kernels::ImageToTokenUpdate(q_img, kt, q_rows, heads_, scale, u, residual, residual_rows, n4->weight,
+                                     n4->bias, n4->options.eps());
 }
 
 MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_keys, const at::Tensor& group_of,
@@ -168,15 +167,10 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
     }
     queries = Norm(blk.norm2, queries + attn);
     queries = Norm(blk.norm3, queries + blk.mlp->forward(queries));
-    at::Tensor residual = x;
-    at::Tensor q_rows;  // with several images: each prompt's image row of q_img
-    if (group_level && g == 1) {
-      residual = x.expand({b, hw, dim_});  // and q_img's one row serves every prompt
-    } else if (group_level) {
-      residual = x.index_select(0, group_of);
-      q_rows = group_of;
-    }
-    keys = ImageToToken(blk, t, q_img, q_rows, residual, queries, query_pe);
+    // With one image, x's and q_img's one row serve every prompt; with several, group_of names each
+    // prompt's row of both. Later blocks: the prompt's own keys.
+    const at::Tensor rows = group_level && g > 1 ? group_of : at::Tensor();
+    keys = ImageToToken(blk, t, q_img, rows, x, rows, queries, query_pe);
   }
   {
     auto& fin = *tr.final_attn_token_to_image;

@@ -70,10 +70,10 @@ class SharedImageDecoder {
     at::Tensor w;        // [2I, D]: final token->image k_proj, v_proj
     at::Tensor pe_bias;  // [HW, 2I]
   };
-  // q_img: [1, HW, I] (one image for every prompt), [B, HW, I], or the groups' [G, HW, I] with
-  // q_rows [B] (int64) naming each prompt's group.
+  // q_img and residual: [1, HW, .] (one image for every prompt), [B, HW, .], or the groups'
+  // [G, HW, .] with q_rows / residual_rows [B] (int64) naming each prompt's group.
   at::Tensor ImageToToken(const TwoWayAttentionBlockImpl& blk, const BlockTables& t, const at::Tensor& q_img,
-                          const at::Tensor& q_rows, const at::Tensor& residual,
+                          const at::Tensor& q_rows, const at::Tensor& residual, const at::Tensor& residual_rows,
                           const at::Tensor& queries, const at::Tensor& query_pe) const;
   at::Tensor TokenToImage(const DecoderAttentionImpl& attn, const at::Tensor& q_tokens, const at::Tensor& k,
                           const at::Tensor& v) const;

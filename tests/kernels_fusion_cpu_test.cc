@@ -52,6 +52,42 @@ TEST(kernels_fusion_cpu, ImageToTokenProbsEqualsMatmulSoftmaxPermute) {
   EXPECT_THROW(mk::ImageToTokenProbs(q, k, {}, 5, scale), c10::Error);
 }
 
+// The image->token step with norm4 (the CPU path is its reference) against SAM's arithmetic written
+// out per prompt: softmax of the per-head scores, P u added to the residual, LayerNorm; the residual
+// per prompt, shared by every prompt, and picked per prompt by residual_rows.
+TEST(kernels_fusion_cpu, ImageToTokenUpdateIsProbsValueProductAndNorm) {
+  const int64_t B = 3, HW = 20, heads = 4, c = 16, I = heads * c, T = 5, D = 24;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c)), eps = 1e-5;
+  const at::Tensor q = Randn({B, HW, 3 * I}, 41).narrow(2, I, I);
+  const at::Tensor k = Randn({B, T, I}, 42), u = Randn({B, heads * T, D}, 43);
+  const at::Tensor w = Randn({D}, 44) * 0.2 + 1, bias = Randn({D}, 45) * 0.2;
+  auto original = [&](const at::Tensor& res) {  // res [B, HW, D]
+    std::vector<at::Tensor> out;
+    for (int64_t b = 0; b < B; ++b) {
+      const at::Tensor qh = q[b].reshape({HW, heads, c}).permute({1, 0, 2});       // [h, HW, c]
+      const at::Tensor kh = k[b].reshape({T, heads, c}).permute({1, 2, 0});        // [h, c, T]
+      const at::Tensor p = at::softmax(at::bmm(qh, kh) * scale, -1).permute({1, 0, 2}).reshape({HW, heads * T});
+      out.push_back(at::layer_norm(res[b] + at::mm(p, u[b]), {D}, w, bias, eps));
+    }
+    return at::stack(out);
+  };
+  const at::Tensor own = Randn({B, HW, D}, 46);
+  EXPECT_LT(MaxAbs(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u, own, {}, w, bias, eps), original(own)), 1e-5);
+  const at::Tensor one = Randn({1, HW, D}, 47);
+  EXPECT_LT(MaxAbs(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u, one, {}, w, bias, eps),
+                   original(one.expand({B, HW, D}))),
+            1e-5);
+  const at::Tensor groups = Randn({2, HW, D}, 48);
+  const at::Tensor rows = at::tensor(std::vector<int64_t>{1, 0, 1}, at::TensorOptions().dtype(at::kLong));
+  EXPECT_LT(MaxAbs(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u, groups, rows, w, bias, eps),
+                   original(groups.index_select(0, rows))),
+            1e-5);
+  // Mismatched shapes are refused with an error naming the argument.
+  EXPECT_THROW(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u, groups, {}, w, bias, eps), c10::Error);
+  EXPECT_THROW(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u.narrow(1, 0, T), own, {}, w, bias, eps), c10::Error);
+  EXPECT_THROW(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u, own, {}, w.narrow(0, 0, 8), bias, eps), c10::Error);
+}
+
 // FewQueryAttention's CPU path (its reference) is SDPA's function in the [N, L, H, C] layout, on
 // strided per-head views as the decoder passes them; the CUDA kernel is held to it on the GPU.
 TEST(kernels_fusion_cpu, FewQueryAttentionIsSdpaInTheOutProjLayout) {

@@ -329,6 +329,55 @@ TEST(kernels_fusion_gpu, ImageToTokenProbsMatchesReference) {
   }
 }
 
+// The fused image->token step with norm4 against the same function in fp32 on the same (rounded)
+// inputs: the kernel keeps the probabilities, the sum and the statistics in fp32 and rounds once, so
+// it is held to the output rounding (bf16: max abs 4e-2 for |y| <= ~5, rel L2 4e-3; fp16 5e-3 /
+// 1e-3), and it must be no further from fp32 than the unfused composition it replaces (which rounds
+// P and the updated keys to the 16-bit type first). Residual per prompt, shared by all prompts, and
+// picked by residual_rows; T from one token to the kernel's 16 (u staged above 48 KB of shared
+// memory); a position count that ends mid-block and mid-step.
+TEST(kernels_fusion_gpu, ImageToTokenUpdateMatchesFp32AndBeatsTheUnfusedPath) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1200;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+    for (int64_t T : {1, 7, 8, 16}) {
+      for (int mode = 0; mode < 3; ++mode) {  // 0: residual and q per prompt, 1: one image, 2: rows
+        for (int64_t HW : {4096, 4001}) {
+          if (HW == 4001 && T != 7) continue;
+          const int64_t B = 5, heads = 8, I = 16 * heads, D = 256, G = mode == 1 ? 1 : mode == 2 ? 3 : B;
+          const at::Tensor y = Randn({G, HW, 3 * I}, seed++, t, 2.0);
+          const at::Tensor q = y.narrow(2, 2 * I, I);  // q_img: the last third of the block's projection
+          const at::Tensor k = Randn({B, T, I}, seed++, t, 2.0);
+          const at::Tensor u = Randn({B, heads * T, D}, seed++, t, 0.5);
+          const at::Tensor residual = Randn({G, HW, D}, seed++, t, 1.0, 0.3);
+          const at::Tensor w = Randn({D}, seed++, t, 0.2, 1.0), bias = Randn({D}, seed++, t, 0.2);
+          at::Tensor rows;
+          if (mode == 2)
+            rows = at::tensor(std::vector<int64_t>{2, 0, 2, 1, 0}, at::TensorOptions().dtype(at::kLong)).to(kCuda);
+          const at::Tensor& q_rows = rows;  // q and the residual come from the same image
+          const double scale = 0.25, eps = 1e-5;
+          Poison(B * HW * D * 2);
+          const at::Tensor out = mk::ImageToTokenUpdate(q, k, q_rows, heads, scale, u, residual, rows, w, bias, eps);
+          auto f32 = [](const at::Tensor& x) { return x.to(at::kFloat); };
+          const at::Tensor truth = mk::ImageToTokenUpdateReference(f32(q), f32(k), q_rows, heads, scale, f32(u),
+                                                                   f32(residual), rows, f32(w), f32(bias), eps);
+          const at::Tensor unfused =
+              mk::ImageToTokenUpdateReference(q, k, q_rows, heads, scale, u, residual, rows, w, bias, eps);
+          ASSERT_EQ(out.sizes(), truth.sizes());
+          ASSERT_EQ(out.scalar_type(), t);
+          const Err e = Compare(out, truth), eu = Compare(unfused, truth);
+          const std::string name = c10::toString(t) + std::string(" T ") + std::to_string(T) + " mode " +
+                                   std::to_string(mode) + " HW " + std::to_string(HW);
+          EXPECT_TRUE(e.finite) << name;
+          EXPECT_LE(e.max_abs, MaxAbsTol(t)) << name;
+          EXPECT_LE(e.rel_l2, RelTol(t)) << name;
+          EXPECT_LE(e.rel_l2, eu.rel_l2 * 1.05) << name << ": unfused rel L2 " << eu.rel_l2;
+        }
+      }
+    }
+  }
+}
+
 // The decoder's token-side attentions: a click's tokens against 4096 positions (split 32 ways over
 // the keys, then combined), 64 prompts (no split), the tokens' self-attention (C = 32, 7 keys), the
 // query limit, and a key count that ends mid-chunk; q, k and v strided as the projections leave them.
