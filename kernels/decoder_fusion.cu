@@ -303,7 +303,7 @@ __host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens) {
 }  // namespace upd
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) ImageToTokenUpdateKernel(const ImageToTokenUpdateArgs a) {
+__global__ void __launch_bounds__(kThreads, 3) ImageToTokenUpdateKernel(const ImageToTokenUpdateArgs a) {
   // blockIdx.y: prompt b; blockIdx.x: 128 positions, 16 per warp, 4 at a time.
   //   1. lane (r, h) = (lane / 8, lane % 8): scores of row r's head h against the T token keys and
   //      their softmax, into the warp's probability rows in shared memory (fp32);
@@ -333,18 +333,6 @@ __global__ void __launch_bounds__(kThreads) ImageToTokenUpdateKernel(const Image
   const T* qbase = static_cast<const T*>(a.probs.q) + bq * a.probs.q_batch_stride;
   const T* rbase = static_cast<const T*>(a.residual) + br * a.residual_batch_stride;
   T* obase = static_cast<T*>(a.out) + b * a.probs.positions * upd::kD;
-  float w[8], bi[8];
-  {
-    const uint4 wraw = reinterpret_cast<const uint4*>(a.weight)[lane];
-    const uint4 braw = reinterpret_cast<const uint4*>(a.bias)[lane];
-    const T* we = reinterpret_cast<const T*>(&wraw);
-    const T* be = reinterpret_cast<const T*>(&braw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      w[i] = ToFloat(we[i]);
-      bi[i] = ToFloat(be[i]);
-    }
-  }
   const int64_t first = static_cast<int64_t>(blockIdx.x) * upd::kRowsPerBlock + warp * (upd::kRowsPerBlock / 8);
   for (int step = 0; step < upd::kRowsPerBlock / 8 / upd::kRowsPerStep; ++step) {
     const int64_t p0 = first + step * upd::kRowsPerStep;
@@ -409,17 +397,24 @@ __global__ void __launch_bounds__(kThreads) ImageToTokenUpdateKernel(const Image
         for (int i = 0; i < 8; ++i) acc[r][i] = 0.f;
       }
     }
-    for (int k = 0; k < ht; ++k) {
-      const uint4 raw = reinterpret_cast<const uint4*>(u_s + k * upd::kD)[lane];
-      const T* e = reinterpret_cast<const T*>(&raw);
-      float u[8];
+    // Four k at a time: the rows' probabilities as float4 broadcasts (ht = 8 T is a multiple of 4).
+    for (int k0 = 0; k0 < ht; k0 += 4) {
+      float4 pk[upd::kRowsPerStep];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) u[i] = ToFloat(e[i]);
+      for (int r = 0; r < upd::kRowsPerStep; ++r) pk[r] = *reinterpret_cast<const float4*>(pw + r * ht + k0);
 #pragma unroll
-      for (int r = 0; r < upd::kRowsPerStep; ++r) {
-        const float pk = pw[r * ht + k];
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint4 raw = reinterpret_cast<const uint4*>(u_s + (k0 + kk) * upd::kD)[lane];
+        const T* e = reinterpret_cast<const T*>(&raw);
+        float u[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[r][i] = fmaf(pk, u[i], acc[r][i]);
+        for (int i = 0; i < 8; ++i) u[i] = ToFloat(e[i]);
+#pragma unroll
+        for (int r = 0; r < upd::kRowsPerStep; ++r) {
+          const float p = kk == 0 ? pk[r].x : kk == 1 ? pk[r].y : kk == 2 ? pk[r].z : pk[r].w;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][i] = fmaf(p, u[i], acc[r][i]);
+        }
       }
     }
 #pragma unroll
@@ -437,10 +432,16 @@ __global__ void __launch_bounds__(kThreads) ImageToTokenUpdateKernel(const Image
       for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
       const float rstd = rsqrtf(sq / upd::kD + a.eps);
       if (p0 + r < a.probs.positions) {
+        // LayerNorm's affine straight from global memory (L1-resident): 80 registers allow 3 blocks
+        // of 256 threads per SM, and they are full with the 4 rows' accumulators.
+        const uint4 wraw = reinterpret_cast<const uint4*>(a.weight)[lane];
+        const uint4 braw = reinterpret_cast<const uint4*>(a.bias)[lane];
+        const T* we = reinterpret_cast<const T*>(&wraw);
+        const T* be = reinterpret_cast<const T*>(&braw);
         uint4 oraw;
         T* o = reinterpret_cast<T*>(&oraw);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) o[i] = FromFloat<T>((acc[r][i] - mean) * rstd * w[i] + bi[i]);
+        for (int i = 0; i < 8; ++i) o[i] = FromFloat<T>((acc[r][i] - mean) * rstd * ToFloat(we[i]) + ToFloat(be[i]));
         reinterpret_cast<uint4*>(obase + (p0 + r) * upd::kD)[lane] = oraw;
       }
     }

@@ -76,13 +76,15 @@ at::Tensor FewQueryAttention(const at::Tensor& q, const at::Tensor& k, const at:
     a.keys = static_cast<int>(s);
     a.head_dim = static_cast<int>(c);
     a.scale = static_cast<float>(scale);
-    // Enough blocks for two per SM, each over at least one chunk of keys: a click (N = 1, 8 heads)
-    // splits 4096 keys 32 ways; 64 prompts need no split.
+    // Enough blocks for eight per SM (40 registers and 14.5 KB of shared memory a block allow 12),
+    // each over at least one chunk of keys: a click (N = 1, 8 heads) splits 4096 keys 32 ways, 64
+    // prompts 3 ways. (Two per SM, as before run 27, left 64 prompts' 512 blocks at ~4 per SM: the
+    // key loads' latency exposed, 157 us per call on the H100, run 26.)
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.device().index());
     const int64_t chunk = detail::FewQueryChunkKeys();
     const int64_t chunks = (s + chunk - 1) / chunk;
-    const int64_t want = std::clamp<int64_t>((2 * std::max(sms, 1) + n * h - 1) / (n * h), 1, chunks);
+    const int64_t want = std::clamp<int64_t>((8 * std::max(sms, 1) + n * h - 1) / (n * h), 1, chunks);
     a.chunks_per_split = static_cast<int>((chunks + want - 1) / want);
     a.splits = static_cast<int>((chunks + a.chunks_per_split - 1) / a.chunks_per_split);
     at::Tensor out = at::empty({n, l, h, c}, q.options());

@@ -266,6 +266,11 @@ cudaError_t LaunchRleStringSegmentChars(const int32_t* counts, const int64_t* of
                                         int32_t* seg_chars, cudaStream_t stream);
 cudaError_t LaunchRleStringSegmentWrite(const int32_t* counts, const int64_t* offsets, int num_masks,
                                         const int64_t* seg_base, uint8_t* chars, cudaStream_t stream);
+// dst[0, *count) = src[0, *count), the count read by the device (no host wait for it): 16-byte
+// stores where src and dst are 16-byte aligned. For pinned host memory mapped into the device's
+// address space, whose writes cross the bus as full lines only when they are wide and contiguous.
+cudaError_t LaunchCopyCountedBytes(const uint8_t* src, uint8_t* dst, const int64_t* count, int sms,
+                                   cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------
 // fp8 (fp8.cu). x [rows, cols] (row stride in elements) -> q [rows, cols] float8_e4m3fn contiguous,

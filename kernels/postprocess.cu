@@ -20,6 +20,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -396,6 +397,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    CopyCountedBytesKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, const int64_t* count) {
+  const int64_t n = *count;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const int64_t vectors = vec ? n / 16 : 0;
+  for (int64_t i = first; i < vectors; i += stride)
+    reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  for (int64_t i = vectors * 16 + first; i < n; i += stride) dst[i] = src[i];
+}
+
 constexpr int kScanThreads = 1024;
 
 // One block: base[i] = exclusive scan of counts [M * G] (mask-major) + extra per mask before i's;
@@ -487,6 +500,12 @@ cudaError_t LaunchRleStringSegmentWrite(const int32_t* counts, const int64_t* of
                                         const int64_t* seg_base, uint8_t* chars, cudaStream_t stream) {
   const dim3 grid(num_masks, kRleStringSegments);
   RleStringSegmentKernel<true><<<grid, kThreads, 0, stream>>>(counts, offsets, nullptr, seg_base, chars);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCopyCountedBytes(const uint8_t* src, uint8_t* dst, const int64_t* count, int sms,
+                                   cudaStream_t stream) {
+  CopyCountedBytesKernel<<<std::max(sms, 1) * 2, kThreads, 0, stream>>>(src, dst, count);
   return cudaGetLastError();
 }
 
