@@ -15,8 +15,8 @@ namespace maskd::kernels {
 using internal::Describe;
 
 namespace {
-void CheckFewQueryArgs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
+void CheckFewQueryArgs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool rows = false) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && (rows || q.size(0) == k.size(0)) &&
                   q.size(1) == k.size(1) && q.size(3) == k.size(3) && k.size(2) > 0,
               "FewQueryAttention: expected q [N, H, L, C] and k, v [N, H, S, C] with S > 0, got ", Describe(q), ", ",
               Describe(k), " and ", Describe(v));
@@ -33,11 +33,11 @@ at::Tensor FewQueryAttentionReference(const at::Tensor& q, const at::Tensor& k, 
   return o.transpose(1, 2).contiguous().to(q.scalar_type());
 }
 
-bool FewQueryAttentionFits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+bool FewQueryAttentionFits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool kv_rows) {
 #ifdef MASKD_WITH_CUDA
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || !q.is_cuda() || q.scalar_type() == at::kFloat ||
       q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type() || k.sizes() != v.sizes() ||
-      q.size(0) != k.size(0) || q.size(1) != k.size(1) || q.size(3) != k.size(3) || k.size(2) < 1 ||
+      (!kv_rows && q.size(0) != k.size(0)) || q.size(1) != k.size(1) || q.size(3) != k.size(3) || k.size(2) < 1 ||
       k.size(2) > (int64_t{1} << 30) || q.size(0) > 65535 || q.size(1) > 65535)
     return false;
   if (!detail::FewQueryAttentionSupported(static_cast<int>(q.size(2)), static_cast<int>(q.size(3)),
@@ -49,16 +49,17 @@ bool FewQueryAttentionFits(const at::Tensor& q, const at::Tensor& k, const at::T
   };
   return q.stride(3) == 1 && rows_aligned(k) && rows_aligned(v);
 #else
-  (void)q, (void)k, (void)v;
+  (void)q, (void)k, (void)v, (void)kv_rows;
   return false;
 #endif
 }
 
-at::Tensor FewQueryAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                             Stream stream) {
-  CheckFewQueryArgs(q, k, v);
+namespace {
+// kv_rows undefined: k / v batch n for query batch n; else [N] int64, checked by the caller.
+at::Tensor FewQueryAttentionImpl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& kv_rows, double scale, Stream stream) {
 #ifdef MASKD_WITH_CUDA
-  if (FewQueryAttentionFits(q, k, v)) {
+  if (FewQueryAttentionFits(q, k, v, kv_rows.defined())) {
     internal::StreamScope scope(stream, q.device());
     const int64_t n = q.size(0), h = q.size(1), l = q.size(2), c = q.size(3), s = k.size(2);
     detail::FewQueryAttentionArgs a;
@@ -76,6 +77,8 @@ at::Tensor FewQueryAttention(const at::Tensor& q, const at::Tensor& k, const at:
     a.keys = static_cast<int>(s);
     a.head_dim = static_cast<int>(c);
     a.scale = static_cast<float>(scale);
+    const at::Tensor rows = kv_rows.defined() ? kv_rows.contiguous() : at::Tensor();
+    a.kv_rows = rows.defined() ? rows.data_ptr<int64_t>() : nullptr;
     // Enough blocks for eight per SM (40 registers and 14.5 KB of shared memory a block allow 12),
     // each over at least one chunk of keys: a click (N = 1, 8 heads) splits 4096 keys 32 ways, 64
     // prompts 3 ways. (Two per SM, as before run 27, left 64 prompts' 512 blocks at ~4 per SM: the
@@ -101,7 +104,25 @@ at::Tensor FewQueryAttention(const at::Tensor& q, const at::Tensor& k, const at:
   }
 #endif
   (void)stream;
+  if (kv_rows.defined()) return FewQueryAttentionReference(q, k.index_select(0, kv_rows), v.index_select(0, kv_rows), scale);
   return FewQueryAttentionReference(q, k, v, scale);
+}
+}  // namespace
+
+at::Tensor FewQueryAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                             Stream stream) {
+  CheckFewQueryArgs(q, k, v);
+  return FewQueryAttentionImpl(q, k, v, at::Tensor(), scale, stream);
+}
+
+at::Tensor FewQueryAttentionRows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& kv_rows, double scale, Stream stream) {
+  CheckFewQueryArgs(q, k, v, /*rows=*/true);
+  TORCH_CHECK(kv_rows.defined() && kv_rows.dim() == 1 && kv_rows.size(0) == q.size(0) &&
+                  kv_rows.scalar_type() == at::kLong && kv_rows.device() == q.device(),
+              "FewQueryAttentionRows: expected kv_rows [", q.size(0), "] int64 on q's device, got ",
+              kv_rows.defined() ? Describe(kv_rows) : std::string("none"));
+  return FewQueryAttentionImpl(q, k, v, kv_rows, scale, stream);
 }
 
 }  // namespace maskd::kernels

@@ -42,8 +42,9 @@ __global__ void __launch_bounds__(kFqThreads) FewQueryAttentionKernel(const FewQ
   const int h = blockIdx.y, split = blockIdx.x;
   const int L = a.queries;
   const T* qb = static_cast<const T*>(a.q) + n * a.q_stride[0] + h * a.q_stride[1];
-  const T* kb = static_cast<const T*>(a.k) + n * a.k_stride[0] + h * a.k_stride[1];
-  const T* vb = static_cast<const T*>(a.v) + n * a.v_stride[0] + h * a.v_stride[1];
+  const int64_t nkv = a.kv_rows ? a.kv_rows[n] : n;
+  const T* kb = static_cast<const T*>(a.k) + nkv * a.k_stride[0] + h * a.k_stride[1];
+  const T* vb = static_cast<const T*>(a.v) + nkv * a.v_stride[0] + h * a.v_stride[1];
   for (int i = tid; i < L * C; i += kFqThreads) qs[i / C][i % C] = ToFloat(qb[(i / C) * a.q_stride[2] + i % C]) * a.scale;
   if (tid < kFewQueryMaxQueries) {
     row_m[tid] = -__builtin_huge_valf();

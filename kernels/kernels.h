@@ -173,9 +173,17 @@ at::Tensor ImageToTokenUpdateReference(const at::Tensor& q, const at::Tensor& k,
 // [N, L, H, C] contiguous in q's dtype (the layout of out_proj's input), scores, softmax and the
 // weighted sum in fp32. CUDA kernel (split over the keys, few_query_attention.cu) when
 // FewQueryAttentionFits; otherwise FewQueryAttentionReference.
-bool FewQueryAttentionFits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+// kv_rows: k and v have their own batch count G ([G, H, S, C]) and query batch n reads row
+// kv_rows[n] of them (FewQueryAttentionRows).
+bool FewQueryAttentionFits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool kv_rows = false);
 at::Tensor FewQueryAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                              Stream stream = nullptr);
+// The same with k / v [G, H, S, C] shared by query batches: batch n attends to k[kv_rows[n]],
+// v[kv_rows[n]] (kv_rows [N] int64 on q's device), read in place by the kernel (the prompts of
+// several images against their image's keys, without gathering a copy per prompt). Otherwise
+// (CPU, shapes the kernel does not cover) FewQueryAttentionReference on the gathered rows.
+at::Tensor FewQueryAttentionRows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& kv_rows, double scale, Stream stream = nullptr);
 at::Tensor FewQueryAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
 // For each i: a contiguous tensor of its own holding src[row[i]].narrow(0, first[i], count[i])
 // (src [G, K, ...]; the decoder's per-prompt mask logits out of its [G, 4, 256, 256] batch). On

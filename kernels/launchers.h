@@ -164,6 +164,9 @@ struct FewQueryAttentionArgs {
   // Split s takes keys [s, s + 1) * chunks_per_split * FewQueryChunkKeys(); every split has keys.
   int splits = 1, chunks_per_split = 1;
   float scale = 1.f;
+  // [N] int64 or null: the k / v batch row of query batch n (k and v then have their own batch
+  // count); null: row n.
+  const int64_t* kv_rows = nullptr;
 };
 bool FewQueryAttentionSupported(int queries, int head_dim, DType dtype);  // head_dim 16 or 32
 int FewQueryChunkKeys();

@@ -76,7 +76,7 @@ class SharedImageDecoder {
                           const at::Tensor& q_rows, const at::Tensor& residual, const at::Tensor& residual_rows,
                           const at::Tensor& queries, const at::Tensor& query_pe) const;
   at::Tensor TokenToImage(const DecoderAttentionImpl& attn, const at::Tensor& q_tokens, const at::Tensor& k,
-                          const at::Tensor& v) const;
+                          const at::Tensor& v, const at::Tensor& kv_rows = at::Tensor()) const;
   at::Tensor Upscale(const at::Tensor& keys, const at::Tensor& hyper_in) const;
 
   MaskDecoderImpl& dec_;

@@ -421,6 +421,41 @@ TEST(kernels_fusion_gpu, FewQueryAttentionMatchesReferenceAndSdpa) {
   EXPECT_LE(Compare(mk::FewQueryAttention(q, k, k, 0.25), mk::FewQueryAttentionReference(q, k, k, 0.25)).max_abs, 0.0);
 }
 
+// Prompts of several images: each query batch reads its image's k / v rows in place (kv_rows), held
+// to the reference on the gathered rows with the tolerances above; 64 prompts over 16 images (the
+// server's jagged batch, key splits of 2-3) and 3 prompts over 2 (32 splits).
+TEST(kernels_fusion_gpu, FewQueryAttentionRowsEqualsAttendingToGatheredRows) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1300;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+    for (const auto& [N, G] : {std::pair<int64_t, int64_t>{64, 16}, std::pair<int64_t, int64_t>{3, 2}}) {
+      const int64_t H = 8, L = 7, S = 4096, C = 16;
+      const at::Tensor y = Randn({G, S, 3 * H * C}, seed++, t, 2.0);
+      const at::Tensor k = y.narrow(2, 0, H * C).view({G, S, H, C}).transpose(1, 2);
+      const at::Tensor v = y.narrow(2, H * C, H * C).view({G, S, H, C}).transpose(1, 2);
+      const at::Tensor q = Randn({N, L, H, C}, seed++, t, 2.0).transpose(1, 2);
+      const at::Tensor rows = (at::arange(N, at::TensorOptions().dtype(at::kLong)) * 7 % G).to(kCuda);
+      const double scale = 0.25;
+      const std::string name = c10::toString(t) + std::string(" N ") + std::to_string(N) + " G " + std::to_string(G);
+      ASSERT_TRUE(mk::FewQueryAttentionFits(q, k, v, /*kv_rows=*/true)) << name;
+      Poison(N * L * H * C * 2 + N * H * 64 * L * (C + 2) * 4);
+      const at::Tensor out = mk::FewQueryAttentionRows(q, k, v, rows, scale);
+      const at::Tensor ref = mk::FewQueryAttentionReference(q, k.index_select(0, rows), v.index_select(0, rows), scale);
+      ASSERT_EQ(out.sizes(), ref.sizes()) << name;
+      const Err e = Compare(out, ref);
+      EXPECT_TRUE(e.finite) << name;
+      EXPECT_LE(e.max_abs, t == at::kBFloat16 ? 1.6e-2 : 2e-3) << name;
+      EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 5e-3 : 1e-3) << name;
+      // Not the same as reading row n: the index is used.
+      EXPECT_GT(Compare(out, mk::FewQueryAttentionReference(q, k.narrow(0, 0, 1).expand({N, H, S, C}),
+                                                            v.narrow(0, 0, 1).expand({N, H, S, C}), scale))
+                    .rel_l2,
+                0.05)
+          << name;
+    }
+  }
+}
+
 TEST(kernels_fusion_gpu, UpscaleHyperMatchesTheUnfusedPathAndFp32) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 600;
