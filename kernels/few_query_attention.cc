@@ -16,8 +16,9 @@ using internal::Describe;
 
 namespace {
 void CheckFewQueryArgs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool rows = false) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && (rows || q.size(0) == k.size(0)) &&
-                  q.size(1) == k.size(1) && q.size(3) == k.size(3) && k.size(2) > 0,
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() &&
+                  (rows || q.size(0) == k.size(0)) && q.size(1) == k.size(1) && q.size(3) == k.size(3) &&
+                  k.size(2) > 0,
               "FewQueryAttention: expected q [N, H, L, C] and k, v [N, H, S, C] with S > 0, got ", Describe(q), ", ",
               Describe(k), " and ", Describe(v));
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() && q.device() == k.device() &&
@@ -104,7 +105,8 @@ at::Tensor FewQueryAttentionImpl(const at::Tensor& q, const at::Tensor& k, const
   }
 #endif
   (void)stream;
-  if (kv_rows.defined()) return FewQueryAttentionReference(q, k.index_select(0, kv_rows), v.index_select(0, kv_rows), scale);
+  if (kv_rows.defined())
+    return FewQueryAttentionReference(q, k.index_select(0, kv_rows), v.index_select(0, kv_rows), scale);
   return FewQueryAttentionReference(q, k, v, scale);
 }
 }  // namespace

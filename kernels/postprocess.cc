@@ -259,8 +259,8 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
 
     if (want_rle_string) {
       // COCO's string too, so that the host only copies bytes (a noisy 1024 x 768 mask has ~5 x 10^4
-      // runs: ~0.3-0.6 ms of CPU per mask in RleCountsToString), written straight into pinned host
-      // memory: its room is each run's most chars, and only the used part is read.
+      // runs: ~0.3-0.6 ms of CPU per mask in RleCountsToString), ending in pinned host memory: its
+      // room is each run's most chars, and only the used part is read.
       int32_t* const seg_chars = i32(u_seg_chars);
       int64_t* const string_offsets = sp + u_string_offsets;
       internal::CheckLaunch(

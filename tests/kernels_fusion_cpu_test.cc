@@ -112,7 +112,8 @@ TEST(kernels_fusion_cpu, FewQueryAttentionIsSdpaInTheOutProjLayout) {
   const at::Tensor rows = at::tensor(std::vector<int64_t>{1, 1, 0}, at::TensorOptions().dtype(at::kLong));
   const at::Tensor kg = k.narrow(0, 0, 2), vg = v.narrow(0, 0, 2);
   EXPECT_LT(MaxAbs(mk::FewQueryAttentionRows(q, kg, vg, rows, scale),
-                   at::scaled_dot_product_attention(q, kg.index_select(0, rows), vg.index_select(0, rows)).transpose(1, 2)),
+                   at::scaled_dot_product_attention(q, kg.index_select(0, rows), vg.index_select(0, rows))
+                       .transpose(1, 2)),
             1e-5);
   EXPECT_THROW(mk::FewQueryAttentionRows(q, kg, vg, rows.narrow(0, 0, 2), scale), c10::Error);
   EXPECT_THROW(mk::FewQueryAttentionRows(q, kg, vg, at::Tensor(), scale), c10::Error);
