@@ -248,10 +248,8 @@ at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tens
         a.rows = x.size(0);
         a.grid_h = static_cast<int>(h);
         a.grid_w = static_cast<int>(width);
-        int sms = 0;
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index());
         internal::CheckLaunch(detail::LaunchUpscaleHyper(a, internal::ToDType(x.scalar_type(), "x"),
-                                                         std::max(sms, 1), scope.get()),
+                                                         internal::MultiProcessors(x.device()), scope.get()),
                               "UpscaleHyperKernel");
         return out;
       }

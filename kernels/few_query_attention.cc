@@ -84,11 +84,10 @@ at::Tensor FewQueryAttentionImpl(const at::Tensor& q, const at::Tensor& k, const
     // each over at least one chunk of keys: a click (N = 1, 8 heads) splits 4096 keys 32 ways, 64
     // prompts 3 ways. (Two per SM, as before run 27, left 64 prompts' 512 blocks at ~4 per SM: the
     // key loads' latency exposed, 157 us per call on the H100, run 26.)
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.device().index());
+    const int sms = internal::MultiProcessors(q.device());
     const int64_t chunk = detail::FewQueryChunkKeys();
     const int64_t chunks = (s + chunk - 1) / chunk;
-    const int64_t want = std::clamp<int64_t>((8 * std::max(sms, 1) + n * h - 1) / (n * h), 1, chunks);
+    const int64_t want = std::clamp<int64_t>((8 * sms + n * h - 1) / (n * h), 1, chunks);
     a.chunks_per_split = static_cast<int>((chunks + want - 1) / want);
     a.splits = static_cast<int>((chunks + a.chunks_per_split - 1) / a.chunks_per_split);
     at::Tensor out = at::empty({n, l, h, c}, q.options());

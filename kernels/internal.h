@@ -41,6 +41,9 @@ class StreamScope {
 void CheckLaunch(cudaError_t err, const char* kernel);
 
 detail::DType ToDType(at::ScalarType t, const char* name);
+
+// The device's streaming multiprocessors (at least 1), for sizing grids.
+int MultiProcessors(const at::Device& device);
 #endif
 
 }  // namespace maskd::kernels::internal

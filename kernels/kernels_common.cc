@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <sstream>
 
 #include "kernels/internal.h"
@@ -48,6 +49,12 @@ StreamScope::StreamScope(Stream stream, const at::Device& device)
 void CheckLaunch(cudaError_t err, const char* kernel) {
   TORCH_CHECK(err == cudaSuccess, "CUDA kernel ", kernel, ": ", cudaGetErrorName(err), " (",
               cudaGetErrorString(err), ")");
+}
+
+int MultiProcessors(const at::Device& device) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index());
+  return std::max(sms, 1);
 }
 
 detail::DType ToDType(at::ScalarType t, const char* name) {

@@ -286,10 +286,10 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
                                                                 chars_dev.data_ptr<uint8_t>(), scope.get()),
                             "RleStringSegmentKernel<write>");
       if (auto* mapped = static_cast<uint8_t*>(MappedDevicePointer(chars_host.data_ptr()))) {
-        int sms = 0;
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, logits_in.device().index());
         internal::CheckLaunch(detail::LaunchCopyCountedBytes(chars_dev.data_ptr<uint8_t>(), mapped,
-                                                             string_offsets + M, sms, scope.get()),
+                                                             string_offsets + M,
+                                                             internal::MultiProcessors(logits_in.device()),
+                                                             scope.get()),
                               "CopyCountedBytesKernel");
       } else {
         to_host(chars_host, chars_dev.data_ptr());
