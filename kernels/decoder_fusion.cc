@@ -134,18 +134,19 @@ at::Tensor ImageToTokenProbs(const at::Tensor& q, const at::Tensor& k, const at:
 at::Tensor ImageToTokenUpdateReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows,
                                        int64_t heads, double scale, const at::Tensor& u, const at::Tensor& residual,
                                        const at::Tensor& residual_rows, const at::Tensor& weight,
-                                       const at::Tensor& bias, double eps) {
+                                       const at::Tensor& bias, double eps, const at::Tensor& q_bias) {
   const int64_t b = k.size(0);
   const at::Tensor res = residual_rows.defined() ? residual.index_select(0, residual_rows)
                                                  : residual.expand({b, residual.size(1), residual.size(2)});
-  const at::Tensor updated = at::baddbmm(res, ImageToTokenProbs(q, k, q_rows, heads, scale), u);
+  const at::Tensor qq = q_bias.defined() ? q + q_bias : q;
+  const at::Tensor updated = at::baddbmm(res, ImageToTokenProbs(qq, k, q_rows, heads, scale), u);
   return RowNorm(updated, weight, bias, eps, /*gelu=*/false);
 }
 
 at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows, int64_t heads,
                               double scale, const at::Tensor& u, const at::Tensor& residual,
                               const at::Tensor& residual_rows, const at::Tensor& weight, const at::Tensor& bias,
-                              double eps, Stream stream) {
+                              double eps, const at::Tensor& q_bias, Stream stream) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.size(2) == k.size(2) && heads > 0 && k.size(2) % heads == 0,
               "ImageToTokenUpdate: expected q [Bq, HW, I] and k [B, T, I] with I a multiple of heads, got ",
               Describe(q), " and ", Describe(k));
@@ -167,12 +168,17 @@ at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == d && bias.dim() == 1 && bias.size(0) == d,
               "ImageToTokenUpdate: expected weight and bias [", d, "], got ", Describe(weight), " and ",
               Describe(bias));
+  TORCH_CHECK(!q_bias.defined() || (q_bias.dim() == 2 && q_bias.size(0) == hw && q_bias.size(1) == q.size(2) &&
+                                    q_bias.scalar_type() == q.scalar_type() && q_bias.device() == q.device()),
+              "ImageToTokenUpdate: expected q_bias [", hw, ", ", q.size(2), "] with q's dtype and device, got ",
+              q_bias.defined() ? Describe(q_bias) : std::string("none"));
 #ifdef MASKD_WITH_CUDA
   const auto aligned = [](const at::Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0; };
   if (q.is_cuda() && q.scalar_type() != at::kFloat && heads == detail::kImageToTokenUpdateHeads &&
       k.size(2) == 16 * heads && t >= 1 && t <= 16 && d == detail::kImageToTokenUpdateChannels && b <= 65535 &&
       q.stride(2) == 1 && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && aligned(q) && residual.stride(2) == 1 &&
-      residual.stride(1) == d && residual.stride(0) % 8 == 0 && aligned(residual)) {
+      residual.stride(1) == d && residual.stride(0) % 8 == 0 && aligned(residual) &&
+      (!q_bias.defined() || (q_bias.stride(1) == 1 && q_bias.stride(0) % 8 == 0 && aligned(q_bias)))) {
     internal::StreamScope scope(stream, q.device());
     const at::Tensor kc = k.contiguous(), uc = u.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
     if (aligned(uc) && aligned(wc) && aligned(bc)) {
@@ -191,6 +197,8 @@ at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at
       a.probs.heads = static_cast<int>(heads);
       a.probs.tokens = static_cast<int>(t);
       a.probs.scale = static_cast<float>(scale);
+      a.probs.q_bias = q_bias.defined() ? q_bias.data_ptr() : nullptr;
+      a.probs.q_bias_row_stride = q_bias.defined() ? q_bias.stride(0) : 0;
       a.u = uc.data_ptr();
       a.residual = residual.data_ptr();
       // One residual for every prompt reads row 0 (batch stride 0), whatever its own stride.
@@ -200,14 +208,16 @@ at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at
       a.bias = bc.data_ptr();
       a.eps = static_cast<float>(eps);
       a.out = out.data_ptr();
-      internal::CheckLaunch(detail::LaunchImageToTokenUpdate(a, internal::ToDType(q.scalar_type(), "q"), scope.get()),
+      internal::CheckLaunch(detail::LaunchImageToTokenUpdate(a, internal::ToDType(q.scalar_type(), "q"),
+                                                             internal::MultiProcessors(q.device()), scope.get()),
                             "ImageToTokenUpdateKernel");
       return out;
     }
   }
 #endif
   (void)stream;
-  return ImageToTokenUpdateReference(q, k, q_rows, heads, scale, u, residual, residual_rows, weight, bias, eps);
+  return ImageToTokenUpdateReference(q, k, q_rows, heads, scale, u, residual, residual_rows, weight, bias, eps,
+                                     q_bias);
 }
 
 at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
@@ -258,6 +268,50 @@ at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tens
 #endif
   (void)stream;
   return UpscaleHyperReference(x, w, bias, hyper, h, width);
+}
+
+void ImageSideKeys(const std::vector<at::Tensor>& images, const at::Tensor& channel_bias, at::Tensor& out,
+                   Stream stream) {
+  TORCH_CHECK(out.dim() == 3 && out.is_contiguous() && static_cast<int64_t>(images.size()) <= out.size(0),
+              "ImageSideKeys: expected out [N, HW, C] contiguous with N >= ", images.size(), " images, got ",
+              Describe(out));
+  const int64_t hw = out.size(1), c = out.size(2);
+  TORCH_CHECK(channel_bias.numel() == c && channel_bias.scalar_type() == out.scalar_type() &&
+                  channel_bias.device() == out.device(),
+              "ImageSideKeys: expected ", c, " channel_bias values with out's dtype and device, got ",
+              Describe(channel_bias));
+  for (size_t i = 0; i < images.size(); ++i) {
+    const at::Tensor& x = images[i];
+    TORCH_CHECK((x.dim() == 3 || (x.dim() == 4 && x.size(0) == 1)) && x.size(-3) == c &&
+                    x.size(-2) * x.size(-1) == hw && x.scalar_type() == out.scalar_type() &&
+                    x.device() == out.device(),
+                "ImageSideKeys: image ", i, " must be [", c, ", h, w] with h * w = ", hw,
+                " in out's dtype and device, got ", Describe(x));
+  }
+  if (images.empty()) return;
+  const at::Tensor bias = channel_bias.reshape({c}).contiguous();
+#ifdef MASKD_WITH_CUDA
+  bool fits = out.is_cuda() && out.scalar_type() != at::kFloat;
+  for (const auto& x : images) fits = fits && x.is_contiguous();
+  if (fits) {
+    internal::StreamScope scope(stream, out.device());
+    const detail::DType dt = internal::ToDType(out.scalar_type(), "out");
+    for (size_t first = 0; first < images.size(); first += detail::kImageSideKeysMaxImages) {
+      detail::ImageSideKeysArgs a;
+      a.count = static_cast<int>(std::min<size_t>(images.size() - first, detail::kImageSideKeysMaxImages));
+      for (int i = 0; i < a.count; ++i) a.images[i] = images[first + static_cast<size_t>(i)].data_ptr();
+      a.channel_bias = bias.data_ptr();
+      a.out = out[static_cast<int64_t>(first)].data_ptr();
+      a.channels = c;
+      a.positions = hw;
+      internal::CheckLaunch(detail::LaunchImageSideKeys(a, dt, scope.get()), "ImageSideKeysKernel");
+    }
+    return;
+  }
+#endif
+  (void)stream;
+  for (size_t i = 0; i < images.size(); ++i)
+    out[static_cast<int64_t>(i)].copy_((images[i].reshape({c, hw}) + bias.view({c, 1})).t());
 }
 
 std::vector<at::Tensor> CopySlices(const at::Tensor& src, const std::vector<int64_t>& row,

@@ -19,12 +19,19 @@
 // T <= 16 token keys (staged in shared memory as fp32), softmax in fp32 registers, one rounding per
 // probability, written straight in the [B, HW, heads * T] layout the value product wants. Replaces a
 // GEMM (misaligned for this shape), a softmax into fp32 and a permuting copy.
-// ImageToTokenUpdate: the whole image->token step of a block in one pass over the keys: the
-// probabilities as above, then residual + P u (u = the prompt's values through out_proj, [heads * T,
-// 256], staged in shared memory) and the LayerNorm, in fp32 registers from the loads to the one
-// rounding of the output. Replaces ImageToTokenProbs + baddbmm (with the residual copied in first)
-// + RowNorm: one read of q and the residual and one write per prompt instead of four passes, and
-// the prompts of one image read their shared residual in place (no expand or index_select copy).
+// ImageToTokenUpdate: the whole image->token step of a block in one pass over the keys, per tile of
+// 64 positions: the probabilities as above into shared memory (rounded to T, as the unfused path
+// rounds P), then residual + P u on the tensor cores (u = the prompt's values through out_proj,
+// [heads * T, 256], staged in shared memory once per block; mma.m16n8k16 with fp32 accumulators
+// that start at the residual) and the LayerNorm from the accumulators, one rounding of the output.
+// Replaces ImageToTokenProbs + baddbmm (with the residual copied in first) + RowNorm: one read of q
+// and the residual and one write per prompt instead of four passes, and the prompts of one image
+// read their shared residual in place (no expand or index_select copy). An optional q_bias [HW, I]
+// (the positional share of the query projection) is added to q as it is loaded.
+// ImageSideKeys: the shared decoder's image-side input for a batch of embeddings in one launch: each
+// [C, 64, 64] embedding plus the no-mask dense embedding (one value per channel), transposed to the
+// [4096, C] keys layout through shared-memory tiles (replaces a copy per image into a static input,
+// then an add and a transposing copy).
 // CopySlices: many independent contiguous byte ranges copied in one launch (a table of
 // {dst, src, bytes}); the per-prompt mask logits of a decode, which as separate copies cost more
 // host launch time than GPU time.
@@ -39,6 +46,7 @@
 
 #include "kernels/float_convert.cuh"
 #include "kernels/launchers.h"
+#include "kernels/mma_sync.cuh"
 
 namespace maskd::kernels::detail {
 namespace {
@@ -218,6 +226,27 @@ __global__ void __launch_bounds__(kThreads) CopySlicesKernel(const int64_t* tabl
   }
 }
 
+// Block (32, 8): a 32-position x 32-channel tile of image blockIdx.z, read along positions (rows of
+// the channel-major embedding) and written along channels.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) ImageSideKeysKernel(const ImageSideKeysArgs a) {
+  __shared__ float tile[32][33];
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * 32, c0 = static_cast<int64_t>(blockIdx.y) * 32;
+  const T* img = static_cast<const T*>(a.images[blockIdx.z]);
+  const T* bias = static_cast<const T*>(a.channel_bias);
+  for (int r = ty; r < 32; r += kThreads / 32) {
+    const int64_t c = c0 + r, p = p0 + tx;
+    if (c < a.channels && p < a.positions) tile[r][tx] = ToFloat(img[c * a.positions + p]) + ToFloat(bias[c]);
+  }
+  __syncthreads();
+  T* out = static_cast<T*>(a.out) + static_cast<int64_t>(blockIdx.z) * a.positions * a.channels;
+  for (int r = ty; r < 32; r += kThreads / 32) {
+    const int64_t p = p0 + r, c = c0 + tx;
+    if (c < a.channels && p < a.positions) out[p * a.channels + c] = FromFloat<T>(tile[tx][r]);
+  }
+}
+
 template <typename T>
 cudaError_t LaunchRowNormT(const RowNormArgs& a, cudaStream_t stream) {
   const int lanes = a.C / 8;
@@ -237,10 +266,63 @@ constexpr int kProbsHeadDim = 16;
 constexpr int kProbsMaxTokens = 16;
 constexpr int kProbsMaxHeads = 16;
 
+// The softmax over the T token keys of one (position, head) of the image->token attention, shared by
+// ImageToTokenProbsKernel and ImageToTokenUpdateKernel: the position's 16 query channels (+ q_bias's,
+// summed in fp32, when given) against the keys in shared memory (fp32, pre-scaled, 16-byte aligned;
+// token t at k + t * k_token_stride), into s[0..tokens).
+template <typename T>
+__device__ __forceinline__ void HeadSoftmax(const T* q, const T* q_bias, const float* k, int k_token_stride,
+                                            int tokens, float (&s)[kProbsMaxTokens]) {
+  float qf[kProbsHeadDim];
+  uint4 bias_raw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};  // 16-bit zeros without q_bias
+  if (q_bias) {
+    bias_raw[0] = reinterpret_cast<const uint4*>(q_bias)[0];
+    bias_raw[1] = reinterpret_cast<const uint4*>(q_bias)[1];
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const uint4 raw = reinterpret_cast<const uint4*>(q)[half];
+    const T* e = reinterpret_cast<const T*>(&raw);
+    const T* be = reinterpret_cast<const T*>(&bias_raw[half]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qf[half * 8 + i] = ToFloat(e[i]) + ToFloat(be[i]);
+  }
+  float m = -__builtin_huge_valf();
+#pragma unroll
+  for (int t = 0; t < kProbsMaxTokens; ++t) {
+    if (t < tokens) {
+      const float4* kt = reinterpret_cast<const float4*>(k + t * k_token_stride);
+      float acc = 0.f;
+#pragma unroll
+      for (int i = 0; i < kProbsHeadDim / 4; ++i) {
+        const float4 kv = kt[i];
+        acc = fmaf(qf[4 * i], kv.x, acc);
+        acc = fmaf(qf[4 * i + 1], kv.y, acc);
+        acc = fmaf(qf[4 * i + 2], kv.z, acc);
+        acc = fmaf(qf[4 * i + 3], kv.w, acc);
+      }
+      s[t] = acc;
+      m = fmaxf(m, acc);
+    }
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int t = 0; t < kProbsMaxTokens; ++t) {
+    if (t < tokens) {
+      s[t] = __expf(s[t] - m);
+      sum += s[t];
+    }
+  }
+  const float inv = 1.f / sum;
+#pragma unroll
+  for (int t = 0; t < kProbsMaxTokens; ++t)
+    if (t < tokens) s[t] *= inv;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) ImageToTokenProbsKernel(const ImageToTokenProbsArgs a) {
   // blockIdx.y: prompt b; threads: (position, head) pairs, head fastest.
-  __shared__ float k_s[kProbsMaxTokens * kProbsMaxHeads * kProbsHeadDim];
+  __shared__ __align__(16) float k_s[kProbsMaxTokens * kProbsMaxHeads * kProbsHeadDim];
   const int64_t b = blockIdx.y;
   const int channels = a.heads * kProbsHeadDim;
   const T* kb = static_cast<const T*>(a.k) + b * a.tokens * channels;
@@ -252,216 +334,203 @@ __global__ void __launch_bounds__(kThreads) ImageToTokenProbsKernel(const ImageT
   const int h = static_cast<int>(item % a.heads);
   const int64_t bq = a.q_rows ? a.q_rows[b] : (a.q_batches == 1 ? 0 : b);
   const T* qp = static_cast<const T*>(a.q) + bq * a.q_batch_stride + p * a.q_row_stride + h * kProbsHeadDim;
-  float q[kProbsHeadDim];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const uint4 raw = reinterpret_cast<const uint4*>(qp)[half];
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[half * 8 + i] = ToFloat(e[i]);
-  }
+  const T* qb = a.q_bias ? static_cast<const T*>(a.q_bias) + p * a.q_bias_row_stride + h * kProbsHeadDim : nullptr;
   float s[kProbsMaxTokens];
-  float m = -__builtin_huge_valf();
-#pragma unroll
-  for (int t = 0; t < kProbsMaxTokens; ++t) {
-    if (t < a.tokens) {
-      const float* kt = k_s + t * channels + h * kProbsHeadDim;
-      float acc = 0.f;
-#pragma unroll
-      for (int i = 0; i < kProbsHeadDim; ++i) acc = fmaf(q[i], kt[i], acc);
-      s[t] = acc;
-      m = fmaxf(m, acc);
-    }
-  }
-  float sum = 0.f;
-#pragma unroll
-  for (int t = 0; t < kProbsMaxTokens; ++t) {
-    if (t < a.tokens) {
-      s[t] = __expf(s[t] - m);
-      sum += s[t];
-    }
-  }
-  const float inv = 1.f / sum;
+  HeadSoftmax<T>(qp, qb, k_s + h * kProbsHeadDim, channels, a.tokens, s);
   T* o = static_cast<T*>(a.out) + (b * a.positions + p) * (static_cast<int64_t>(a.heads) * a.tokens) +
          static_cast<int64_t>(h) * a.tokens;
 #pragma unroll
   for (int t = 0; t < kProbsMaxTokens; ++t)
-    if (t < a.tokens) o[t] = FromFloat<T>(s[t] * inv);
+    if (t < a.tokens) o[t] = FromFloat<T>(s[t]);
 }
-
 
 namespace upd {
 constexpr int kD = kImageToTokenUpdateChannels;  // channels of the keys (D)
 constexpr int kHeads = kImageToTokenUpdateHeads;
-constexpr int kRowsPerStep = 32 / kHeads;         // rows a warp handles at once: one lane per (row, head)
-constexpr int kRowsPerBlock = 128;                // 16 per warp
-constexpr int kKStride = 20;                      // floats per (token, head) in shared memory: 16 + 4
-                                                  // (float4 reads of the 8 heads hit distinct banks)
+constexpr int kTileRows = 64;   // positions per tile: 4 groups of 16 rows, each by two warps (128 channels each)
+constexpr int kUPitch = kD + 8; // u's rows in shared memory (elements): +16 B, conflict-free ldmatrix
+constexpr int kKStride = 20;    // floats per (token, head) in shared memory: 16 + 4 (16-byte aligned)
+// P's k dimension padded to the mma's 16, and its row pitch (an odd multiple of 16 bytes).
+__host__ __device__ constexpr int KPad(int ht) { return (ht + 15) / 16 * 16; }
+__host__ __device__ constexpr int PPitch(int ht) { return KPad(ht) + 8; }
 __host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens) {
-  return ht * kD * elem + tokens * kHeads * kKStride * 4 + (kThreads / 32) * kRowsPerStep * ht * 4;
+  return KPad(ht) * kUPitch * elem + kTileRows * PPitch(ht) * elem + tokens * kHeads * kKStride * 4 +
+         2 * 2 * kTileRows * 4;
+}
+
+template <typename T>
+__device__ __forceinline__ float2 Load2(const T* p) {
+  const uint32_t raw = *reinterpret_cast<const uint32_t*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+  return make_float2(ToFloat(e[0]), ToFloat(e[1]));
+}
+template <typename T>
+__device__ __forceinline__ void Store2(T* p, float x, float y) {
+  *reinterpret_cast<uint32_t*>(p) = Mma<T>::Pack(x, y);
+}
+
+// A row's total over its 256 channels, held as (own, other) 16-row halves: the quad's four lanes
+// first, then the other warp's half through `red` ([2 halves][kTileRows]); one block-wide sync.
+__device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int half, int row0, bool writer) {
+  v0 += __shfl_xor_sync(0xffffffffu, v0, 1);
+  v0 += __shfl_xor_sync(0xffffffffu, v0, 2);
+  v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
+  v1 += __shfl_xor_sync(0xffffffffu, v1, 2);
+  if (writer) {
+    red[half * kTileRows + row0] = v0;
+    red[half * kTileRows + row0 + 8] = v1;
+  }
+  __syncthreads();
+  // Both warps of a row add the halves in the same order: one mean and one rstd per row.
+  return make_float2(red[row0] + red[kTileRows + row0], red[row0 + 8] + red[kTileRows + row0 + 8]);
 }
 }  // namespace upd
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 3) ImageToTokenUpdateKernel(const ImageToTokenUpdateArgs a) {
-  // blockIdx.y: prompt b; blockIdx.x: 128 positions, 16 per warp, 4 at a time.
-  //   1. lane (r, h) = (lane / 8, lane % 8): scores of row r's head h against the T token keys and
-  //      their softmax, into the warp's probability rows in shared memory (fp32);
-  //   2. lane l owns channels 8l..8l+7 of the 4 rows: residual + sum over k of P[r, k] u[k] (u staged
-  //      in shared memory once per block, each 16-byte row slice reused for the 4 rows);
-  //   3. LayerNorm of each row (xor-shuffle sums over the warp), affine, one rounding, 16-byte stores.
+__global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const ImageToTokenUpdateArgs a) {
+  // blockIdx.y: prompt b; blockIdx.x walks tiles of 64 positions (tile = blockIdx.x, + gridDim.x, ...).
+  // Per tile:
+  //   1. the probabilities P [64, 8 T] (thread: two (row, head) pairs, HeadSoftmax), rounded to T into
+  //      shared memory (the unfused path's rounding of P), columns 8 T..KPad-1 zero;
+  //   2. warp (row group rg = warp / 2, half = warp % 2): rows 16 rg..16 rg+15, channels 128 half..+127:
+  //      accumulators start at the residual, += P u on the tensor cores (mma.m16n8k16, fp32; P by
+  //      ldmatrix, u [k][n] by ldmatrix.trans);
+  //   3. LayerNorm per row from the accumulators: the halves' totals through shared memory (mean,
+  //      then the squared deviations), the affine, one rounding, 4-byte stores.
   extern __shared__ __align__(16) unsigned char smem[];
-  const int tokens = a.probs.tokens, ht = upd::kHeads * tokens;
+  const int tokens = a.probs.tokens, ht = upd::kHeads * tokens, kpad = upd::KPad(ht), ppitch = upd::PPitch(ht);
   T* u_s = reinterpret_cast<T*>(smem);
-  float* k_s = reinterpret_cast<float*>(smem + static_cast<size_t>(ht) * upd::kD * sizeof(T));
-  float* p_s = k_s + tokens * upd::kHeads * upd::kKStride;
+  T* p_s = u_s + kpad * upd::kUPitch;
+  float* k_s = reinterpret_cast<float*>(p_s + upd::kTileRows * ppitch);
+  float* red_sum = k_s + tokens * upd::kHeads * upd::kKStride;
+  float* red_sq = red_sum + 2 * upd::kTileRows;
+  const int tid = threadIdx.x;
   const int64_t b = blockIdx.y;
   {
-    const uint4* ub = reinterpret_cast<const uint4*>(static_cast<const T*>(a.u) + b * ht * upd::kD);
-    for (int i = threadIdx.x; i < ht * upd::kD / 8; i += kThreads) reinterpret_cast<uint4*>(u_s)[i] = ub[i];
+    const T* ub = static_cast<const T*>(a.u) + b * ht * upd::kD;
+    for (int i = tid; i < kpad * (upd::kD / 8); i += kThreads) {
+      const int row = i / (upd::kD / 8), c8 = i % (upd::kD / 8);
+      const uint4 v = row < ht ? reinterpret_cast<const uint4*>(ub + row * upd::kD)[c8] : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(u_s + row * upd::kUPitch + 8 * c8) = v;
+    }
     const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * (upd::kHeads * kProbsHeadDim);
-    for (int i = threadIdx.x; i < tokens * upd::kHeads * kProbsHeadDim; i += kThreads) {
+    for (int i = tid; i < tokens * upd::kHeads * kProbsHeadDim; i += kThreads) {
       const int t = i / (upd::kHeads * kProbsHeadDim), h = (i / kProbsHeadDim) % upd::kHeads, c = i % kProbsHeadDim;
       k_s[(t * upd::kHeads + h) * upd::kKStride + c] = ToFloat(kb[i]) * a.probs.scale;
     }
+    // P's padding columns stay zero (phase 1 writes columns < ht only).
+    for (int i = tid; i < upd::kTileRows * (kpad - ht); i += kThreads)
+      p_s[(i / (kpad - ht)) * ppitch + ht + i % (kpad - ht)] = FromFloat<T>(0.f);
   }
-  __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* pw = p_s + warp * upd::kRowsPerStep * ht;
+  const int warp = tid / 32, lane = tid % 32, rg = warp / 2, half = warp % 2, g = lane / 4, tq = lane % 4;
+  const int64_t positions = a.probs.positions;
   const int64_t bq = a.probs.q_rows ? a.probs.q_rows[b] : (a.probs.q_batches == 1 ? 0 : b);
   const int64_t br = a.residual_rows ? a.residual_rows[b] : b;
   const T* qbase = static_cast<const T*>(a.probs.q) + bq * a.probs.q_batch_stride;
+  const T* qbias = static_cast<const T*>(a.probs.q_bias);
   const T* rbase = static_cast<const T*>(a.residual) + br * a.residual_batch_stride;
-  T* obase = static_cast<T*>(a.out) + b * a.probs.positions * upd::kD;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * upd::kRowsPerBlock + warp * (upd::kRowsPerBlock / 8);
-  for (int step = 0; step < upd::kRowsPerBlock / 8 / upd::kRowsPerStep; ++step) {
-    const int64_t p0 = first + step * upd::kRowsPerStep;
-    if (p0 >= a.probs.positions) break;  // uniform over the warp
-    {
-      const int r = lane / upd::kHeads, h = lane % upd::kHeads;
-      const int64_t p = p0 + r;
-      if (p < a.probs.positions) {
-        const uint4* qp = reinterpret_cast<const uint4*>(qbase + p * a.probs.q_row_stride + h * kProbsHeadDim);
-        float q[kProbsHeadDim];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint4 raw = qp[half];
-          const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) q[half * 8 + i] = ToFloat(e[i]);
-        }
-        float s[kProbsMaxTokens];
-        float m = -__builtin_huge_valf();
-#pragma unroll
-        for (int t = 0; t < kProbsMaxTokens; ++t) {
-          if (t < tokens) {
-            const float4* kt = reinterpret_cast<const float4*>(k_s + (t * upd::kHeads + h) * upd::kKStride);
-            float acc = 0.f;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float4 kv = kt[i];
-              acc = fmaf(q[4 * i], kv.x, acc);
-              acc = fmaf(q[4 * i + 1], kv.y, acc);
-              acc = fmaf(q[4 * i + 2], kv.z, acc);
-              acc = fmaf(q[4 * i + 3], kv.w, acc);
-            }
-            s[t] = acc;
-            m = fmaxf(m, acc);
-          }
-        }
-        float sum = 0.f;
-#pragma unroll
-        for (int t = 0; t < kProbsMaxTokens; ++t) {
-          if (t < tokens) {
-            s[t] = __expf(s[t] - m);
-            sum += s[t];
-          }
-        }
-        const float inv = 1.f / sum;
-#pragma unroll
-        for (int t = 0; t < kProbsMaxTokens; ++t)
-          if (t < tokens) pw[r * ht + h * tokens + t] = s[t] * inv;
-      }
-    }
-    __syncwarp();
-    float acc[upd::kRowsPerStep][8];
-#pragma unroll
-    for (int r = 0; r < upd::kRowsPerStep; ++r) {
-      if (p0 + r < a.probs.positions) {
-        const uint4 raw = reinterpret_cast<const uint4*>(rbase + (p0 + r) * upd::kD)[lane];
-        const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[r][i] = ToFloat(e[i]);
+  T* obase = static_cast<T*>(a.out) + b * positions * upd::kD;
+  const int col0 = half * (upd::kD / 2) + 2 * tq;  // this lane's first channel of each 8-channel n-tile
+  const int64_t tiles = (positions + upd::kTileRows - 1) / upd::kTileRows;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t row0 = tile * upd::kTileRows;
+    __syncthreads();  // staging done; the previous tile's reads of p_s and the row totals done
+#pragma unroll 1
+    for (int i = 0; i < upd::kTileRows * upd::kHeads / kThreads; ++i) {
+      const int pair = tid + i * kThreads, r = pair / upd::kHeads, h = pair % upd::kHeads;
+      const int64_t p = row0 + r;
+      T* pr = p_s + r * ppitch + h * tokens;
+      float s[kProbsMaxTokens];
+      if (p < positions) {
+        HeadSoftmax<T>(qbase + p * a.probs.q_row_stride + h * kProbsHeadDim,
+                       qbias ? qbias + p * a.probs.q_bias_row_stride + h * kProbsHeadDim : nullptr,
+                       k_s + h * upd::kKStride, upd::kHeads * upd::kKStride, tokens, s);
       } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[r][i] = 0.f;
+        for (int t = 0; t < kProbsMaxTokens; ++t) s[t] = 0.f;
+      }
+#pragma unroll
+      for (int t = 0; t < kProbsMaxTokens; ++t)
+        if (t < tokens) pr[t] = FromFloat<T>(s[t]);
+    }
+    __syncthreads();
+    const int64_t pa = row0 + rg * 16 + g, pb = pa + 8;
+    const bool va = pa < positions, vb = pb < positions;
+    float acc[16][4];
+    {
+      const T* ra = rbase + pa * upd::kD + col0;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float2 x = va ? upd::Load2(ra + 8 * j) : make_float2(0.f, 0.f);
+        const float2 y = vb ? upd::Load2(ra + 8 * upd::kD + 8 * j) : make_float2(0.f, 0.f);
+        acc[j][0] = x.x;
+        acc[j][1] = x.y;
+        acc[j][2] = y.x;
+        acc[j][3] = y.y;
       }
     }
-    // Four k at a time: the rows' probabilities as float4 broadcasts (ht = 8 T is a multiple of 4).
-    for (int k0 = 0; k0 < ht; k0 += 4) {
-      float4 pk[upd::kRowsPerStep];
+    const int lr = (lane % 8) + 8 * ((lane / 8) % 2), lc = 8 * (lane / 16);  // ldmatrix row / column of this lane
+    for (int kk = 0; kk < kpad; kk += 16) {
+      uint32_t af[4];
+      LdMatrixX4(af, SmemAddr(p_s + (rg * 16 + lr) * ppitch + kk + lc));
 #pragma unroll
-      for (int r = 0; r < upd::kRowsPerStep; ++r) pk[r] = *reinterpret_cast<const float4*>(pw + r * ht + k0);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint4 raw = reinterpret_cast<const uint4*>(u_s + (k0 + kk) * upd::kD)[lane];
-        const T* e = reinterpret_cast<const T*>(&raw);
-        float u[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) u[i] = ToFloat(e[i]);
-#pragma unroll
-        for (int r = 0; r < upd::kRowsPerStep; ++r) {
-          const float p = kk == 0 ? pk[r].x : kk == 1 ? pk[r].y : kk == 2 ? pk[r].z : pk[r].w;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[r][i] = fmaf(p, u[i], acc[r][i]);
-        }
+      for (int j = 0; j < 16; j += 2) {
+        uint32_t bf[4];
+        LdMatrixX4Trans(bf, SmemAddr(u_s + (kk + lr) * upd::kUPitch + half * (upd::kD / 2) + 8 * j + lc));
+        Mma<T>::Run(acc[j], af, bf[0], bf[1]);
+        Mma<T>::Run(acc[j + 1], af, bf[2], bf[3]);
       }
     }
+    const int r0 = rg * 16 + g;
+    float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-    for (int r = 0; r < upd::kRowsPerStep; ++r) {
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) sum += acc[r][i];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      const float mean = sum / upd::kD;
-      float sq = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) sq += (acc[r][i] - mean) * (acc[r][i] - mean);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-      const float rstd = rsqrtf(sq / upd::kD + a.eps);
-      if (p0 + r < a.probs.positions) {
-        // LayerNorm's affine straight from global memory (L1-resident): 80 registers allow 3 blocks
-        // of 256 threads per SM, and they are full with the 4 rows' accumulators.
-        const uint4 wraw = reinterpret_cast<const uint4*>(a.weight)[lane];
-        const uint4 braw = reinterpret_cast<const uint4*>(a.bias)[lane];
-        const T* we = reinterpret_cast<const T*>(&wraw);
-        const T* be = reinterpret_cast<const T*>(&braw);
-        uint4 oraw;
-        T* o = reinterpret_cast<T*>(&oraw);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[i] = FromFloat<T>((acc[r][i] - mean) * rstd * ToFloat(we[i]) + ToFloat(be[i]));
-        reinterpret_cast<uint4*>(obase + (p0 + r) * upd::kD)[lane] = oraw;
-      }
+    for (int j = 0; j < 16; ++j) {
+      s0 += acc[j][0] + acc[j][1];
+      s1 += acc[j][2] + acc[j][3];
     }
-    __syncwarp();  // the next step's probabilities overwrite pw
+    const float2 total = upd::RowTotals(s0, s1, red_sum, half, r0, tq == 0);
+    const float mean0 = total.x / upd::kD, mean1 = total.y / upd::kD;
+    float q0 = 0.f, q1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      q0 += (acc[j][0] - mean0) * (acc[j][0] - mean0) + (acc[j][1] - mean0) * (acc[j][1] - mean0);
+      q1 += (acc[j][2] - mean1) * (acc[j][2] - mean1) + (acc[j][3] - mean1) * (acc[j][3] - mean1);
+    }
+    const float2 sq = upd::RowTotals(q0, q1, red_sq, half, r0, tq == 0);
+    const float rstd0 = rsqrtf(sq.x / upd::kD + a.eps), rstd1 = rsqrtf(sq.y / upd::kD + a.eps);
+    T* oa = obase + pa * upd::kD + col0;
+    const T* wp = static_cast<const T*>(a.weight) + col0;
+    const T* bp = static_cast<const T*>(a.bias) + col0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 w = upd::Load2(wp + 8 * j), bi = upd::Load2(bp + 8 * j);
+      if (va)
+        upd::Store2(oa + 8 * j, (acc[j][0] - mean0) * rstd0 * w.x + bi.x, (acc[j][1] - mean0) * rstd0 * w.y + bi.y);
+      if (vb)
+        upd::Store2(oa + 8 * upd::kD + 8 * j, (acc[j][2] - mean1) * rstd1 * w.x + bi.x,
+                    (acc[j][3] - mean1) * rstd1 * w.y + bi.y);
+    }
   }
 }
 
 template <typename T>
-cudaError_t LaunchImageToTokenUpdateT(const ImageToTokenUpdateArgs& a, cudaStream_t stream) {
+cudaError_t LaunchImageToTokenUpdateT(const ImageToTokenUpdateArgs& a, int sms, cudaStream_t stream) {
   const int ht = upd::kHeads * a.probs.tokens;
   const int bytes = upd::SharedBytes(static_cast<int>(sizeof(T)), ht, a.probs.tokens);
-  // Above the default 48 KB from T = 9 on (u alone is 4 KB a token in 16 bits). Set at each such
+  // Above the default 48 KB from T = 7 on (u alone is 4 KB a token in 16 bits). Set at each such
   // launch, as flash-attention does: the attribute is per device, and the call is legal in a capture.
   if (bytes > 48 * 1024) {
     const cudaError_t attr =
         cudaFuncSetAttribute(ImageToTokenUpdateKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (attr != cudaSuccess) return attr;
   }
-  const dim3 grid(static_cast<unsigned>((a.probs.positions + upd::kRowsPerBlock - 1) / upd::kRowsPerBlock),
-                  static_cast<unsigned>(a.probs.batch));
+  // A block walks several tiles so that u is staged once per about 4 tiles (u is 32 KB at T = 7 and
+  // a tile reads 80 KB of q, residual and output), with about 8 blocks per SM over all prompts; a
+  // click (one prompt) gets a block per tile.
+  const int64_t tiles = (a.probs.positions + upd::kTileRows - 1) / upd::kTileRows;
+  const int64_t per_prompt = std::max<int64_t>(1, (8 * static_cast<int64_t>(std::max(sms, 1)) + a.probs.batch - 1) /
+                                                      a.probs.batch);
+  const dim3 grid(static_cast<unsigned>(std::min(tiles, per_prompt)), static_cast<unsigned>(a.probs.batch));
   ImageToTokenUpdateKernel<T><<<grid, kThreads, bytes, stream>>>(a);
   return cudaGetLastError();
 }
@@ -499,6 +568,19 @@ cudaError_t LaunchCopySlices(const int64_t* table, int64_t items, int64_t max_by
   return cudaGetLastError();
 }
 
+cudaError_t LaunchImageSideKeys(const ImageSideKeysArgs& a, DType dtype, cudaStream_t stream) {
+  if (a.count <= 0 || a.positions <= 0 || a.channels <= 0) return cudaSuccess;
+  if (dtype == DType::kFloat32 || a.count > kImageSideKeysMaxImages || (a.channels + 31) / 32 > 65535)
+    return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((a.positions + 31) / 32), static_cast<unsigned>((a.channels + 31) / 32),
+                  static_cast<unsigned>(a.count));
+  if (dtype == DType::kBFloat16)
+    ImageSideKeysKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+  else
+    ImageSideKeysKernel<__half><<<grid, kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchUpscaleHyper(const UpscaleHyperArgs& a, DType dtype, int sms, cudaStream_t stream) {
   if (a.rows <= 0) return cudaSuccess;
   if (dtype == DType::kFloat32 || a.rows % up::kRows != 0 || a.grid_w % 8 != 0) return cudaErrorInvalidValue;
@@ -515,7 +597,8 @@ cudaError_t LaunchImageToTokenProbs(const ImageToTokenProbsArgs& a, DType dtype,
   if (a.batch <= 0 || a.positions <= 0) return cudaSuccess;
   if (dtype == DType::kFloat32 || a.tokens < 1 || a.tokens > kProbsMaxTokens || a.heads < 1 ||
       a.heads > kProbsMaxHeads || a.q_batch_stride % 8 != 0 || a.q_row_stride % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(a.q) % 16 != 0 || a.batch > 65535)
+      reinterpret_cast<uintptr_t>(a.q) % 16 != 0 || a.batch > 65535 ||
+      (a.q_bias && (reinterpret_cast<uintptr_t>(a.q_bias) % 16 != 0 || a.q_bias_row_stride % 8 != 0)))
     return cudaErrorInvalidValue;
   const int64_t items = a.positions * a.heads;
   const dim3 grid(static_cast<unsigned>((items + kThreads - 1) / kThreads), static_cast<unsigned>(a.batch));
@@ -526,17 +609,17 @@ cudaError_t LaunchImageToTokenProbs(const ImageToTokenProbsArgs& a, DType dtype,
   return cudaGetLastError();
 }
 
-cudaError_t LaunchImageToTokenUpdate(const ImageToTokenUpdateArgs& a, DType dtype, cudaStream_t stream) {
+cudaError_t LaunchImageToTokenUpdate(const ImageToTokenUpdateArgs& a, DType dtype, int sms, cudaStream_t stream) {
   const ImageToTokenProbsArgs& p = a.probs;
   if (p.batch <= 0 || p.positions <= 0) return cudaSuccess;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (dtype == DType::kFloat32 || p.tokens < 1 || p.tokens > kProbsMaxTokens || p.heads != upd::kHeads ||
       p.q_batch_stride % 8 != 0 || p.q_row_stride % 8 != 0 || !aligned(p.q) || p.batch > 65535 ||
       a.residual_batch_stride % 8 != 0 || !aligned(a.residual) || !aligned(a.u) || !aligned(a.weight) ||
-      !aligned(a.bias) || !aligned(a.out))
+      !aligned(a.bias) || !aligned(a.out) || (p.q_bias && (!aligned(p.q_bias) || p.q_bias_row_stride % 8 != 0)))
     return cudaErrorInvalidValue;
-  return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdateT<__nv_bfloat16>(a, stream)
-                                   : LaunchImageToTokenUpdateT<__half>(a, stream);
+  return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdateT<__nv_bfloat16>(a, sms, stream)
+                                   : LaunchImageToTokenUpdateT<__half>(a, sms, stream);
 }
 
 }  // namespace maskd::kernels::detail

@@ -56,11 +56,16 @@ bool FewQueryAttentionFits(const at::Tensor& q, const at::Tensor& k, const at::T
 }
 
 namespace {
-// kv_rows undefined: k / v batch n for query batch n; else [N] int64, checked by the caller.
+// kv_rows undefined: k / v batch n for query batch n; else [N] int64, checked by the caller. k_bias
+// [S, H * C] and v_bias [H * C]: undefined, or checked by the caller.
 at::Tensor FewQueryAttentionImpl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& kv_rows, double scale, Stream stream) {
+                                 const at::Tensor& kv_rows, const at::Tensor& k_bias, const at::Tensor& v_bias,
+                                 double scale, Stream stream) {
 #ifdef MASKD_WITH_CUDA
-  if (FewQueryAttentionFits(q, k, v, kv_rows.defined())) {
+  const bool biases_fit = (!k_bias.defined() || (k_bias.stride(1) == 1 && k_bias.stride(0) % 8 == 0 &&
+                                                 reinterpret_cast<uintptr_t>(k_bias.data_ptr()) % 16 == 0)) &&
+                          (!v_bias.defined() || v_bias.is_contiguous());
+  if (biases_fit && FewQueryAttentionFits(q, k, v, kv_rows.defined())) {
     internal::StreamScope scope(stream, q.device());
     const int64_t n = q.size(0), h = q.size(1), l = q.size(2), c = q.size(3), s = k.size(2);
     detail::FewQueryAttentionArgs a;
@@ -80,6 +85,9 @@ at::Tensor FewQueryAttentionImpl(const at::Tensor& q, const at::Tensor& k, const
     a.scale = static_cast<float>(scale);
     const at::Tensor rows = kv_rows.defined() ? kv_rows.contiguous() : at::Tensor();
     a.kv_rows = rows.defined() ? rows.data_ptr<int64_t>() : nullptr;
+    a.k_bias = k_bias.defined() ? k_bias.data_ptr() : nullptr;
+    a.k_bias_row_stride = k_bias.defined() ? k_bias.stride(0) : 0;
+    a.v_bias = v_bias.defined() ? v_bias.data_ptr() : nullptr;
     // Enough blocks for eight per SM (40 registers and 14.5 KB of shared memory a block allow 12),
     // each over at least one chunk of keys: a click (N = 1, 8 heads) splits 4096 keys 32 ways, 64
     // prompts 3 ways. (Two per SM, as before run 27, left 64 prompts' 512 blocks at ~4 per SM: the
@@ -104,16 +112,22 @@ at::Tensor FewQueryAttentionImpl(const at::Tensor& q, const at::Tensor& k, const
   }
 #endif
   (void)stream;
-  if (kv_rows.defined())
-    return FewQueryAttentionReference(q, k.index_select(0, kv_rows), v.index_select(0, kv_rows), scale);
-  return FewQueryAttentionReference(q, k, v, scale);
+  at::Tensor kk = kv_rows.defined() ? k.index_select(0, kv_rows) : k;
+  at::Tensor vv = kv_rows.defined() ? v.index_select(0, kv_rows) : v;
+  if (!k_bias.defined() && !v_bias.defined()) return FewQueryAttentionReference(q, kk, vv, scale);
+  // The biases in fp32 on the fp32 copies the reference makes anyway: one rounding, at the output.
+  const int64_t h = q.size(1), c = q.size(3);
+  if (k_bias.defined()) kk = kk.to(at::kFloat) + k_bias.to(at::kFloat).view({-1, h, c}).transpose(0, 1);
+  if (v_bias.defined()) vv = vv.to(at::kFloat) + v_bias.to(at::kFloat).view({h, 1, c});
+  return FewQueryAttentionReference(q.to(at::kFloat), kk.to(at::kFloat), vv.to(at::kFloat), scale)
+      .to(q.scalar_type());
 }
 }  // namespace
 
 at::Tensor FewQueryAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                              Stream stream) {
   CheckFewQueryArgs(q, k, v);
-  return FewQueryAttentionImpl(q, k, v, at::Tensor(), scale, stream);
+  return FewQueryAttentionImpl(q, k, v, at::Tensor(), at::Tensor(), at::Tensor(), scale, stream);
 }
 
 at::Tensor FewQueryAttentionRows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -123,7 +137,27 @@ at::Tensor FewQueryAttentionRows(const at::Tensor& q, const at::Tensor& k, const
                   kv_rows.scalar_type() == at::kLong && kv_rows.device() == q.device(),
               "FewQueryAttentionRows: expected kv_rows [", q.size(0), "] int64 on q's device, got ",
               kv_rows.defined() ? Describe(kv_rows) : std::string("none"));
-  return FewQueryAttentionImpl(q, k, v, kv_rows, scale, stream);
+  return FewQueryAttentionImpl(q, k, v, kv_rows, at::Tensor(), at::Tensor(), scale, stream);
+}
+
+at::Tensor FewQueryAttentionBiased(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& kv_rows, const at::Tensor& k_bias, const at::Tensor& v_bias,
+                                   double scale, Stream stream) {
+  CheckFewQueryArgs(q, k, v, /*rows=*/kv_rows.defined());
+  TORCH_CHECK(!kv_rows.defined() || (kv_rows.dim() == 1 && kv_rows.size(0) == q.size(0) &&
+                                     kv_rows.scalar_type() == at::kLong && kv_rows.device() == q.device()),
+              "FewQueryAttentionBiased: expected kv_rows [", q.size(0), "] int64 on q's device, got ",
+              kv_rows.defined() ? Describe(kv_rows) : std::string("none"));
+  const int64_t s = k.size(2), hc = q.size(1) * q.size(3);
+  TORCH_CHECK(!k_bias.defined() || (k_bias.dim() == 2 && k_bias.size(0) == s && k_bias.size(1) == hc &&
+                                    k_bias.scalar_type() == q.scalar_type() && k_bias.device() == q.device()),
+              "FewQueryAttentionBiased: expected k_bias [", s, ", ", hc, "] with q's dtype and device, got ",
+              k_bias.defined() ? Describe(k_bias) : std::string("none"));
+  TORCH_CHECK(!v_bias.defined() || (v_bias.dim() == 1 && v_bias.size(0) == hc &&
+                                    v_bias.scalar_type() == q.scalar_type() && v_bias.device() == q.device()),
+              "FewQueryAttentionBiased: expected v_bias [", hc, "] with q's dtype and device, got ",
+              v_bias.defined() ? Describe(v_bias) : std::string("none"));
+  return FewQueryAttentionImpl(q, k, v, kv_rows, k_bias, v_bias, scale, stream);
 }
 
 }  // namespace maskd::kernels

@@ -13,7 +13,9 @@
 //     of its row's running max.
 // With one split the block writes the normalised output; with several it writes fp32 partials
 // (accumulator, max, sum) and FewQueryCombineKernel merges them. Output [N, L, H, C], the layout the
-// output projection reads.
+// output projection reads. Optional biases (the decoder's positional share of the key projection and
+// the value projection's bias, so that the projections need no separate add): a [S, H * C] table added
+// to the keys as they are loaded, and a [H * C] vector added to the output.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -45,6 +47,7 @@ __global__ void __launch_bounds__(kFqThreads) FewQueryAttentionKernel(const FewQ
   const int64_t nkv = a.kv_rows ? a.kv_rows[n] : n;
   const T* kb = static_cast<const T*>(a.k) + nkv * a.k_stride[0] + h * a.k_stride[1];
   const T* vb = static_cast<const T*>(a.v) + nkv * a.v_stride[0] + h * a.v_stride[1];
+  const T* k_bias = a.k_bias ? static_cast<const T*>(a.k_bias) + h * C : nullptr;
   for (int i = tid; i < L * C; i += kFqThreads) qs[i / C][i % C] = ToFloat(qb[(i / C) * a.q_stride[2] + i % C]) * a.scale;
   if (tid < kFewQueryMaxQueries) {
     row_m[tid] = -__builtin_huge_valf();
@@ -62,12 +65,15 @@ __global__ void __launch_bounds__(kFqThreads) FewQueryAttentionKernel(const FewQ
     if (j < end) {
       float kr[C];
       const uint4* kp = reinterpret_cast<const uint4*>(kb + j * a.k_stride[2]);
+      const uint4* bp = k_bias ? reinterpret_cast<const uint4*>(k_bias + j * a.k_bias_row_stride) : nullptr;
 #pragma unroll
       for (int u = 0; u < C / 8; ++u) {
         const uint4 raw = kp[u];
+        const uint4 braw = bp ? bp[u] : make_uint4(0, 0, 0, 0);  // 16-bit zeros without a bias
         const T* e = reinterpret_cast<const T*>(&raw);
+        const T* be = reinterpret_cast<const T*>(&braw);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) kr[u * 8 + i] = ToFloat(e[i]);
+        for (int i = 0; i < 8; ++i) kr[u * 8 + i] = ToFloat(e[i]) + ToFloat(be[i]);
       }
 #pragma unroll
       for (int l = 0; l < kFewQueryMaxQueries; ++l) {
@@ -135,7 +141,8 @@ __global__ void __launch_bounds__(kFqThreads) FewQueryAttentionKernel(const FewQ
     const int l = tid / C + r * kRowGroups;
     if (l >= L) continue;
     if (a.splits == 1) {
-      static_cast<T*>(a.out)[((n * L + l) * a.heads + h) * C + c] = FromFloat<T>(acc[r] / row_d[l]);
+      const float vbias = a.v_bias ? ToFloat(static_cast<const T*>(a.v_bias)[h * C + c]) : 0.f;
+      static_cast<T*>(a.out)[((n * L + l) * a.heads + h) * C + c] = FromFloat<T>(acc[r] / row_d[l] + vbias);
     } else {
       float* part = a.partial + (((n * a.heads + h) * a.splits + split) * L + l) * (C + 2);
       part[c] = acc[r];
@@ -165,7 +172,8 @@ __global__ void FewQueryCombineKernel(const FewQueryAttentionArgs a) {
     num = fmaf(w, base[p * step + c], num);
     den = fmaf(w, base[p * step + C + 1], den);
   }
-  static_cast<T*>(a.out)[((n * L + l) * a.heads + h) * C + c] = FromFloat<T>(num / den);
+  const float vbias = a.v_bias ? ToFloat(static_cast<const T*>(a.v_bias)[h * C + c]) : 0.f;
+  static_cast<T*>(a.out)[((n * L + l) * a.heads + h) * C + c] = FromFloat<T>(num / den + vbias);
 }
 
 template <typename T>
@@ -191,7 +199,8 @@ cudaError_t LaunchFewQueryAttention(const FewQueryAttentionArgs& a, DType dtype,
   if (a.batch <= 0 || a.heads <= 0) return cudaSuccess;
   if (!FewQueryAttentionSupported(a.queries, a.head_dim, dtype) || a.keys < 1 || a.splits < 1 ||
       a.chunks_per_split < 1 || a.batch > 65535 || a.heads > 65535 || (a.splits > 1 && a.partial == nullptr) ||
-      static_cast<int64_t>(a.splits - 1) * a.chunks_per_split * kFqChunk >= a.keys)
+      static_cast<int64_t>(a.splits - 1) * a.chunks_per_split * kFqChunk >= a.keys ||
+      (a.k_bias && (reinterpret_cast<uintptr_t>(a.k_bias) % 16 != 0 || a.k_bias_row_stride % 8 != 0)))
     return cudaErrorInvalidValue;
   return dtype == DType::kBFloat16 ? LaunchFewQueryT<__nv_bfloat16>(a, stream) : LaunchFewQueryT<__half>(a, stream);
 }

@@ -158,16 +158,19 @@ at::Tensor ImageToTokenProbsReference(const at::Tensor& q, const at::Tensor& k, 
 // = residual_rows[b] when defined, else b (residual [B, HW, D]) or 0 (residual [1, HW, D]: one image
 // for every prompt), and LayerNorm(weight, bias, eps) over D. Returns [B, HW, D] in q's dtype. CUDA
 // kernel for bf16/fp16 with 8 heads of 16 channels, T <= 16, D = 256 and 16-byte aligned rows (the
-// probabilities, the sum and the statistics in fp32, one rounding); otherwise the composition
-// ImageToTokenUpdateReference (ImageToTokenProbs, baddbmm, RowNorm: roundings to q's dtype between).
+// probabilities in fp32, rounded to q's dtype as the composition rounds them; P u on the tensor cores
+// with fp32 accumulation from the residual; the statistics in fp32, one rounding of the output);
+// otherwise the composition ImageToTokenUpdateReference (ImageToTokenProbs, baddbmm, RowNorm:
+// roundings to q's dtype between). q_bias [HW, I] (optional, q's dtype): added to every prompt's q
+// before the scores (the kernel adds it in fp32 as q is loaded; the composition adds it first).
 at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows, int64_t heads,
                               double scale, const at::Tensor& u, const at::Tensor& residual,
                               const at::Tensor& residual_rows, const at::Tensor& weight, const at::Tensor& bias,
-                              double eps, Stream stream = nullptr);
+                              double eps, const at::Tensor& q_bias = at::Tensor(), Stream stream = nullptr);
 at::Tensor ImageToTokenUpdateReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows,
                                        int64_t heads, double scale, const at::Tensor& u, const at::Tensor& residual,
                                        const at::Tensor& residual_rows, const at::Tensor& weight,
-                                       const at::Tensor& bias, double eps);
+                                       const at::Tensor& bias, double eps, const at::Tensor& q_bias = at::Tensor());
 // softmax(scale q k^T) v for a few queries against many keys: q [N, H, L, C], k and v [N, H, S, C]
 // (any strides, last dimension contiguous; the decoder's projections viewed per head). Returns
 // [N, L, H, C] contiguous in q's dtype (the layout of out_proj's input), scores, softmax and the
@@ -184,7 +187,24 @@ at::Tensor FewQueryAttention(const at::Tensor& q, const at::Tensor& k, const at:
 // (CPU, shapes the kernel does not cover) FewQueryAttentionReference on the gathered rows.
 at::Tensor FewQueryAttentionRows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& kv_rows, double scale, Stream stream = nullptr);
+// The same with biases shared by every batch, so that the decoder's projections need no separate add:
+// attention over keys k + k_bias (k_bias [S, H * C], the positional share of the key projection,
+// added per key and channel) and values v + v_bias (v_bias [H * C], the value projection's bias);
+// either may be undefined, and kv_rows as in FewQueryAttentionRows or undefined. The kernel adds the
+// key bias in fp32 as it loads a key and the value bias to the output; otherwise the biases are added
+// in fp32 to fp32 copies and FewQueryAttentionReference runs on them.
+at::Tensor FewQueryAttentionBiased(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& kv_rows, const at::Tensor& k_bias, const at::Tensor& v_bias,
+                                   double scale, Stream stream = nullptr);
 at::Tensor FewQueryAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+// The shared decoder's image side of a batch of embeddings, written into `out` [N, HW, C] (N >=
+// images.size(), contiguous; rows past the images are left as they are): out[i] = (images[i] +
+// channel_bias) as [HW, C], images[i] [C, h, w] (or [1, C, h, w]) with HW = h * w, channel_bias C
+// values (the no-mask dense embedding, [1, C, 1, 1] or [C]); everything in out's dtype and device.
+// One CUDA launch (up to 64 images each) for bf16/fp16 contiguous images, bit-identical to ATen's
+// add then transposing copy, which is the path elsewhere.
+void ImageSideKeys(const std::vector<at::Tensor>& images, const at::Tensor& channel_bias, at::Tensor& out,
+                   Stream stream = nullptr);
 // For each i: a contiguous tensor of its own holding src[row[i]].narrow(0, first[i], count[i])
 // (src [G, K, ...]; the decoder's per-prompt mask logits out of its [G, 4, 256, 256] batch). On
 // CUDA all of them are copied by one kernel when every slice is 16-byte aligned; otherwise (and on

@@ -125,12 +125,17 @@ struct ImageToTokenProbsArgs {
   int64_t batch = 0, positions = 0;
   int heads = 0, tokens = 0;        // I = 16 * heads, tokens <= 16
   float scale = 1.f;
+  // Optional [positions, I] rows added to q (fp32 sum) as it is loaded: the positional share of the
+  // query projection, the same for every prompt. 16-byte aligned, row stride a multiple of 8.
+  const void* q_bias = nullptr;
+  int64_t q_bias_row_stride = 0;
 };
 cudaError_t LaunchImageToTokenProbs(const ImageToTokenProbsArgs& args, DType dtype, cudaStream_t stream);
 // The whole image->token step of a two-way block for every prompt (decoder_fusion.cu): the
-// probabilities above (probs.out unused), then out[b, p] = LayerNorm(residual[row(b), p] +
-// sum over (h, t) of P[b, p, h*T + t] u[b, h*T + t]) over D = 256 channels, in fp32 from the loads
-// to the one rounding of the output. heads == 8 (I = 128), tokens <= 16.
+// probabilities above (probs.out unused; probs.q_bias added to q), rounded to the input type, then
+// out[b, p] = LayerNorm(residual[row(b), p] + sum over (h, t) of P[b, p, h*T + t] u[b, h*T + t]) over
+// D = 256 channels (tensor cores, fp32 accumulation from the residual), one rounding of the output.
+// heads == 8 (I = 128), tokens <= 16.
 struct ImageToTokenUpdateArgs {
   ImageToTokenProbsArgs probs;
   const void* u = nullptr;                // [B, heads * T, 256] contiguous, 16-byte aligned
@@ -144,7 +149,8 @@ struct ImageToTokenUpdateArgs {
 };
 constexpr int kImageToTokenUpdateChannels = 256;
 constexpr int kImageToTokenUpdateHeads = 8;
-cudaError_t LaunchImageToTokenUpdate(const ImageToTokenUpdateArgs& args, DType dtype, cudaStream_t stream);
+// sms: the device's multiprocessors (the grid walks tiles so that each block stages u once for several).
+cudaError_t LaunchImageToTokenUpdate(const ImageToTokenUpdateArgs& args, DType dtype, int sms, cudaStream_t stream);
 // softmax(scale q k^T) v for at most kFewQueryMaxQueries queries per (batch, head) against many keys
 // (few_query_attention.cu), split over the keys: LaunchFewQueryAttention writes `out` itself when
 // splits == 1, else fp32 partials that LaunchFewQueryCombine merges into `out`.
@@ -167,6 +173,12 @@ struct FewQueryAttentionArgs {
   // [N] int64 or null: the k / v batch row of query batch n (k and v then have their own batch
   // count); null: row n.
   const int64_t* kv_rows = nullptr;
+  // Optional biases shared by every batch: k_bias rows [keys, heads * head_dim] (row stride in
+  // elements, a multiple of 8; 16-byte aligned) added to each key row as it is loaded (fp32), and
+  // v_bias [heads * head_dim] added to the output (each softmax row sums to 1: P (V + 1 b^T) = P V + b).
+  const void* k_bias = nullptr;
+  int64_t k_bias_row_stride = 0;
+  const void* v_bias = nullptr;
 };
 bool FewQueryAttentionSupported(int queries, int head_dim, DType dtype);  // head_dim 16 or 32
 int FewQueryChunkKeys();
@@ -175,6 +187,19 @@ cudaError_t LaunchFewQueryCombine(const FewQueryAttentionArgs& args, DType dtype
 // table: `items` rows of {dst address, src address, bytes} on the device; every address 16-byte
 // aligned and every size a multiple of 16; max_bytes the largest size (sizes the grid).
 cudaError_t LaunchCopySlices(const int64_t* table, int64_t items, int64_t max_bytes, cudaStream_t stream);
+// out[i, p, c] = images[i][c, p] + channel_bias[c] for i < count (decoder_fusion.cu): up to
+// kImageSideKeysMaxImages channel-major embeddings [C, HW] (contiguous) into the decoder's
+// position-major keys [count, HW, C], the sum in fp32 and rounded once (as ATen's add), through
+// 32 x 32 shared-memory tiles. bf16 / fp16.
+constexpr int kImageSideKeysMaxImages = 64;
+struct ImageSideKeysArgs {
+  const void* images[kImageSideKeysMaxImages] = {};
+  int count = 0;
+  const void* channel_bias = nullptr;  // [C]
+  void* out = nullptr;                 // [>= count, positions, channels] contiguous
+  int64_t channels = 0, positions = 0;
+};
+cudaError_t LaunchImageSideKeys(const ImageSideKeysArgs& args, DType dtype, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------
 // Pillow-exact resize + normalise + pad (preprocess.cu).

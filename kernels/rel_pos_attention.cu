@@ -5,13 +5,7 @@
 // tensor cores (mma.m16n8k16, fp32 accumulate), S * scale + bias in the log2 domain, online softmax in
 // registers, O += P V (P rounded to the input type), and at the end O / l to [B, N, H, D].
 //
-// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16" and "ldmatrix"), with
-// g = lane / 4 and t = lane % 4:
-//   A (16x16, row-major) a0:(g, 2t..2t+1) a1:(g+8, 2t..) a2:(g, 2t+8..) a3:(g+8, 2t+8..)
-//   B (16x8, "col")      b0:(k=2t..2t+1, n=g) b1:(k=2t+8.., n=g)
-//   C (16x8, fp32)       c0,c1:(g, 2t..2t+1) c2,c3:(g+8, 2t..2t+1)
-//   ldmatrix.x4: lanes 8i..8i+7 give the row addresses of matrix i; each lane receives, for matrix
-//   i, register i = elements (row g, cols 2t..2t+1); with .trans, (rows 2t..2t+1, col g).
+// Fragment layouts: kernels/mma_sync.cuh (with the PTX wrappers).
 // K stored [key][d] is B = K^T "col-major" directly (non-trans ldmatrix); V stored [key][d] needs
 // .trans to become B = V (k = key, n = d); the C fragment of S for keys 16c..16c+15 is exactly the A
 // fragment of P for that k-step, so P never leaves registers.
@@ -25,6 +19,7 @@
 #include <type_traits>
 
 #include "kernels/launchers.h"
+#include "kernels/mma_sync.cuh"
 
 namespace maskd::kernels::detail {
 namespace {
@@ -35,10 +30,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -__builtin_huge_valf();
 
 // ---- PTX wrappers ---------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // 16-byte asynchronous global->shared copy; `valid == false` writes 16 zero bytes (src-size 0),
 // which is what keeps padded keys/queries finite (0 * garbage could be NaN).
@@ -55,51 +46,6 @@ template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-template <typename T>
-struct Mma;
-template <>
-struct Mma<__nv_bfloat16> {
-  static __device__ __forceinline__ void Run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  // Two floats into one .b32 of two bf16, `lo` in the low half (the lower column index).
-  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-};
-template <>
-struct Mma<__half> {
-  static __device__ __forceinline__ void Run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-};
 
 __device__ __forceinline__ float Exp2(float x) {
   float y;

@@ -143,8 +143,10 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplaySharedPromptGraph(const
   auto it = decoder_graphs_.find(key);
   if (it == decoder_graphs_.end() && decoder_graphs_.size() < kMaxDecoderGraphs) {
     DecoderGraph g;
-    std::vector<int64_t> shape = images[0].sizes().vec();  // [C, h, w]
-    shape.insert(shape.begin(), std::max<int64_t>(image_bucket, 1));
+    // The static input is the images' keys ([images, HW, C], the no-mask dense embedding added):
+    // written by one ImageSideKeys launch per replay, so the graph starts at the decoder.
+    const std::vector<int64_t> shape = {std::max<int64_t>(image_bucket, 1), images[0].size(-2) * images[0].size(-1),
+                                        images[0].size(-3)};
     auto [in, fresh] = decoder_graph_inputs_.try_emplace(shape);
     if (fresh) in->second = at::zeros(shape, images[0].options());
     g.src = in->second;
@@ -153,11 +155,10 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplaySharedPromptGraph(const
     g.packed = at::zeros({bucket, width}, at::TensorOptions().dtype(at::kFloat).device(device_));
     g.packed.narrow(1, 2 * T, T).fill_(-1);
     // The static inputs by value: g itself moves into the cache.
-    auto run = [this, packed = g.packed, src = g.src, bucket, T, image_bucket]() {
+    auto run = [this, packed = g.packed, keys = g.src, bucket, T, image_bucket]() {
       const at::Tensor coords = packed.narrow(1, 0, 2 * T).view({bucket, T, 2});
       const at::Tensor labels = packed.narrow(1, 2 * T, T).to(at::kLong);
       const at::Tensor sparse = sam_->prompt_encoder->EmbedTokens(coords, labels).to(dtype_);
-      const at::Tensor keys = SharedImageDecoder::GroupKeys(src + no_mask_);
       const at::Tensor groups = image_bucket > 0 ? packed.select(1, 3 * T).to(at::kLong) : at::Tensor();
       return shared_dec_->ForwardKeys(keys, groups, sparse);
     };
@@ -165,7 +166,7 @@ std::optional<MaskDecoderImpl::Output> EngineImpl::ReplaySharedPromptGraph(const
   }
   if (it == decoder_graphs_.end()) return std::nullopt;
   DecoderGraph& g = it->second;
-  for (int64_t i = 0; i < ng; ++i) g.src[i].copy_(images[static_cast<size_t>(i)]);
+  kernels::ImageSideKeys(images, no_mask_, g.src);
   g.packed.narrow(0, 0, G).copy_(host, /*non_blocking=*/true);
   g.graph->replay();
   return MaskDecoderImpl::Output{g.masks.narrow(0, 0, G).clone(), g.iou.narrow(0, 0, G).clone()};
@@ -327,18 +328,21 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
           }
         }
         const at::Tensor sparse = encode_prompts();
-        at::Tensor src = at::stack(group_src);
+        at::Tensor keys;
         if (mask_groups.empty()) {
-          src = src + no_mask_;
+          const at::Tensor& e0 = group_src[0];
+          keys = at::empty({ng, e0.size(-2) * e0.size(-1), e0.size(-3)}, e0.options());
+          kernels::ImageSideKeys(group_src, no_mask_, keys);
         } else {
+          at::Tensor src = at::stack(group_src);
           const at::Tensor dense_m = sam_->prompt_encoder->EmbedMasks(at::stack(group_masks).unsqueeze(1).to(dtype_));
           at::Tensor dense = no_mask_.expand({ng, -1, src.size(2), src.size(3)}).clone();
           dense.index_copy_(0, Upload(at::tensor(mask_groups, at::TensorOptions().dtype(at::kLong))), dense_m);
-          src = src + dense;
+          keys = SharedImageDecoder::GroupKeys(src + dense);
         }
         const at::Tensor group_index =
             ng > 1 ? Upload(at::tensor(group_of, at::TensorOptions().dtype(at::kLong))) : at::Tensor();
-        auto dec = RunSharedDecoder(SharedImageDecoder::GroupKeys(src), group_index, sparse);
+        auto dec = RunSharedDecoder(keys, group_index, sparse);
         pending.push_back({dec.iou_predictions, dec.masks, idx});
         continue;
       }

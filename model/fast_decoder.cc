@@ -57,9 +57,7 @@ SharedImageDecoder::SharedImageDecoder(MaskDecoderImpl& decoder, const at::Tenso
   }
   auto& fin = *tr.final_attn_token_to_image;
   final_.w = at::cat({fin.k_proj->weight, fin.v_proj->weight}, 0).contiguous();
-  final_.pe_bias = at::cat({PeTerm(pe, fin.k_proj), fin.v_proj->bias.to(at::kFloat).unsqueeze(0).expand({hw, internal_})}, 1)
-                       .to(fin.k_proj->weight.scalar_type())
-                       .contiguous();
+  final_.k_bias = PeTerm(pe, fin.k_proj).to(fin.k_proj->weight.scalar_type()).contiguous();
 
   const auto conv1 = dec_.output_upscaling->ptr<torch::nn::ConvTranspose2dImpl>(0);
   const auto conv2 = dec_.output_upscaling->ptr<torch::nn::ConvTranspose2dImpl>(3);
@@ -84,31 +82,40 @@ MaskDecoderImpl::Output SharedImageDecoder::forward(const at::Tensor& src_groups
 }
 
 at::Tensor SharedImageDecoder::TokenToImage(const DecoderAttentionImpl& attn, const at::Tensor& q_tokens,
-                                            const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_rows) const {
+                                            const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_rows,
+                                            const at::Tensor& k_bias, const at::Tensor& v_bias) const {
   // q_tokens [N, L, D] (with their pe), k / v [N, HW, I] (projected, possibly strided views), or
-  // [G, HW, I] with kv_rows [N] naming each prompt's row.
+  // [G, HW, I] with kv_rows [N] naming each prompt's row; k_bias [HW, I] and v_bias [I]: what the
+  // projections still lack (their positional share and bias), or undefined.
   const int64_t n = q_tokens.size(0), l = q_tokens.size(1), hw = k.size(1), c = internal_ / heads_;
   const at::Tensor q = Lin(attn.q_proj, q_tokens).view({n, l, heads_, c}).transpose(1, 2);
   const at::Tensor kh = k.view({k.size(0), hw, heads_, c}).transpose(1, 2);
   const at::Tensor vh = v.view({v.size(0), hw, heads_, c}).transpose(1, 2);
-  if (kv_rows.defined()) {
-    // Prompts of several images: the kernel reads each prompt's image rows in place (run 27, H200:
-    // gathering a copy of k and v per prompt cost 0.21 ms for 64 prompts over 16 images).
-    if (attn.few_query_kernel && kernels::FewQueryAttentionFits(q, kh, vh, /*kv_rows=*/true))
-      return Lin(attn.out_proj,
-                 kernels::FewQueryAttentionRows(q, kh, vh, kv_rows, 1.0 / std::sqrt(static_cast<double>(c)))
-                     .view({n, l, internal_}));
-    return Lin(attn.out_proj, attn.Attend(q, kh.index_select(0, kv_rows), vh.index_select(0, kv_rows)));
+  if (!kv_rows.defined() && !k_bias.defined() && !v_bias.defined()) {
+    // The few-query kernel where it fits (a prompt's few tokens against the 4096 positions, split over
+    // the keys), else SDPA or the original's math.
+    return Lin(attn.out_proj, attn.Attend(q, kh, vh));
   }
-  // The few-query kernel where it fits (a prompt's few tokens against the 4096 positions, split over
-  // the keys), else SDPA or the original's math.
-  return Lin(attn.out_proj, attn.Attend(q, kh, vh));
+  // Prompts of several images: the kernel reads each prompt's image rows in place (run 27, H200:
+  // gathering a copy of k and v per prompt cost 0.21 ms for 64 prompts over 16 images), and adds the
+  // biases as it loads the keys and writes the output (no pass over the [N, HW, I] projections).
+  if (attn.few_query_kernel && kernels::FewQueryAttentionFits(q, kh, vh, kv_rows.defined()))
+    return Lin(attn.out_proj, kernels::FewQueryAttentionBiased(q, kh, vh, kv_rows, k_bias, v_bias,
+                                                               1.0 / std::sqrt(static_cast<double>(c)))
+                                  .view({n, l, internal_}));
+  // Elsewhere (CPU, other shapes): the rows gathered and the biases added first.
+  at::Tensor kk = kv_rows.defined() ? kh.index_select(0, kv_rows) : kh;
+  at::Tensor vv = kv_rows.defined() ? vh.index_select(0, kv_rows) : vh;
+  if (k_bias.defined()) kk = kk + k_bias.view({hw, heads_, c}).transpose(0, 1);
+  if (v_bias.defined()) vv = vv + v_bias.view({heads_, 1, c});
+  return Lin(attn.out_proj, attn.Attend(q, kk, vv));
 }
 
 at::Tensor SharedImageDecoder::ImageToToken(const TwoWayAttentionBlockImpl& blk, const BlockTables& t,
                                             const at::Tensor& q_img, const at::Tensor& q_rows,
                                             const at::Tensor& residual, const at::Tensor& residual_rows,
-                                            const at::Tensor& queries, const at::Tensor& query_pe) const {
+                                            const at::Tensor& queries, const at::Tensor& query_pe,
+                                            const at::Tensor& q_bias) const {
   // Per prompt b: keys' = norm4(residual_b + out_proj(softmax(q_img_b k_b^T / sqrt(c)) v_b)), with k_b / v_b
   // the prompt's T tokens projected. out_proj(P V) + bias = sum over heads h of P_h (V_h Wo_h^T) + bias:
   // U_b [(h, t), D] = V_b,h Wo_h^T + bias / H (each head's softmax row sums to 1, so the bias comes out
@@ -126,7 +133,7 @@ at::Tensor SharedImageDecoder::ImageToToken(const TwoWayAttentionBlockImpl& blk,
   // row of keys for all its prompts, a group's row (residual_rows), or the prompt's own keys.
   auto& n4 = blk.norm4;
   return kernels::ImageToTokenUpdate(q_img, kt, q_rows, heads_, scale, u, residual, residual_rows, n4->weight,
-                                     n4->bias, n4->options.eps());
+                                     n4->bias, n4->options.eps(), q_bias);
 }
 
 MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_keys, const at::Tensor& group_of,
@@ -157,9 +164,19 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
     queries = Norm(blk.norm1, queries);
     const bool group_level = !keys.defined();
     const at::Tensor& x = group_level ? group_keys : keys;
-    // token->image k, v and image->token q of this block from one GEMM (pe shares in the table).
+    // token->image k, v and image->token q of this block from one GEMM. Their positional shares and
+    // biases (the table): added to the group's few rows here; for the prompts' own keys (B x 4096
+    // rows) the kernels that read k, v and q add them as they load (FewQueryAttentionBiased,
+    // ImageToTokenUpdate's q_bias), which saves a read and a write of the [B, HW, 3I] projection.
     at::Tensor y = at::linear(x, t.w);  // [N, HW, 3I]
-    kernels::AddRowsBroadcast(y, t.pe_bias);
+    at::Tensor k_bias, v_bias, q_bias;
+    if (group_level) {
+      kernels::AddRowsBroadcast(y, t.pe_bias);
+    } else {
+      k_bias = t.pe_bias.narrow(1, 0, internal_);
+      v_bias = blk.cross_attn_token_to_image->v_proj->bias;
+      q_bias = t.pe_bias.narrow(1, 2 * internal_, internal_);
+    }
     at::Tensor k = y.narrow(2, 0, internal_), v = y.narrow(2, internal_, internal_),
                q_img = y.narrow(2, 2 * internal_, internal_);
     const at::Tensor q_tokens = queries + query_pe;
@@ -169,21 +186,23 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
       attn = TokenToImage(*blk.cross_attn_token_to_image, q_tokens.reshape({1, b * tt, dim_}), k, v)
                  .view({b, tt, dim_});
     } else {
-      attn = TokenToImage(*blk.cross_attn_token_to_image, q_tokens, k, v, group_level ? group_of : at::Tensor());
+      attn = TokenToImage(*blk.cross_attn_token_to_image, q_tokens, k, v, group_level ? group_of : at::Tensor(),
+                          k_bias, v_bias);
     }
     queries = Norm(blk.norm2, queries + attn);
     queries = Norm(blk.norm3, queries + blk.mlp->forward(queries));
     // With one image, x's and q_img's one row serve every prompt; with several, group_of names each
     // prompt's row of both. Later blocks: the prompt's own keys.
     const at::Tensor rows = group_level && g > 1 ? group_of : at::Tensor();
-    keys = ImageToToken(blk, t, q_img, rows, x, rows, queries, query_pe);
+    keys = ImageToToken(blk, t, q_img, rows, x, rows, queries, query_pe, q_bias);
   }
   {
+    // The prompts' own keys: the positional share and the bias added by the attention kernel.
     auto& fin = *tr.final_attn_token_to_image;
-    at::Tensor y = at::linear(keys, final_.w);  // [B, HW, 2I]
-    kernels::AddRowsBroadcast(y, final_.pe_bias);
-    const at::Tensor attn =
-        TokenToImage(fin, queries + query_pe, y.narrow(2, 0, internal_), y.narrow(2, internal_, internal_));
+    const at::Tensor y = at::linear(keys, final_.w);  // [B, HW, 2I]
+    const at::Tensor attn = TokenToImage(fin, queries + query_pe, y.narrow(2, 0, internal_),
+                                         y.narrow(2, internal_, internal_), at::Tensor(),
+                                         final_.k_bias, fin.v_proj->bias);
     queries = Norm(tr.norm_final_attn, queries + attn);
   }
   const int64_t m = dec_.num_mask_tokens;

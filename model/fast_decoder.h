@@ -67,16 +67,18 @@ class SharedImageDecoder {
     at::Tensor wo_bias;  // [D]: image->token out_proj bias
   };
   struct FinalTables {
-    at::Tensor w;        // [2I, D]: final token->image k_proj, v_proj
-    at::Tensor pe_bias;  // [HW, 2I]
+    at::Tensor w;       // [2I, D]: final token->image k_proj, v_proj
+    at::Tensor k_bias;  // [HW, I]: pe·Wk^T + bk (the v bias is v_proj's, added by the attention)
   };
   // q_img and residual: [1, HW, .] (one image for every prompt), [B, HW, .], or the groups'
   // [G, HW, .] with q_rows / residual_rows [B] (int64) naming each prompt's group.
+  // q_bias [HW, I]: q_img's positional share when q_img lacks it (the prompts' own keys), else undefined.
   at::Tensor ImageToToken(const TwoWayAttentionBlockImpl& blk, const BlockTables& t, const at::Tensor& q_img,
                           const at::Tensor& q_rows, const at::Tensor& residual, const at::Tensor& residual_rows,
-                          const at::Tensor& queries, const at::Tensor& query_pe) const;
+                          const at::Tensor& queries, const at::Tensor& query_pe, const at::Tensor& q_bias) const;
   at::Tensor TokenToImage(const DecoderAttentionImpl& attn, const at::Tensor& q_tokens, const at::Tensor& k,
-                          const at::Tensor& v, const at::Tensor& kv_rows = at::Tensor()) const;
+                          const at::Tensor& v, const at::Tensor& kv_rows = at::Tensor(),
+                          const at::Tensor& k_bias = at::Tensor(), const at::Tensor& v_bias = at::Tensor()) const;
   at::Tensor Upscale(const at::Tensor& keys, const at::Tensor& hyper_in) const;
 
   MaskDecoderImpl& dec_;

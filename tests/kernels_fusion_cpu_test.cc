@@ -54,7 +54,7 @@ TEST(kernels_fusion_cpu, ImageToTokenProbsEqualsMatmulSoftmaxPermute) {
 
 // The image->token step with norm4 (the CPU path is its reference) against SAM's arithmetic written
 // out per prompt: softmax of the per-head scores, P u added to the residual, LayerNorm; the residual
-// per prompt, shared by every prompt, and picked per prompt by residual_rows.
+// per prompt, shared by every prompt, and picked per prompt by residual_rows; a q_bias added to q.
 TEST(kernels_fusion_cpu, ImageToTokenUpdateIsProbsValueProductAndNorm) {
   const int64_t B = 3, HW = 20, heads = 4, c = 16, I = heads * c, T = 5, D = 24;
   const double scale = 1.0 / std::sqrt(static_cast<double>(c)), eps = 1e-5;
@@ -82,7 +82,15 @@ TEST(kernels_fusion_cpu, ImageToTokenUpdateIsProbsValueProductAndNorm) {
   EXPECT_LT(MaxAbs(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u, groups, rows, w, bias, eps),
                    original(groups.index_select(0, rows))),
             1e-5);
+  // q_bias (the positional share of the query projection, [HW, I]) is added to every prompt's q:
+  // q - q_bias with q_bias gives SAM's result on q.
+  const at::Tensor q_bias = Randn({HW, I}, 49);
+  EXPECT_LT(MaxAbs(mk::ImageToTokenUpdate(q - q_bias, k, {}, heads, scale, u, own, {}, w, bias, eps, q_bias),
+                   original(own)),
+            1e-5);
   // Mismatched shapes are refused with an error naming the argument.
+  EXPECT_THROW(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u, own, {}, w, bias, eps, q_bias.narrow(0, 0, 8)),
+               c10::Error);
   EXPECT_THROW(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u, groups, {}, w, bias, eps), c10::Error);
   EXPECT_THROW(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u.narrow(1, 0, T), own, {}, w, bias, eps), c10::Error);
   EXPECT_THROW(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u, own, {}, w.narrow(0, 0, 8), bias, eps), c10::Error);
@@ -117,6 +125,48 @@ TEST(kernels_fusion_cpu, FewQueryAttentionIsSdpaInTheOutProjLayout) {
             1e-5);
   EXPECT_THROW(mk::FewQueryAttentionRows(q, kg, vg, rows.narrow(0, 0, 2), scale), c10::Error);
   EXPECT_THROW(mk::FewQueryAttentionRows(q, kg, vg, at::Tensor(), scale), c10::Error);
+  // Biases shared by every batch: a [S, H * C] key table (a strided slice, as of the decoder's pe
+  // table) and a [H * C] value bias give SDPA's result on k + k_bias and v + v_bias, with and without
+  // row indices; each bias on its own too; a mis-sized bias is refused.
+  const at::Tensor k_bias = Randn({S, 3 * H * C}, 33).narrow(1, H * C, H * C), v_bias = Randn({H * C}, 34);
+  const at::Tensor kb = k_bias.view({S, H, C}).transpose(0, 1), vb = v_bias.view({H, 1, C});
+  EXPECT_LT(MaxAbs(mk::FewQueryAttentionBiased(q, k, v, {}, k_bias, v_bias, scale),
+                   at::scaled_dot_product_attention(q, k + kb, v + vb).transpose(1, 2)),
+            1e-5);
+  EXPECT_LT(MaxAbs(mk::FewQueryAttentionBiased(q, kg, vg, rows, k_bias, v_bias, scale),
+                   at::scaled_dot_product_attention(q, kg.index_select(0, rows) + kb, vg.index_select(0, rows) + vb)
+                       .transpose(1, 2)),
+            1e-5);
+  EXPECT_LT(MaxAbs(mk::FewQueryAttentionBiased(q, k, v, {}, k_bias, {}, scale),
+                   at::scaled_dot_product_attention(q, k + kb, v).transpose(1, 2)),
+            1e-5);
+  EXPECT_LT(MaxAbs(mk::FewQueryAttentionBiased(q, k, v, {}, {}, v_bias, scale),
+                   at::scaled_dot_product_attention(q, k, v + vb).transpose(1, 2)),
+            1e-5);
+  EXPECT_THROW(mk::FewQueryAttentionBiased(q, k, v, {}, k_bias.narrow(0, 0, 10), v_bias, scale), c10::Error);
+  EXPECT_THROW(mk::FewQueryAttentionBiased(q, k, v, {}, k_bias, v_bias.narrow(0, 0, 8), scale), c10::Error);
+}
+
+// The shared decoder's image side: out[i][y * w + x][c] = image_i[c][y][x] + bias[c], element by
+// element; rows of out past the images are left alone; mismatched shapes are refused.
+TEST(kernels_fusion_cpu, ImageSideKeysIsBiasedChannelsLastPerImage) {
+  const int64_t C = 6, h = 3, w = 5, N = 2;
+  const std::vector<at::Tensor> images = {Randn({C, h, w}, 61), Randn({1, C, h, w}, 62)};
+  const at::Tensor bias = Randn({1, C, 1, 1}, 63);
+  at::Tensor out = at::full({N + 1, h * w, C}, 7.0);
+  mk::ImageSideKeys(images, bias, out);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t y = 0; y < h; ++y)
+      for (int64_t x = 0; x < w; ++x)
+        for (int64_t c = 0; c < C; ++c)
+          EXPECT_EQ(out[i][y * w + x][c].item<float>(),
+                    images[i].reshape({C, h, w})[c][y][x].item<float>() + bias.view({C})[c].item<float>())
+              << i << " " << y << " " << x << " " << c;
+  EXPECT_TRUE(at::equal(out[N], at::full({h * w, C}, 7.0)));
+  EXPECT_THROW(mk::ImageSideKeys({Randn({C, h, w + 1}, 64)}, bias, out), c10::Error);
+  EXPECT_THROW(mk::ImageSideKeys(images, bias.narrow(1, 0, C - 1), out), c10::Error);
+  at::Tensor small = at::empty({1, h * w, C});
+  EXPECT_THROW(mk::ImageSideKeys(images, bias, small), c10::Error);
 }
 
 TEST(kernels_fusion_cpu, WindowPartitionPadsWithZerosAndUnpartitionCrops) {

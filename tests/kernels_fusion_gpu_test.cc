@@ -330,12 +330,13 @@ TEST(kernels_fusion_gpu, ImageToTokenProbsMatchesReference) {
 }
 
 // The fused image->token step with norm4 against the same function in fp32 on the same (rounded)
-// inputs: the kernel keeps the probabilities, the sum and the statistics in fp32 and rounds once, so
-// it is held to the output rounding (bf16: max abs 4e-2 for |y| <= ~5, rel L2 4e-3; fp16 5e-3 /
-// 1e-3), and it must be no further from fp32 than the unfused composition it replaces (which rounds
-// P and the updated keys to the 16-bit type first). Residual per prompt, shared by all prompts, and
-// picked by residual_rows; T from one token to the kernel's 16 (u staged above 48 KB of shared
-// memory); a position count that ends mid-block and mid-step.
+// inputs: the kernel rounds P to the 16-bit type (as the unfused path does, for the tensor cores)
+// and keeps the sum and the statistics in fp32 with one rounding of the output, so it is held to
+// the output rounding (bf16: max abs 4e-2 for |y| <= ~5, rel L2 4e-3; fp16 5e-3 / 1e-3), and it must
+// be no further from fp32 than the unfused composition it replaces (which also rounds the updated
+// keys first). Residual per prompt, shared by all prompts, and picked by residual_rows; T from one
+// token to the kernel's 16 (k padded to the mma's 16; above 48 KB of shared memory); a position count
+// that ends mid-tile; at T = 7 with and without the positional q_bias added on load.
 TEST(kernels_fusion_gpu, ImageToTokenUpdateMatchesFp32AndBeatsTheUnfusedPath) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 1200;
@@ -356,22 +357,29 @@ TEST(kernels_fusion_gpu, ImageToTokenUpdateMatchesFp32AndBeatsTheUnfusedPath) {
             rows = at::tensor(std::vector<int64_t>{2, 0, 2, 1, 0}, at::TensorOptions().dtype(at::kLong)).to(kCuda);
           const at::Tensor& q_rows = rows;  // q and the residual come from the same image
           const double scale = 0.25, eps = 1e-5;
-          Poison(B * HW * D * 2);
-          const at::Tensor out = mk::ImageToTokenUpdate(q, k, q_rows, heads, scale, u, residual, rows, w, bias, eps);
-          auto f32 = [](const at::Tensor& x) { return x.to(at::kFloat); };
-          const at::Tensor truth = mk::ImageToTokenUpdateReference(f32(q), f32(k), q_rows, heads, scale, f32(u),
-                                                                   f32(residual), rows, f32(w), f32(bias), eps);
-          const at::Tensor unfused =
-              mk::ImageToTokenUpdateReference(q, k, q_rows, heads, scale, u, residual, rows, w, bias, eps);
-          ASSERT_EQ(out.sizes(), truth.sizes());
-          ASSERT_EQ(out.scalar_type(), t);
-          const Err e = Compare(out, truth), eu = Compare(unfused, truth);
-          const std::string name = c10::toString(t) + std::string(" T ") + std::to_string(T) + " mode " +
-                                   std::to_string(mode) + " HW " + std::to_string(HW);
-          EXPECT_TRUE(e.finite) << name;
-          EXPECT_LE(e.max_abs, MaxAbsTol(t)) << name;
-          EXPECT_LE(e.rel_l2, RelTol(t)) << name;
-          EXPECT_LE(e.rel_l2, eu.rel_l2 * 1.05) << name << ": unfused rel L2 " << eu.rel_l2;
+          for (bool with_bias : {false, true}) {
+            if (with_bias && T != 7) continue;
+            // The positional share of the query projection, strided as in the decoder's [HW, 3I] table.
+            const at::Tensor q_bias =
+                with_bias ? Randn({HW, 3 * I}, seed++, t, 1.0).narrow(1, 2 * I, I) : at::Tensor();
+            Poison(B * HW * D * 2);
+            const at::Tensor out =
+                mk::ImageToTokenUpdate(q, k, q_rows, heads, scale, u, residual, rows, w, bias, eps, q_bias);
+            auto f32 = [](const at::Tensor& x) { return x.defined() ? x.to(at::kFloat) : x; };
+            const at::Tensor truth = mk::ImageToTokenUpdateReference(
+                f32(q), f32(k), q_rows, heads, scale, f32(u), f32(residual), rows, f32(w), f32(bias), eps, f32(q_bias));
+            const at::Tensor unfused =
+                mk::ImageToTokenUpdateReference(q, k, q_rows, heads, scale, u, residual, rows, w, bias, eps, q_bias);
+            ASSERT_EQ(out.sizes(), truth.sizes());
+            ASSERT_EQ(out.scalar_type(), t);
+            const Err e = Compare(out, truth), eu = Compare(unfused, truth);
+            const std::string name = c10::toString(t) + std::string(" T ") + std::to_string(T) + " mode " +
+                                     std::to_string(mode) + " HW " + std::to_string(HW) + (with_bias ? " q_bias" : "");
+            EXPECT_TRUE(e.finite) << name;
+            EXPECT_LE(e.max_abs, MaxAbsTol(t)) << name;
+            EXPECT_LE(e.rel_l2, RelTol(t)) << name;
+            EXPECT_LE(e.rel_l2, eu.rel_l2 * 1.05) << name << ": unfused rel L2 " << eu.rel_l2;
+          }
         }
       }
     }
@@ -452,6 +460,71 @@ TEST(kernels_fusion_gpu, FewQueryAttentionRowsEqualsAttendingToGatheredRows) {
                     .rel_l2,
                 0.05)
           << name;
+    }
+  }
+}
+
+// The positional share of the key projection ([S, H * C], strided as in the decoder's [HW, 3I] table)
+// added to the keys as they are loaded and the value bias added to the output: held to the fp32
+// reference on k + k_bias, v + v_bias with the tolerances above (one rounding, at the output);
+// a click (32 key splits, the combine kernel adds the value bias), 64 prompts of one image each
+// (3 splits), and 64 prompts over 16 images read by row.
+TEST(kernels_fusion_gpu, FewQueryAttentionBiasedEqualsAttendingToBiasedKeysAndValues) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1400;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+    for (const auto& [N, G] : {std::pair<int64_t, int64_t>{1, 1}, {64, 64}, {64, 16}}) {
+      const int64_t H = 8, L = 7, S = 4096, C = 16;
+      const at::Tensor y = Randn({G, S, 3 * H * C}, seed++, t, 2.0);
+      const at::Tensor k = y.narrow(2, 0, H * C).view({G, S, H, C}).transpose(1, 2);
+      const at::Tensor v = y.narrow(2, H * C, H * C).view({G, S, H, C}).transpose(1, 2);
+      const at::Tensor q = Randn({N, L, H, C}, seed++, t, 2.0).transpose(1, 2);
+      const at::Tensor k_bias = Randn({S, 3 * H * C}, seed++, t, 1.0).narrow(1, 0, H * C);
+      const at::Tensor v_bias = Randn({H * C}, seed++, t, 0.5);
+      const at::Tensor rows =
+          N == G ? at::Tensor() : (at::arange(N, at::TensorOptions().dtype(at::kLong)) * 7 % G).to(kCuda);
+      const double scale = 0.25;
+      const std::string name = c10::toString(t) + std::string(" N ") + std::to_string(N) + " G " + std::to_string(G);
+      ASSERT_TRUE(mk::FewQueryAttentionFits(q, k, v, /*kv_rows=*/rows.defined())) << name;
+      Poison(N * L * H * C * 2 + N * H * 64 * L * (C + 2) * 4);
+      const at::Tensor out = mk::FewQueryAttentionBiased(q, k, v, rows, k_bias, v_bias, scale);
+      auto f32 = [](const at::Tensor& x) { return x.to(at::kFloat); };
+      const at::Tensor kk = rows.defined() ? k.index_select(0, rows) : k;
+      const at::Tensor vv = rows.defined() ? v.index_select(0, rows) : v;
+      const at::Tensor ref = mk::FewQueryAttentionReference(
+          f32(q), f32(kk) + f32(k_bias).view({S, H, C}).transpose(0, 1), f32(vv) + f32(v_bias).view({H, 1, C}), scale);
+      ASSERT_EQ(out.sizes(), ref.sizes()) << name;
+      ASSERT_EQ(out.scalar_type(), t) << name;
+      const Err e = Compare(out, ref);
+      EXPECT_TRUE(e.finite) << name;
+      EXPECT_LE(e.max_abs, t == at::kBFloat16 ? 1.6e-2 : 2e-3) << name;
+      EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 5e-3 : 1e-3) << name;
+      // The biases are used: without them the answer is far off.
+      EXPECT_GT(Compare(out, mk::FewQueryAttentionReference(f32(q), f32(kk), f32(vv), scale)).rel_l2, 0.05) << name;
+    }
+  }
+}
+
+// The shared decoder's image side in one launch: bit-identical to ATen's add of the no-mask dense
+// embedding then the transposing copy (both round the fp32 sum once); SAM's [256, 64, 64] for 1, 16
+// and 70 images (two launches of at most 64), a shape that ends mid-tile, fp32 (ATen's path); rows
+// of out past the images untouched.
+TEST(kernels_fusion_gpu, ImageSideKeysEqualsAddThenTranspose) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1500;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (auto [n, C, h, w] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 256, 64, 64}, {16, 256, 64, 64},
+                              {70, 256, 64, 64}, {3, 40, 5, 7}}) {
+      if (n == 70 && t == at::kFloat) continue;
+      std::vector<at::Tensor> images;
+      for (int64_t i = 0; i < n; ++i) images.push_back(Randn({C, h, w}, seed++, t));
+      const at::Tensor bias = Randn({1, C, 1, 1}, seed++, t);
+      at::Tensor out = at::full({n + 1, h * w, C}, 7.0, at::TensorOptions().dtype(t).device(kCuda));
+      mk::ImageSideKeys(images, bias, out);
+      const at::Tensor expected = (at::stack(images) + bias).flatten(2).transpose(1, 2);
+      const std::string name = c10::toString(t) + std::string(" n ") + std::to_string(n) + " C " + std::to_string(C);
+      EXPECT_TRUE(at::equal(out.narrow(0, 0, n), expected)) << name;
+      EXPECT_TRUE(at::equal(out[n], at::full({h * w, C}, 7.0, out.options()))) << name;
     }
   }
 }
