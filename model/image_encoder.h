@@ -31,6 +31,10 @@ struct PatchEmbedImpl : torch::nn::Module {
   PatchEmbedImpl(int64_t patch, int64_t in_chans, int64_t embed_dim);
   // [B, 3, H, W] -> [B, H/patch, W/patch, embed_dim]
   at::Tensor forward(const at::Tensor& x);
+  // The same function as one GEMM over the non-overlapping patches (the im2col is a permuting copy),
+  // the bias in its epilogue: [B, H/patch, W/patch, embed_dim] contiguous (forward's result is a
+  // permuted view). H and W must be multiples of the patch size (SAM pads the image to img_size).
+  at::Tensor ForwardRows(const at::Tensor& x);
   torch::nn::Conv2d proj{nullptr};
 };
 TORCH_MODULE(PatchEmbed);

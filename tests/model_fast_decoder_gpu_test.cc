@@ -213,5 +213,64 @@ TEST(SharedImageDecoderCuda, GraphsOverSeveralImagesMatchEagerAndDoNotLeakBetwee
   }
 }
 
+// One prompt per image over up to 64 images in a pass (a served click load with a client per
+// image): the shared-prompt graph of image bucket 64 (its static keys written by ImageSideKeys) and
+// the eager decoder give the same masks to rounding, for 33 and 64 images.
+TEST(SharedImageDecoderCuda, GraphsOverUpToSixtyFourImagesMatchEager) {
+  if (!torch::cuda::is_available() || !kernels::BuiltWithCuda()) GTEST_SKIP() << "no CUDA device";
+  auto [graphs, eager] = FastAndChanged([](FastPathOptions& f) { f.cuda_graphs = false; });
+  ASSERT_TRUE(graphs && eager);
+  auto embed = [&](Engine& e) {
+    std::vector<std::shared_ptr<const Embedding>> all;
+    for (int first = 0; first < 64; first += 16) {
+      std::vector<PreparedImage> prepared;
+      for (int n = first; n < first + 16; ++n) {
+        ImageRGB8 im{96 + 4 * n, 80 + 2 * n, {}};
+        im.pixels.resize(static_cast<size_t>(im.width) * im.height * 3);
+        for (size_t i = 0; i < im.pixels.size(); ++i) im.pixels[i] = static_cast<uint8_t>((i * (3 + n) + 7 * n) % 251);
+        prepared.push_back(*e.Prepare(im));
+      }
+      auto embs = e.Encode(prepared);
+      EXPECT_TRUE(embs.ok()) << embs.status().ToString();
+      if (!embs.ok()) return all;
+      all.insert(all.end(), embs->begin(), embs->end());
+    }
+    return all;
+  };
+  const auto embs_g = embed(*graphs), embs_e = embed(*eager);
+  ASSERT_EQ(embs_g.size(), 64u);
+  ASSERT_EQ(embs_e.size(), 64u);
+  for (int images : {33, 64}) {
+    auto decode = [&](Engine& e, const std::vector<std::shared_ptr<const Embedding>>& embs) {
+      std::vector<DecodeItem> items;
+      for (int k = 0; k < images; ++k) {
+        PromptSpec p;
+        p.points = {{static_cast<float>(10 + k), static_cast<float>(20 + k / 2), 1}};
+        p.multimask = true;
+        items.push_back({embs[static_cast<size_t>(k)], p});
+      }
+      auto out = e.Decode(items);
+      EXPECT_TRUE(out.ok()) << out.status().ToString();
+      return out.ok() ? *out : std::vector<DecodedPrompt>{};
+    };
+    const auto g = decode(*graphs, embs_g), e = decode(*eager, embs_e);
+    ASSERT_EQ(g.size(), static_cast<size_t>(images));
+    ASSERT_EQ(e.size(), static_cast<size_t>(images));
+    double worst = 0;
+    for (int i = 0; i < images; ++i) {
+      const auto lg = g[i].logits->ToFloat(), le = e[i].logits->ToFloat();
+      ASSERT_EQ(lg.size(), le.size());
+      double num = 0, den = 0;
+      for (size_t k = 0; k < lg.size(); ++k) {
+        num += (lg[k] - le[k]) * (lg[k] - le[k]);
+        den += le[k] * le[k];
+      }
+      worst = std::max(worst, std::sqrt(num / std::max(den, 1e-12)));
+    }
+    std::printf("%d images, a prompt each: worst per-prompt logits rel L2 graph vs eager %.3e\n", images, worst);
+    EXPECT_LE(worst, 2e-2) << images;
+  }
+}
+
 }  // namespace
 }  // namespace maskd

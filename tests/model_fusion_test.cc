@@ -61,6 +61,21 @@ TEST(EncoderFusion, FusedBlocksEqualTheUnfusedEncoder) {
   EXPECT_TRUE(at::equal(again, ref));
 }
 
+// The patch embedding as a GEMM over the patches is the stride-16 convolution, written contiguous
+// in the [B, h, w, C] layout; an input that is not a whole number of patches is refused.
+TEST(EncoderFusion, PatchEmbedRowsIsTheConvolution) {
+  torch::NoGradGuard no_grad;
+  PatchEmbed pe(16, 3, 24);
+  torch::manual_seed(13);
+  for (auto& p : pe->parameters()) p.normal_();
+  const at::Tensor x = torch::randn({2, 3, 64, 48});
+  const at::Tensor rows = pe->ForwardRows(x);
+  ASSERT_EQ(rows.sizes(), (std::vector<int64_t>{2, 4, 3, 24}));
+  EXPECT_TRUE(rows.is_contiguous());
+  EXPECT_LT(MaxAbs(rows, pe->forward(x)), 1e-4);
+  EXPECT_THROW(pe->ForwardRows(torch::randn({1, 3, 40, 48})), c10::Error);
+}
+
 TEST(EncoderFusion, GeluEpilogueMlpIsTheMlp) {
   // On the CPU, _addmm_activation computes addmm + the exact (erf) GELU, so the fused MLP must equal
   // lin2(gelu(lin1(x))) up to rounding; on CUDA its GELU is cuBLASLt's epilogue (model_fusion_gpu_test).
