@@ -1,6 +1,9 @@
 #include "server/lifecycle.h"
 
 #include <atomic>
+#include <cstdio>
+#include <exception>
+#include <string>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -19,7 +22,30 @@ const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTE
   std::_Exit(code);
 }
 
+[[noreturn]] void LogUncaughtAndAbort() {
+  std::string what = "std::terminate without an active exception";
+  if (const std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = std::string("uncaught exception: ") + x.what();
+    } catch (...) {
+      what = "uncaught exception of a type not derived from std::exception";
+    }
+  }
+  if (what.size() > 4096) what.resize(4096);
+  try {
+    spdlog::default_logger()->flush();
+  } catch (...) {
+  }
+  std::fprintf(stderr, "maskd: fatal: %s (thread %lu)\n", what.c_str(),
+               static_cast<unsigned long>(pthread_self()));
+  std::fflush(stderr);
+  std::abort();
+}
 }  // namespace
+
+void InstallTerminateHandler() { std::set_terminate(&LogUncaughtAndAbort); }
 
 sigset_t BlockShutdownSignals() {
   sigset_t signals;

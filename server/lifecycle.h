@@ -16,6 +16,12 @@ inline constexpr double kShutdownMarginS = 2;
 // ServeUntilSignalled's waiter receives them. Call it first thing in main, before any thread exists.
 sigset_t BlockShutdownSignals();
 
+// Makes std::terminate (an exception that escaped a thread, a destructor or a noexcept function)
+// write what the exception said to stderr before aborting: "maskd: fatal: uncaught exception in
+// thread T: <what()>" (at most 4 KB of it; c10 errors carry their C++ backtrace), where the default
+// handler prints only the type. Logs are flushed first. Call it first thing in main.
+void InstallTerminateHandler();
+
 // Starts `server` and serves until a signal of `signals` arrives, then shuts it down. Returns the
 // process's exit code: 0 after a signal, also one that arrives while the model loads; 1 when the
 // server cannot start (the reason is logged). Exits the process itself (std::_Exit(0), logs flushed)

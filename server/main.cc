@@ -13,6 +13,7 @@
 #include "server/startup.h"
 
 int main(int argc, char** argv) {
+  maskd::server::InstallTerminateHandler();
   maskd::server::MarkProcessMain();
   maskd::server::ConfigParseResult parsed = maskd::server::ParseConfig(argc, argv);
   if (parsed.exit) {

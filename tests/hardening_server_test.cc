@@ -9,6 +9,7 @@
 #include <optional>
 #include <regex>
 #include <set>
+#include <stdexcept>
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -36,6 +37,19 @@ using fake::FakeEngineOptions;
 
 // ---------------------------------------------------------------------------------------------------
 // Finding 1: result ids are unguessable and scoped to their image.
+
+// An exception that escapes a worker thread ends maskd with its message on stderr, not only the
+// default handler's type name (run 30: "terminate called after throwing an instance of
+// 'c10::AcceleratorError'" and nothing else).
+TEST(HardeningTerminateDeathTest, UncaughtExceptionsMessageReachesStderr) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        server::InstallTerminateHandler();
+        std::thread([] { throw std::runtime_error("CUDA error: an illegal memory access (test)"); }).join();
+      },
+      "maskd: fatal: uncaught exception: CUDA error: an illegal memory access \\(test\\) \\(thread [0-9]+\\)");
+}
 
 TEST(HardeningResultIds, AreHex128BitAndNeverRepeat) {
   ResultStore a(1 << 20), b(1 << 20);
