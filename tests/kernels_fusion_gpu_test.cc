@@ -63,6 +63,16 @@ std::string Name(const LnCase& c, at::ScalarType t) {
 double MaxAbsTol(at::ScalarType t) { return t == at::kBFloat16 ? 4e-2 : t == at::kHalf ? 5e-3 : 1e-4; }
 double RelTol(at::ScalarType t) { return t == at::kBFloat16 ? 4e-3 : t == at::kHalf ? 1e-3 : 1e-5; }
 
+// The few-query attention kernels against an fp32 reference: fp32 scores, softmax and sums, only the
+// summation order differs, then one rounding of the output (bf16 max abs 1.6e-2, rel L2 5e-3; fp16
+// 2e-3 / 1e-3).
+void ExpectFewQueryClose(const at::Tensor& out, const at::Tensor& ref, at::ScalarType t, const std::string& name) {
+  const Err e = Compare(out, ref);
+  EXPECT_TRUE(e.finite) << name;
+  EXPECT_LE(e.max_abs, t == at::kBFloat16 ? 1.6e-2 : 2e-3) << name;
+  EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 5e-3 : 1e-3) << name;
+}
+
 TEST(kernels_fusion_gpu, AddLayerNormMatchesReference) {
   SKIP_WITHOUT_GPU();
   const std::vector<LnCase> cases = {
@@ -412,11 +422,7 @@ TEST(kernels_fusion_gpu, FewQueryAttentionMatchesReferenceAndSdpa) {
       const at::Tensor ref = mk::FewQueryAttentionReference(q, k, v, scale);
       ASSERT_EQ(out.sizes(), ref.sizes()) << name;
       ASSERT_EQ(out.scalar_type(), t) << name;
-      // fp32 scores, softmax and sums; only the summation order differs, then one rounding.
-      const Err e = Compare(out, ref);
-      EXPECT_TRUE(e.finite) << name;
-      EXPECT_LE(e.max_abs, t == at::kBFloat16 ? 1.6e-2 : 2e-3) << name;
-      EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 5e-3 : 1e-3) << name;
+      ExpectFewQueryClose(out, ref, t, name);
       // SDPA (what it replaces) agrees to the same order.
       const at::Tensor sdpa = at::scaled_dot_product_attention(q, k, v).transpose(1, 2);
       EXPECT_LE(Compare(out, sdpa).rel_l2, t == at::kBFloat16 ? 1e-2 : 2e-3) << name;
@@ -450,10 +456,7 @@ TEST(kernels_fusion_gpu, FewQueryAttentionRowsEqualsAttendingToGatheredRows) {
       const at::Tensor out = mk::FewQueryAttentionRows(q, k, v, rows, scale);
       const at::Tensor ref = mk::FewQueryAttentionReference(q, k.index_select(0, rows), v.index_select(0, rows), scale);
       ASSERT_EQ(out.sizes(), ref.sizes()) << name;
-      const Err e = Compare(out, ref);
-      EXPECT_TRUE(e.finite) << name;
-      EXPECT_LE(e.max_abs, t == at::kBFloat16 ? 1.6e-2 : 2e-3) << name;
-      EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 5e-3 : 1e-3) << name;
+      ExpectFewQueryClose(out, ref, t, name);
       // Not the same as reading row n: the index is used.
       EXPECT_GT(Compare(out, mk::FewQueryAttentionReference(q, k.narrow(0, 0, 1).expand({N, H, S, C}),
                                                             v.narrow(0, 0, 1).expand({N, H, S, C}), scale))
@@ -495,10 +498,7 @@ TEST(kernels_fusion_gpu, FewQueryAttentionBiasedEqualsAttendingToBiasedKeysAndVa
           f32(q), f32(kk) + f32(k_bias).view({S, H, C}).transpose(0, 1), f32(vv) + f32(v_bias).view({H, 1, C}), scale);
       ASSERT_EQ(out.sizes(), ref.sizes()) << name;
       ASSERT_EQ(out.scalar_type(), t) << name;
-      const Err e = Compare(out, ref);
-      EXPECT_TRUE(e.finite) << name;
-      EXPECT_LE(e.max_abs, t == at::kBFloat16 ? 1.6e-2 : 2e-3) << name;
-      EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 5e-3 : 1e-3) << name;
+      ExpectFewQueryClose(out, ref, t, name);
       // The biases are used: without them the answer is far off.
       EXPECT_GT(Compare(out, mk::FewQueryAttentionReference(f32(q), f32(kk), f32(vv), scale)).rel_l2, 0.05) << name;
     }
