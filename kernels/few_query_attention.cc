@@ -25,6 +25,14 @@ void CheckFewQueryArgs(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                   q.device() == v.device(),
               "FewQueryAttention: q, k and v must share dtype and device");
 }
+// kv_rows, when given, names one k / v row per query batch: [N] int64 on q's device.
+void CheckKvRows(const at::Tensor& q, const at::Tensor& kv_rows, bool required, const char* who) {
+  TORCH_CHECK(kv_rows.defined() ? kv_rows.dim() == 1 && kv_rows.size(0) == q.size(0) &&
+                                      kv_rows.scalar_type() == at::kLong && kv_rows.device() == q.device()
+                                : !required,
+              who, ": expected kv_rows [", q.size(0), "] int64 on q's device, got ",
+              kv_rows.defined() ? Describe(kv_rows) : std::string("none"));
+}
 }  // namespace
 
 at::Tensor FewQueryAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
@@ -133,10 +141,7 @@ at::Tensor FewQueryAttention(const at::Tensor& q, const at::Tensor& k, const at:
 at::Tensor FewQueryAttentionRows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& kv_rows, double scale, Stream stream) {
   CheckFewQueryArgs(q, k, v, /*rows=*/true);
-  TORCH_CHECK(kv_rows.defined() && kv_rows.dim() == 1 && kv_rows.size(0) == q.size(0) &&
-                  kv_rows.scalar_type() == at::kLong && kv_rows.device() == q.device(),
-              "FewQueryAttentionRows: expected kv_rows [", q.size(0), "] int64 on q's device, got ",
-              kv_rows.defined() ? Describe(kv_rows) : std::string("none"));
+  CheckKvRows(q, kv_rows, /*required=*/true, "FewQueryAttentionRows");
   return FewQueryAttentionImpl(q, k, v, kv_rows, at::Tensor(), at::Tensor(), scale, stream);
 }
 
@@ -144,10 +149,7 @@ at::Tensor FewQueryAttentionBiased(const at::Tensor& q, const at::Tensor& k, con
                                    const at::Tensor& kv_rows, const at::Tensor& k_bias, const at::Tensor& v_bias,
                                    double scale, Stream stream) {
   CheckFewQueryArgs(q, k, v, /*rows=*/kv_rows.defined());
-  TORCH_CHECK(!kv_rows.defined() || (kv_rows.dim() == 1 && kv_rows.size(0) == q.size(0) &&
-                                     kv_rows.scalar_type() == at::kLong && kv_rows.device() == q.device()),
-              "FewQueryAttentionBiased: expected kv_rows [", q.size(0), "] int64 on q's device, got ",
-              kv_rows.defined() ? Describe(kv_rows) : std::string("none"));
+  CheckKvRows(q, kv_rows, /*required=*/false, "FewQueryAttentionBiased");
   const int64_t s = k.size(2), hc = q.size(1) * q.size(3);
   TORCH_CHECK(!k_bias.defined() || (k_bias.dim() == 2 && k_bias.size(0) == s && k_bias.size(1) == hc &&
                                     k_bias.scalar_type() == q.scalar_type() && k_bias.device() == q.device()),

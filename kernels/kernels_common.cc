@@ -4,6 +4,10 @@
 #include "kernels/internal.h"
 #include "kernels/kernels.h"
 
+#ifdef MASKD_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 namespace maskd::kernels {
 
 bool BuiltWithCuda() {
@@ -52,9 +56,8 @@ void CheckLaunch(cudaError_t err, const char* kernel) {
 }
 
 int MultiProcessors(const at::Device& device) {
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index());
-  return std::max(sms, 1);
+  // LibTorch's per-device properties, queried once: the grid sizings call this at every launch.
+  return std::max(at::cuda::getDeviceProperties(device.index())->multiProcessorCount, 1);
 }
 
 detail::DType ToDType(at::ScalarType t, const char* name) {

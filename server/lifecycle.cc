@@ -1,12 +1,12 @@
 #include "server/lifecycle.h"
 
 #include <atomic>
-#include <cstdio>
-#include <exception>
-#include <string>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <exception>
+#include <string>
 #include <thread>
 
 #include <pthread.h>
