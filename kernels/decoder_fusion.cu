@@ -350,12 +350,14 @@ constexpr int kHeads = kImageToTokenUpdateHeads;
 constexpr int kTileRows = 64;   // positions per tile: 4 groups of 16 rows, each by two warps (128 channels each)
 constexpr int kUPitch = kD + 8; // u's rows in shared memory (elements): +16 B, conflict-free ldmatrix
 constexpr int kKStride = 20;    // floats per (token, head) in shared memory: 16 + 4 (16-byte aligned)
+constexpr int kXPitch = kD + 8; // the residual/output tile's rows in shared memory: 528 B, an odd multiple of
+                                // 16 B, so the fragment-layout accesses of a warp hit 32 distinct banks
 // P's k dimension padded to the mma's 16, and its row pitch (an odd multiple of 16 bytes).
 __host__ __device__ constexpr int KPad(int ht) { return (ht + 15) / 16 * 16; }
 __host__ __device__ constexpr int PPitch(int ht) { return KPad(ht) + 8; }
 __host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens) {
   return KPad(ht) * kUPitch * elem + kTileRows * PPitch(ht) * elem + tokens * kHeads * kKStride * 4 +
-         2 * 2 * kTileRows * 4;
+         2 * 2 * kTileRows * 4 + kTileRows * kXPitch * elem;
 }
 
 template <typename T>
@@ -396,7 +398,11 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   //      accumulators start at the residual, += P u on the tensor cores (mma.m16n8k16, fp32; P by
   //      ldmatrix, u [k][n] by ldmatrix.trans);
   //   3. LayerNorm per row from the accumulators: the halves' totals through shared memory (mean,
-  //      then the squared deviations), the affine, one rounding, 4-byte stores.
+  //      then the squared deviations), the affine, one rounding.
+  // The residual tile comes into shared memory by 16-byte cp.async issued before step 1 (the copy
+  // overlaps the softmax), and the output tile goes out through the same buffer as 16-byte rows: the
+  // accumulators' fragment layout touches 16 bytes of 8 rows per warp access, which read and wrote
+  // global memory in 4-byte pieces (run 29: ~1.3 TB/s).
   extern __shared__ __align__(16) unsigned char smem[];
   const int tokens = a.probs.tokens, ht = upd::kHeads * tokens, kpad = upd::KPad(ht), ppitch = upd::PPitch(ht);
   T* u_s = reinterpret_cast<T*>(smem);
@@ -404,6 +410,7 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   float* k_s = reinterpret_cast<float*>(p_s + upd::kTileRows * ppitch);
   float* red_sum = k_s + tokens * upd::kHeads * upd::kKStride;
   float* red_sq = red_sum + 2 * upd::kTileRows;
+  T* x_s = reinterpret_cast<T*>(red_sq + 2 * upd::kTileRows);  // the residual tile, then the output tile
   const int tid = threadIdx.x;
   const int64_t b = blockIdx.y;
   {
@@ -434,7 +441,17 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   const int64_t tiles = (positions + upd::kTileRows - 1) / upd::kTileRows;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t row0 = tile * upd::kTileRows;
-    __syncthreads();  // staging done; the previous tile's reads of p_s and the row totals done
+    __syncthreads();  // staging done; the previous tile's reads of p_s, x_s and the row totals done
+    // The tile's residual rows: 64 x 32 16-byte chunks, a warp per row and access; rows past the end
+    // are zero-filled (their outputs are not stored).
+#pragma unroll
+    for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / kThreads; ++i) {
+      const int chunk = tid + i * kThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
+      const bool valid = row0 + r < positions;
+      CpAsync16(SmemAddr(x_s + r * upd::kXPitch + 8 * c8), rbase + (valid ? (row0 + r) * upd::kD + 8 * c8 : 0),
+                valid);
+    }
+    CpAsyncCommit();
 #pragma unroll 1
     for (int i = 0; i < upd::kTileRows * upd::kHeads / kThreads; ++i) {
       const int pair = tid + i * kThreads, r = pair / upd::kHeads, h = pair % upd::kHeads;
@@ -453,16 +470,15 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
       for (int t = 0; t < kProbsMaxTokens; ++t)
         if (t < tokens) pr[t] = FromFloat<T>(s[t]);
     }
+    CpAsyncWait<0>();
     __syncthreads();
-    const int64_t pa = row0 + rg * 16 + g, pb = pa + 8;
-    const bool va = pa < positions, vb = pb < positions;
     float acc[16][4];
+    T* xa = x_s + (rg * 16 + g) * upd::kXPitch + col0;  // this lane's rows g and g + 8 of the tile
     {
-      const T* ra = rbase + pa * upd::kD + col0;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const float2 x = va ? upd::Load2(ra + 8 * j) : make_float2(0.f, 0.f);
-        const float2 y = vb ? upd::Load2(ra + 8 * upd::kD + 8 * j) : make_float2(0.f, 0.f);
+        const float2 x = upd::Load2(xa + 8 * j);
+        const float2 y = upd::Load2(xa + 8 * upd::kXPitch + 8 * j);
         acc[j][0] = x.x;
         acc[j][1] = x.y;
         acc[j][2] = y.x;
@@ -498,17 +514,23 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
     }
     const float2 sq = upd::RowTotals(q0, q1, red_sq, half, r0, tq == 0);
     const float rstd0 = rsqrtf(sq.x / upd::kD + a.eps), rstd1 = rsqrtf(sq.y / upd::kD + a.eps);
-    T* oa = obase + pa * upd::kD + col0;
     const T* wp = static_cast<const T*>(a.weight) + col0;
     const T* bp = static_cast<const T*>(a.bias) + col0;
+    // Each lane overwrites only the residual values it read itself.
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float2 w = upd::Load2(wp + 8 * j), bi = upd::Load2(bp + 8 * j);
-      if (va)
-        upd::Store2(oa + 8 * j, (acc[j][0] - mean0) * rstd0 * w.x + bi.x, (acc[j][1] - mean0) * rstd0 * w.y + bi.y);
-      if (vb)
-        upd::Store2(oa + 8 * upd::kD + 8 * j, (acc[j][2] - mean1) * rstd1 * w.x + bi.x,
-                    (acc[j][3] - mean1) * rstd1 * w.y + bi.y);
+      upd::Store2(xa + 8 * j, (acc[j][0] - mean0) * rstd0 * w.x + bi.x, (acc[j][1] - mean0) * rstd0 * w.y + bi.y);
+      upd::Store2(xa + 8 * upd::kXPitch + 8 * j, (acc[j][2] - mean1) * rstd1 * w.x + bi.x,
+                  (acc[j][3] - mean1) * rstd1 * w.y + bi.y);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / kThreads; ++i) {
+      const int chunk = tid + i * kThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
+      if (row0 + r < positions)
+        *reinterpret_cast<uint4*>(obase + (row0 + r) * upd::kD + 8 * c8) =
+            *reinterpret_cast<const uint4*>(x_s + r * upd::kXPitch + 8 * c8);
     }
   }
 }
@@ -517,8 +539,9 @@ template <typename T>
 cudaError_t LaunchImageToTokenUpdateT(const ImageToTokenUpdateArgs& a, int sms, cudaStream_t stream) {
   const int ht = upd::kHeads * a.probs.tokens;
   const int bytes = upd::SharedBytes(static_cast<int>(sizeof(T)), ht, a.probs.tokens);
-  // Above the default 48 KB from T = 7 on (u alone is 4 KB a token in 16 bits). Set at each such
-  // launch, as flash-attention does: the attribute is per device, and the call is legal in a capture.
+  // Above the default 48 KB from T = 1 on (the residual/output tile is 33 KB, u 4 KB a token in 16
+  // bits; ~82 KB at T = 7, two blocks per SM). Set at each such launch, as flash-attention does: the
+  // attribute is per device, and the call is legal in a capture.
   if (bytes > 48 * 1024) {
     const cudaError_t attr =
         cudaFuncSetAttribute(ImageToTokenUpdateKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
