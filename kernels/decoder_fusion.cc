@@ -229,7 +229,7 @@ at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const
 }
 
 at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& hyper,
-                        int64_t h, int64_t width, Stream stream) {
+                        int64_t h, int64_t width, const UpscaleInputNorm& norm, Stream stream) {
   TORCH_CHECK(hyper.dim() == 3 && w.dim() == 2 && w.size(1) % 4 == 0 && hyper.size(2) == w.size(1) / 4,
               "UpscaleHyper: expected w [C1, 4*C2] and hyper [B, M, C2], got ", Describe(w), " and ", Describe(hyper));
   TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(0) && x.size(0) == hyper.size(0) * h * width * 4,
@@ -237,6 +237,10 @@ at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tens
               Describe(x));
   TORCH_CHECK(bias.dim() == 1 && bias.size(0) == w.size(1), "UpscaleHyper: expected bias [", w.size(1), "], got ",
               Describe(bias));
+  const bool normed = norm.weight.defined();
+  TORCH_CHECK(!normed || (norm.weight.dim() == 1 && norm.weight.size(0) == x.size(1) && norm.bias.defined() &&
+                          norm.bias.sizes() == norm.weight.sizes()),
+              "UpscaleHyper: expected the input norm's weight and bias [", x.size(1), "]");
 #ifdef MASKD_WITH_CUDA
   const auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
   if (x.is_cuda() && x.scalar_type() != at::kFloat && x.size(1) == 64 && w.size(1) == 128 && hyper.size(1) == 4 &&
@@ -244,9 +248,14 @@ at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tens
     bool ok = true;
     for (const auto* t : {&w, &bias, &hyper})
       ok = ok && t->scalar_type() == x.scalar_type() && t->device() == x.device();
+    if (normed)
+      for (const auto* t : {&norm.weight, &norm.bias})
+        ok = ok && t->scalar_type() == x.scalar_type() && t->device() == x.device();
     if (ok) {
       const at::Tensor xc = x.contiguous(), wc = w.contiguous(), bc = bias.contiguous(), hc = hyper.contiguous();
-      if (aligned(xc) && aligned(wc)) {
+      const at::Tensor nw = normed ? norm.weight.contiguous() : at::Tensor(),
+                       nb = normed ? norm.bias.contiguous() : at::Tensor();
+      if (aligned(xc) && aligned(wc) && (!normed || (aligned(nw) && aligned(nb)))) {
         internal::StreamScope scope(stream, x.device());
         at::Tensor out = at::empty({hyper.size(0), 4, 4 * h, 4 * width}, x.options());
         detail::UpscaleHyperArgs a;
@@ -258,6 +267,11 @@ at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tens
         a.rows = x.size(0);
         a.grid_h = static_cast<int>(h);
         a.grid_w = static_cast<int>(width);
+        if (normed) {
+          a.norm_weight = nw.data_ptr();
+          a.norm_bias = nb.data_ptr();
+          a.norm_eps = static_cast<float>(norm.eps);
+        }
         internal::CheckLaunch(detail::LaunchUpscaleHyper(a, internal::ToDType(x.scalar_type(), "x"),
                                                          internal::MultiProcessors(x.device()), scope.get()),
                               "UpscaleHyperKernel");
@@ -266,6 +280,8 @@ at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tens
     }
   }
 #endif
+  if (normed) return UpscaleHyper(RowNorm(x, norm.weight, norm.bias, norm.eps, /*gelu=*/true, stream), w, bias,
+                                  hyper, h, width, {}, stream);
   (void)stream;
   return UpscaleHyperReference(x, w, bias, hyper, h, width);
 }

@@ -58,22 +58,14 @@ __device__ __forceinline__ float RoundTo(float v) {
   return ToFloat(FromFloat<T>(v));
 }
 
+// LayerNorm (+ GELU) of a row of 8 L values held by L consecutive lanes (8 each, a 16-byte chunk;
+// `lane` = the chunk's index): statistics in fp32 through xor-shuffles within the L-lane group (every
+// lane of the warp takes part), the affine, GELU (erf form) on the fp32 value when asked, one
+// rounding to T. RowNormKernel and UpscaleHyperKernel's fused input norm: the same arithmetic.
 template <typename T, int L>
-__global__ void __launch_bounds__(kThreads) RowNormKernel(const RowNormArgs a) {
+__device__ __forceinline__ uint4 NormalizeRowChunk(const float (&v)[8], const void* weight, const void* bias,
+                                                   int lane, float eps, bool gelu) {
   constexpr int kC = 8 * L;
-  const int lane = threadIdx.x % L;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / L) + threadIdx.x / L;
-  const bool active = row < a.rows;
-  float v[8];
-  if (active) {
-    const uint4 raw = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + row * kC)[lane];
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = ToFloat(e[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = 0.f;
-  }
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) sum += v[i];
@@ -85,10 +77,9 @@ __global__ void __launch_bounds__(kThreads) RowNormKernel(const RowNormArgs a) {
   for (int i = 0; i < 8; ++i) sq += (v[i] - mean) * (v[i] - mean);
 #pragma unroll
   for (int o = L / 2; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-  const float rstd = rsqrtf(sq / kC + a.eps);
-  if (!active) return;
-  const uint4 wraw = reinterpret_cast<const uint4*>(a.weight)[lane];
-  const uint4 braw = reinterpret_cast<const uint4*>(a.bias)[lane];
+  const float rstd = rsqrtf(sq / kC + eps);
+  const uint4 wraw = reinterpret_cast<const uint4*>(weight)[lane];
+  const uint4 braw = reinterpret_cast<const uint4*>(bias)[lane];
   const T* we = reinterpret_cast<const T*>(&wraw);
   const T* be = reinterpret_cast<const T*>(&braw);
   uint4 oraw;
@@ -96,10 +87,29 @@ __global__ void __launch_bounds__(kThreads) RowNormKernel(const RowNormArgs a) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     float y = (v[i] - mean) * rstd * ToFloat(we[i]) + ToFloat(be[i]);
-    if (a.gelu) y = 0.5f * y * (1.f + erff(y * 0.70710678118654752f));
+    if (gelu) y = 0.5f * y * (1.f + erff(y * 0.70710678118654752f));
     o[i] = FromFloat<T>(y);
   }
-  reinterpret_cast<uint4*>(static_cast<T*>(a.out) + row * kC)[lane] = oraw;
+  return oraw;
+}
+
+template <typename T>
+__device__ __forceinline__ void Widen8(const uint4& raw, float (&v)[8]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = ToFloat(e[i]);
+}
+
+template <typename T, int L>
+__global__ void __launch_bounds__(kThreads) RowNormKernel(const RowNormArgs a) {
+  constexpr int kC = 8 * L;
+  const int lane = threadIdx.x % L;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / L) + threadIdx.x / L;
+  const bool active = row < a.rows;
+  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (active) Widen8<T>(reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + row * kC)[lane], v);
+  const uint4 out = NormalizeRowChunk<T, L>(v, a.weight, a.bias, lane, a.eps, a.gelu);
+  if (active) reinterpret_cast<uint4*>(static_cast<T*>(a.out) + row * kC)[lane] = out;
 }
 
 template <typename T>
@@ -119,88 +129,123 @@ __global__ void __launch_bounds__(kThreads) AddRowsBroadcastKernel(void* y, cons
 
 
 namespace up {
-constexpr int kRows = 32;        // GEMM rows per tile: 8 embedding columns x (dy, dx)
-constexpr int kK = 64;           // input channels
-constexpr int kN = 128;          // (ddy, ddx, c) output columns
-constexpr int kC = 32;           // channels per sub-pixel
-constexpr int kM = 4;            // masks
-constexpr int kXs = kK + 8;      // padded leading dimensions (bank spread; WMMA needs multiples of 8 / 4)
-constexpr int kWs = kN + 8;
-constexpr int kAcc = kN + 4;
+constexpr int kRows = 32;     // GEMM rows per tile: 8 embedding columns x (dy, dx)
+constexpr int kK = 64;        // input channels
+constexpr int kN = 128;       // (ddy, ddx, c) output columns
+constexpr int kC = 32;        // channels per sub-pixel
+constexpr int kM = 4;         // masks
+constexpr int kXs = kK + 8;   // x rows in shared memory: 144 B, an ldmatrix's 8 rows on distinct banks
+constexpr int kWs = kN + 8;   // w rows: 272 B, likewise
+constexpr int kThreads = 128; // 4 warps: rows 16 (warp / 2).., columns 64 (warp % 2)..
 }  // namespace up
 
+// Per tile of 32 rows (one prompt b, one embedding row y, columns x0..x0+7, all (dy, dx)):
+//   1. the x tile [32, 64] arrives by cp.async, issued one tile ahead (two buffers); with the input
+//      norm, each 16-byte chunk is normalised in place (NormalizeRowChunk, the RowNorm kernel's
+//      arithmetic: 8 lanes a row);
+//   2. warp (rows 16 (w / 2).., columns 64 (w % 2)..): x w on the tensor cores (mma.m16n8k16, fp32;
+//      x by ldmatrix, w [k][n] by ldmatrix.trans from shared memory, staged once per block);
+//   3. from the accumulators, in registers: + bias, rounded to T, GELU, rounded to T (the unfused
+//      path's two stores), times the prompt's hypernetwork vectors, summed over a sub-pixel's 32
+//      channels (each lane holds 8: a quad's four lanes reduce by shuffles); lane t of a quad
+//      keeps mask t's two values;
+//   4. the tile's 512 mask values through shared memory into the [B, 4, 4h, 4w] pixel order, written
+//      as 16 rows of 32 contiguous pixels.
 template <typename T>
-__global__ void __launch_bounds__(128) UpscaleHyperKernel(const UpscaleHyperArgs a) {
-  using namespace nvcuda;
-  __shared__ __align__(32) T xs[up::kRows * up::kXs];
-  __shared__ __align__(32) T ws[up::kK * up::kWs];
-  __shared__ __align__(32) float acc[up::kRows * up::kAcc];
+__global__ void __launch_bounds__(up::kThreads) UpscaleHyperKernel(const UpscaleHyperArgs a) {
+  __shared__ __align__(16) T ws[up::kK * up::kWs];
+  __shared__ __align__(16) T xs[2][up::kRows * up::kXs];
   __shared__ float bias[up::kN];
   __shared__ float hyper[up::kM * up::kC];
   __shared__ __align__(16) T ost[up::kM * 4 * 32];
-  const int tid = threadIdx.x, warp = tid / 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const T* x = static_cast<const T*>(a.x);
   const T* wg = static_cast<const T*>(a.w);
-  for (int i = tid; i < up::kK * up::kN / 8; i += 128) {
+  for (int i = tid; i < up::kK * up::kN / 8; i += up::kThreads) {
     const int r = i / (up::kN / 8), c = (i % (up::kN / 8)) * 8;
     *reinterpret_cast<uint4*>(ws + r * up::kWs + c) = reinterpret_cast<const uint4*>(wg)[i];
   }
-  for (int i = tid; i < up::kN; i += 128) bias[i] = ToFloat(static_cast<const T*>(a.bias)[i]);
+  for (int i = tid; i < up::kN; i += up::kThreads) bias[i] = ToFloat(static_cast<const T*>(a.bias)[i]);
   const int64_t per_image = static_cast<int64_t>(a.grid_h) * a.grid_w * 4;
   const int64_t tiles = a.rows / up::kRows;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  // Thread's two 16-byte chunks of a tile: rows tid / 8 and tid / 8 + 16, chunk tid % 8 (8 lanes a row).
+  auto issue = [&](int64_t tile, int buf) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int r = tid / 8 + 16 * k, c8 = tid % 8;
+      CpAsync16(SmemAddr(xs[buf] + r * up::kXs + 8 * c8), x + (tile * up::kRows + r) * up::kK + 8 * c8, true);
+    }
+    CpAsyncCommit();
+  };
+  const int rb = (warp / 2) * 16, cb = (warp % 2) * 64;
+  const int lr = lane % 16, lc = 8 * (lane / 16);  // ldmatrix row / column offsets of this lane
+  int buf = 0;
+  if (blockIdx.x < tiles) issue(blockIdx.x, 0);
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, buf ^= 1) {
+    __syncthreads();  // the previous tile's reads of xs[buf ^ 1], hyper and ost done; w staged
+    if (tile + gridDim.x < tiles) {
+      issue(tile + gridDim.x, buf ^ 1);
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
     const int64_t r0 = tile * up::kRows;
     const int64_t b = r0 / per_image;
     const int64_t rem = r0 - b * per_image;
     const int y = static_cast<int>(rem / (4 * a.grid_w));
     const int x0 = static_cast<int>(rem % (4 * a.grid_w)) / 4;  // first embedding column of the tile
-    // x tile: 32 rows x 64 channels = 256 16-byte vectors.
-    for (int i = tid; i < up::kRows * up::kK / 8; i += 128) {
-      const int r = i / (up::kK / 8), c = (i % (up::kK / 8)) * 8;
-      *reinterpret_cast<uint4*>(xs + r * up::kXs + c) =
-          reinterpret_cast<const uint4*>(x + (r0 + r) * up::kK)[c / 8];
-    }
     hyper[tid] = ToFloat(static_cast<const T*>(a.hyper)[b * up::kM * up::kC + tid]);
+    if (a.norm_weight) {  // each thread normalises the chunks it copied (its own cp.async is complete)
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        uint4* chunk = reinterpret_cast<uint4*>(xs[buf] + (tid / 8 + 16 * k) * up::kXs + 8 * (tid % 8));
+        float v[8];
+        Widen8<T>(*chunk, v);
+        *chunk = NormalizeRowChunk<T, 8>(v, a.norm_weight, a.norm_bias, tid % 8, a.norm_eps, true);
+      }
+    }
     __syncthreads();
-    {
-      // Warp w: rows 16 (w / 2) .. +16, columns 64 (w % 2) .. +64 (4 tiles of 16).
-      const int rb = (warp / 2) * 16, cb = (warp % 2) * 64;
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> f[4];
+    float acc[8][4] = {};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wmma::fill_fragment(f[j], 0.0f);
+    for (int kk = 0; kk < up::kK; kk += 16) {
+      uint32_t af[4];
+      LdMatrixX4(af, SmemAddr(xs[buf] + (rb + lr) * up::kXs + kk + lc));
 #pragma unroll
-      for (int k = 0; k < up::kK; k += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-        wmma::load_matrix_sync(fa, xs + rb * up::kXs + k, up::kXs);
+      for (int j = 0; j < 8; j += 2) {
+        uint32_t bf[4];
+        LdMatrixX4Trans(bf, SmemAddr(ws + (kk + lr) * up::kWs + cb + 8 * j + lc));
+        Mma<T>::Run(acc[j], af, bf[0], bf[1]);
+        Mma<T>::Run(acc[j + 1], af, bf[2], bf[3]);
+      }
+    }
+    // n-tiles 4 grp.. 4 grp + 3 are sub-pixel sp = cb / 32 + grp; lane (g, t) holds rows g, g + 8 and
+    // channels 8 jj + 2t, + 1 of each.
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
-          wmma::load_matrix_sync(fb, ws + k * up::kWs + cb + 16 * j, up::kWs);
-          wmma::mma_sync(f[j], fa, fb, f[j]);
+    for (int grp = 0; grp < 2; ++grp) {
+      float o[2][up::kM] = {};
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * jj + 2 * t + (e % 2);
+          const float v = RoundTo<T>(acc[4 * grp + jj][e] + bias[cb + 32 * grp + c]);
+          const float h = RoundTo<T>(0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
+#pragma unroll
+          for (int m = 0; m < up::kM; ++m) o[e / 2][m] = fmaf(h, hyper[m * up::kC + c], o[e / 2][m]);
         }
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        wmma::store_matrix_sync(acc + rb * up::kAcc + cb + 16 * j, f[j], up::kAcc, wmma::mem_row_major);
-    }
-    __syncthreads();
-    {
-      // Thread: sub-pixel g = (ddy, ddx) = warp, tile row = lane: (column x0 + row / 4, dy, dx).
-      const int row = tid % 32, g = warp;
-      const float* ar = acc + row * up::kAcc + g * up::kC;
-      const float* br = bias + g * up::kC;
-      float o[up::kM] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
-      for (int c = 0; c < up::kC; ++c) {
-        const float v = RoundTo<T>(ar[c] + br[c]);
-        const float h = RoundTo<T>(0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
+      for (int rr = 0; rr < 2; ++rr) {
 #pragma unroll
-        for (int m = 0; m < up::kM; ++m) o[m] += h * hyper[m * up::kC + c];
+        for (int m = 0; m < up::kM; ++m) {
+          o[rr][m] += __shfl_xor_sync(0xffffffffu, o[rr][m], 1);
+          o[rr][m] += __shfl_xor_sync(0xffffffffu, o[rr][m], 2);
+        }
+        const float mine = t == 0 ? o[rr][0] : t == 1 ? o[rr][1] : t == 2 ? o[rr][2] : o[rr][3];
+        const int row = rb + g + 8 * rr, sp = cb / 32 + grp;
+        const int xl = row / 4, dy = (row % 4) / 2, dx = row % 2, ddy = sp / 2, ddx = sp % 2;
+        ost[((t * 2 + dy) * 2 + ddy) * 32 + 4 * xl + 2 * dx + ddx] = FromFloat<T>(mine);
       }
-      const int xl = row / 4, dy = (row % 4) / 2, dx = row % 2, ddy = g / 2, ddx = g % 2;
-#pragma unroll
-      for (int m = 0; m < up::kM; ++m)
-        ost[((m * 2 + dy) * 2 + ddy) * 32 + 4 * xl + 2 * dx + ddx] = FromFloat<T>(o[m]);
     }
     __syncthreads();
     {
@@ -350,12 +395,14 @@ constexpr int kHeads = kImageToTokenUpdateHeads;
 constexpr int kTileRows = 64;   // positions per tile: 4 groups of 16 rows, each by two warps (128 channels each)
 constexpr int kUPitch = kD + 8; // u's rows in shared memory (elements): +16 B, conflict-free ldmatrix
 constexpr int kKStride = 20;    // floats per (token, head) in shared memory: 16 + 4 (16-byte aligned)
+constexpr int kXPitch = kD + 8; // the residual/output tile's rows in shared memory: 528 B, an odd multiple of
+                                // 16 B, so the fragment-layout accesses of a warp hit 32 distinct banks
 // P's k dimension padded to the mma's 16, and its row pitch (an odd multiple of 16 bytes).
 __host__ __device__ constexpr int KPad(int ht) { return (ht + 15) / 16 * 16; }
 __host__ __device__ constexpr int PPitch(int ht) { return KPad(ht) + 8; }
 __host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens) {
   return KPad(ht) * kUPitch * elem + kTileRows * PPitch(ht) * elem + tokens * kHeads * kKStride * 4 +
-         2 * 2 * kTileRows * 4;
+         2 * 2 * kTileRows * 4 + kTileRows * kXPitch * elem;
 }
 
 template <typename T>
@@ -396,7 +443,11 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   //      accumulators start at the residual, += P u on the tensor cores (mma.m16n8k16, fp32; P by
   //      ldmatrix, u [k][n] by ldmatrix.trans);
   //   3. LayerNorm per row from the accumulators: the halves' totals through shared memory (mean,
-  //      then the squared deviations), the affine, one rounding, 4-byte stores.
+  //      then the squared deviations), the affine, one rounding.
+  // The residual tile comes into shared memory by 16-byte cp.async issued before step 1 (the copy
+  // overlaps the softmax), and the output tile goes out through the same buffer as 16-byte rows: the
+  // accumulators' fragment layout touches 16 bytes of 8 rows per warp access, which read and wrote
+  // global memory in 4-byte pieces (run 29: ~1.3 TB/s).
   extern __shared__ __align__(16) unsigned char smem[];
   const int tokens = a.probs.tokens, ht = upd::kHeads * tokens, kpad = upd::KPad(ht), ppitch = upd::PPitch(ht);
   T* u_s = reinterpret_cast<T*>(smem);
@@ -404,6 +455,7 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   float* k_s = reinterpret_cast<float*>(p_s + upd::kTileRows * ppitch);
   float* red_sum = k_s + tokens * upd::kHeads * upd::kKStride;
   float* red_sq = red_sum + 2 * upd::kTileRows;
+  T* x_s = reinterpret_cast<T*>(red_sq + 2 * upd::kTileRows);  // the residual tile, then the output tile
   const int tid = threadIdx.x;
   const int64_t b = blockIdx.y;
   {
@@ -434,7 +486,17 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   const int64_t tiles = (positions + upd::kTileRows - 1) / upd::kTileRows;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t row0 = tile * upd::kTileRows;
-    __syncthreads();  // staging done; the previous tile's reads of p_s and the row totals done
+    __syncthreads();  // staging done; the previous tile's reads of p_s, x_s and the row totals done
+    // The tile's residual rows: 64 x 32 16-byte chunks, a warp per row and access; rows past the end
+    // are zero-filled (their outputs are not stored).
+#pragma unroll
+    for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / kThreads; ++i) {
+      const int chunk = tid + i * kThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
+      const bool valid = row0 + r < positions;
+      CpAsync16(SmemAddr(x_s + r * upd::kXPitch + 8 * c8), rbase + (valid ? (row0 + r) * upd::kD + 8 * c8 : 0),
+                valid);
+    }
+    CpAsyncCommit();
 #pragma unroll 1
     for (int i = 0; i < upd::kTileRows * upd::kHeads / kThreads; ++i) {
       const int pair = tid + i * kThreads, r = pair / upd::kHeads, h = pair % upd::kHeads;
@@ -453,16 +515,15 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
       for (int t = 0; t < kProbsMaxTokens; ++t)
         if (t < tokens) pr[t] = FromFloat<T>(s[t]);
     }
+    CpAsyncWait<0>();
     __syncthreads();
-    const int64_t pa = row0 + rg * 16 + g, pb = pa + 8;
-    const bool va = pa < positions, vb = pb < positions;
     float acc[16][4];
+    T* xa = x_s + (rg * 16 + g) * upd::kXPitch + col0;  // this lane's rows g and g + 8 of the tile
     {
-      const T* ra = rbase + pa * upd::kD + col0;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const float2 x = va ? upd::Load2(ra + 8 * j) : make_float2(0.f, 0.f);
-        const float2 y = vb ? upd::Load2(ra + 8 * upd::kD + 8 * j) : make_float2(0.f, 0.f);
+        const float2 x = upd::Load2(xa + 8 * j);
+        const float2 y = upd::Load2(xa + 8 * upd::kXPitch + 8 * j);
         acc[j][0] = x.x;
         acc[j][1] = x.y;
         acc[j][2] = y.x;
@@ -498,17 +559,23 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
     }
     const float2 sq = upd::RowTotals(q0, q1, red_sq, half, r0, tq == 0);
     const float rstd0 = rsqrtf(sq.x / upd::kD + a.eps), rstd1 = rsqrtf(sq.y / upd::kD + a.eps);
-    T* oa = obase + pa * upd::kD + col0;
     const T* wp = static_cast<const T*>(a.weight) + col0;
     const T* bp = static_cast<const T*>(a.bias) + col0;
+    // Each lane overwrites only the residual values it read itself.
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float2 w = upd::Load2(wp + 8 * j), bi = upd::Load2(bp + 8 * j);
-      if (va)
-        upd::Store2(oa + 8 * j, (acc[j][0] - mean0) * rstd0 * w.x + bi.x, (acc[j][1] - mean0) * rstd0 * w.y + bi.y);
-      if (vb)
-        upd::Store2(oa + 8 * upd::kD + 8 * j, (acc[j][2] - mean1) * rstd1 * w.x + bi.x,
-                    (acc[j][3] - mean1) * rstd1 * w.y + bi.y);
+      upd::Store2(xa + 8 * j, (acc[j][0] - mean0) * rstd0 * w.x + bi.x, (acc[j][1] - mean0) * rstd0 * w.y + bi.y);
+      upd::Store2(xa + 8 * upd::kXPitch + 8 * j, (acc[j][2] - mean1) * rstd1 * w.x + bi.x,
+                  (acc[j][3] - mean1) * rstd1 * w.y + bi.y);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / kThreads; ++i) {
+      const int chunk = tid + i * kThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
+      if (row0 + r < positions)
+        *reinterpret_cast<uint4*>(obase + (row0 + r) * upd::kD + 8 * c8) =
+            *reinterpret_cast<const uint4*>(x_s + r * upd::kXPitch + 8 * c8);
     }
   }
 }
@@ -517,8 +584,9 @@ template <typename T>
 cudaError_t LaunchImageToTokenUpdateT(const ImageToTokenUpdateArgs& a, int sms, cudaStream_t stream) {
   const int ht = upd::kHeads * a.probs.tokens;
   const int bytes = upd::SharedBytes(static_cast<int>(sizeof(T)), ht, a.probs.tokens);
-  // Above the default 48 KB from T = 7 on (u alone is 4 KB a token in 16 bits). Set at each such
-  // launch, as flash-attention does: the attribute is per device, and the call is legal in a capture.
+  // Above the default 48 KB from T = 1 on (the residual/output tile is 33 KB, u 4 KB a token in 16
+  // bits; ~82 KB at T = 7, two blocks per SM). Set at each such launch, as flash-attention does: the
+  // attribute is per device, and the call is legal in a capture.
   if (bytes > 48 * 1024) {
     const cudaError_t attr =
         cudaFuncSetAttribute(ImageToTokenUpdateKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -584,12 +652,16 @@ cudaError_t LaunchImageSideKeys(const ImageSideKeysArgs& a, DType dtype, cudaStr
 cudaError_t LaunchUpscaleHyper(const UpscaleHyperArgs& a, DType dtype, int sms, cudaStream_t stream) {
   if (a.rows <= 0) return cudaSuccess;
   if (dtype == DType::kFloat32 || a.rows % up::kRows != 0 || a.grid_w % 8 != 0) return cudaErrorInvalidValue;
+  if (a.norm_weight && (reinterpret_cast<uintptr_t>(a.norm_weight) % 16 != 0 ||
+                        reinterpret_cast<uintptr_t>(a.norm_bias) % 16 != 0))
+    return cudaErrorInvalidValue;
+  // ~29 KB of shared memory a block: 7 fit an SM; 6 per SM over the tiles.
   const int64_t tiles = a.rows / up::kRows;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(sms) * 4));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(sms) * 6));
   if (dtype == DType::kBFloat16)
-    UpscaleHyperKernel<__nv_bfloat16><<<grid, 128, 0, stream>>>(a);
+    UpscaleHyperKernel<__nv_bfloat16><<<grid, up::kThreads, 0, stream>>>(a);
   else
-    UpscaleHyperKernel<__half><<<grid, 128, 0, stream>>>(a);
+    UpscaleHyperKernel<__half><<<grid, up::kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -11,6 +11,13 @@
 //     softmax in fp32, as in FlashAttention);
 //   - each thread accumulates fixed (query, channel) outputs over the chunk, rescaled by the change
 //     of its row's running max.
+// For 16 channels a head (the token->image attentions, the decoder's heavy ones) FewQueryMmaKernel
+// does the same on the tensor cores: the queries padded to one m16 tile of mma.m16n8k16, each of the
+// block's 4 warps an online softmax of its own over 32 keys a step (K, the key bias and V staged
+// by cp.async, two stages; S = Q K^T + Q B^T in fp32 accumulators, P V with P split into two 16-bit
+// halves, hi + lo, so that P keeps ~16 bits as in the fp32 path), merged across the warps at the end.
+// The CUDA-core kernel spent its time on shared-memory loads (two a multiply-add; run 29: 0.31 ms for
+// the two calls of 64 prompts on an H100, ~3x the traffic floor of reading k and v).
 // With one split the block writes the normalised output; with several it writes fp32 partials
 // (accumulator, max, sum) and FewQueryCombineKernel merges them. Output [N, L, H, C], the layout the
 // output projection reads. Optional biases (the decoder's positional share of the key projection and
@@ -24,12 +31,19 @@
 
 #include "kernels/float_convert.cuh"
 #include "kernels/launchers.h"
+#include "kernels/mma_sync.cuh"
 
 namespace maskd::kernels::detail {
 namespace {
 
 constexpr int kFqThreads = 128;
 constexpr int kFqChunk = kFqThreads;  // keys per chunk: one per thread
+
+// The value bias of head h, channel c (0 without one): added to the normalised output.
+template <typename T>
+__device__ __forceinline__ float ValueBias(const FewQueryAttentionArgs& a, int h, int c) {
+  return a.v_bias ? ToFloat(static_cast<const T*>(a.v_bias)[h * a.head_dim + c]) : 0.f;
+}
 
 template <typename T, int C>
 __global__ void __launch_bounds__(kFqThreads) FewQueryAttentionKernel(const FewQueryAttentionArgs a) {
@@ -141,14 +155,209 @@ __global__ void __launch_bounds__(kFqThreads) FewQueryAttentionKernel(const FewQ
     const int l = tid / C + r * kRowGroups;
     if (l >= L) continue;
     if (a.splits == 1) {
-      const float vbias = a.v_bias ? ToFloat(static_cast<const T*>(a.v_bias)[h * C + c]) : 0.f;
-      static_cast<T*>(a.out)[((n * L + l) * a.heads + h) * C + c] = FromFloat<T>(acc[r] / row_d[l] + vbias);
+      static_cast<T*>(a.out)[((n * L + l) * a.heads + h) * C + c] =
+          FromFloat<T>(acc[r] / row_d[l] + ValueBias<T>(a, h, c));
     } else {
       float* part = a.partial + (((n * a.heads + h) * a.splits + split) * L + l) * (C + 2);
       part[c] = acc[r];
       if (c == 0) {
         part[C] = row_m[l];
         part[C + 1] = row_d[l];
+      }
+    }
+  }
+}
+
+namespace fqm {
+constexpr int kC = 16;                    // channels a head
+constexpr int kWarps = kFqThreads / 32;   // a chunk of 128 keys: 32 per warp
+constexpr int kKeys = kFqChunk / kWarps;  // keys per warp and step
+constexpr int kPitch = kC + 8;            // 48-byte rows: an ldmatrix's 8 rows fall on distinct banks
+constexpr int kTile = kKeys * kPitch;     // one staged [32 keys, 16] tile (elements)
+constexpr int kStages = 2;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+// Two 16-bit values as one .b32 (the low half the lower column), zero past the queries.
+template <typename T>
+__device__ __forceinline__ uint32_t QueryPair(const T* q, int64_t row_stride, int row, int col, int rows) {
+  if (row >= rows) return 0u;
+  const T x = q[row * row_stride + col], y = q[row * row_stride + col + 1];
+  return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&x)) |
+         (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&y)) << 16);
+}
+}  // namespace fqm
+
+// One block per (split, head, batch) as FewQueryAttentionKernel, 4 warps. Warp w takes keys
+// [chunk + 32 w, chunk + 32 w + 32) of each chunk of its split's range: its own running max m, sum
+// d and output accumulators O (16 x 16, fp32) for the 16 (padded) query rows, as a flash-decoding
+// split of its own; the block merges the 4 at the end (out = sum_w e^(m_w - M) O_w / sum_w e^(m_w
+// - M) d_w) and writes the output or the split's partial, in FewQueryAttentionKernel's format.
+// Fragments (mma_sync.cuh): lane (g, t) holds S and O for query rows g and g + 8. Scores are in the
+// same units as FewQueryAttentionKernel's (scale q.k), so FewQueryCombineKernel merges either.
+template <typename T>
+__global__ void __launch_bounds__(kFqThreads) FewQueryMmaKernel(const FewQueryAttentionArgs a) {
+  using fqm::kC;
+  using fqm::kKeys;
+  using fqm::kPitch;
+  using fqm::kTile;
+  __shared__ __align__(16) T tiles[fqm::kWarps][fqm::kStages][3][kTile];  // K, key bias, V: 36 KB
+  __shared__ float warp_m[fqm::kWarps][16], warp_d[fqm::kWarps][16];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+  const int64_t n = blockIdx.z;
+  const int h = blockIdx.y, split = blockIdx.x, L = a.queries;
+  const T* qb = static_cast<const T*>(a.q) + n * a.q_stride[0] + h * a.q_stride[1];
+  const int64_t nkv = a.kv_rows ? a.kv_rows[n] : n;
+  const T* kb = static_cast<const T*>(a.k) + nkv * a.k_stride[0] + h * a.k_stride[1];
+  const T* vb = static_cast<const T*>(a.v) + nkv * a.v_stride[0] + h * a.v_stride[1];
+  const T* bb = a.k_bias ? static_cast<const T*>(a.k_bias) + h * kC : nullptr;
+  // Q as the A fragment (rows g, g + 8; channels 2t.., 2t + 8..), unscaled: the scale is applied to
+  // the fp32 scores.
+  const uint32_t qa[4] = {fqm::QueryPair(qb, a.q_stride[2], g, 2 * t, L), fqm::QueryPair(qb, a.q_stride[2], g + 8, 2 * t, L),
+                          fqm::QueryPair(qb, a.q_stride[2], g, 2 * t + 8, L),
+                          fqm::QueryPair(qb, a.q_stride[2], g + 8, 2 * t + 8, L)};
+  const int64_t begin = static_cast<int64_t>(split) * a.chunks_per_split * kFqChunk;
+  const int64_t end = min(static_cast<int64_t>(a.keys), begin + static_cast<int64_t>(a.chunks_per_split) * kFqChunk);
+  // Stage the warp's 32 keys from key0: lane = key, two 16-byte pieces of each row; keys past the end
+  // are zero-filled (their scores are then masked).
+  auto stage_keys = [&](int64_t key0, int stage) {
+    const int64_t j = key0 + lane;
+    const bool valid = j < end;
+    const int64_t jj = valid ? j : 0;
+    T* dst = tiles[warp][stage][0] + lane * kPitch;
+#pragma unroll
+    for (int u = 0; u < kC / 8; ++u) {
+      CpAsync16(SmemAddr(dst + 8 * u), kb + jj * a.k_stride[2] + 8 * u, valid);
+      if (bb) CpAsync16(SmemAddr(dst + kTile + 8 * u), bb + jj * a.k_bias_row_stride + 8 * u, valid);
+      CpAsync16(SmemAddr(dst + 2 * kTile + 8 * u), vb + jj * a.v_stride[2] + 8 * u, valid);
+    }
+    CpAsyncCommit();
+  };
+  float m[2] = {fqm::kNegInf, fqm::kNegInf}, d[2] = {0.f, 0.f};
+  float o[2][4] = {};
+  // ldmatrix addresses of this lane: non-trans (K, bias): matrices (keys 0-7 | 8-15) x (channels
+  // 0-7 | 8-15) in the order b0, b1 of keys 0-7, then of keys 8-15; trans (V): keys 0-7 | 8-15 of
+  // channels 0-7, then of channels 8-15.
+  const int k_row = (lane % 8) + 8 * (lane / 16), k_col = 8 * ((lane / 8) % 2);
+  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2), v_col = 8 * (lane / 16);
+  int stage = 0;
+  const int64_t first = begin + warp * kKeys;
+  if (first < end) stage_keys(first, 0);
+  for (int64_t key0 = first; key0 < end; key0 += kFqChunk) {
+    if (key0 + kFqChunk < end) {
+      stage_keys(key0 + kFqChunk, stage ^ 1);
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncwarp();
+    const T* kt = tiles[warp][stage][0];
+    float s[4][4] = {};  // n-tile nt: keys 8 nt + 2t, + 1 of rows g (0, 1) and g + 8 (2, 3)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t f[4];
+      LdMatrixX4(f, SmemAddr(kt + (16 * half + k_row) * kPitch + k_col));
+      Mma<T>::Run(s[2 * half], qa, f[0], f[1]);
+      Mma<T>::Run(s[2 * half + 1], qa, f[2], f[3]);
+      if (bb) {  // Q (K + B)^T = Q K^T + Q B^T, both in the fp32 accumulators
+        LdMatrixX4(f, SmemAddr(kt + kTile + (16 * half + k_row) * kPitch + k_col));
+        Mma<T>::Run(s[2 * half], qa, f[0], f[1]);
+        Mma<T>::Run(s[2 * half + 1], qa, f[2], f[3]);
+      }
+    }
+    float mx[2] = {fqm::kNegInf, fqm::kNegInf};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool valid = key0 + 8 * nt + 2 * t + (e % 2) < end;
+        s[nt][e] = valid ? s[nt][e] * a.scale : fqm::kNegInf;
+        mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);  // finite: key0 itself is a key of the range
+      const float alpha = __expf(m[r] - m_new);  // 0 on the warp's first step (m = -inf)
+      m[r] = m_new;
+      d[r] *= alpha;
+#pragma unroll
+      for (int ct = 0; ct < 2; ++ct) {
+        o[ct][2 * r] *= alpha;
+        o[ct][2 * r + 1] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = __expf(s[nt][e] - m[e / 2]);  // 0 for the masked keys
+        d[e / 2] += s[nt][e];
+      }
+    }
+    // O += P V over two k-steps of 16 keys; P (fp32) as hi + lo 16-bit halves. The C fragment of S
+    // for keys 16 ks.. 16 ks + 15 is the A fragment of P for that k-step.
+    const T* vt = kt + 2 * kTile;
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float* pv = &s[2 * ks + i / 2][2 * (i % 2)];
+        const float h0 = ToFloat(FromFloat<T>(pv[0])), h1 = ToFloat(FromFloat<T>(pv[1]));
+        hi[i] = Mma<T>::Pack(h0, h1);
+        lo[i] = Mma<T>::Pack(pv[0] - h0, pv[1] - h1);
+      }
+      uint32_t f[4];
+      LdMatrixX4Trans(f, SmemAddr(vt + (16 * ks + v_row) * kPitch + v_col));
+      Mma<T>::Run(o[0], hi, f[0], f[1]);
+      Mma<T>::Run(o[0], lo, f[0], f[1]);
+      Mma<T>::Run(o[1], hi, f[2], f[3]);
+      Mma<T>::Run(o[1], lo, f[2], f[3]);
+    }
+    __syncwarp();  // the stage is read before the next step's copies overwrite it
+    stage ^= 1;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    d[r] += __shfl_xor_sync(0xffffffffu, d[r], 1);
+    d[r] += __shfl_xor_sync(0xffffffffu, d[r], 2);
+  }
+  __syncthreads();  // every warp done with its tiles: they hold the warps' O from here
+  float* ow = reinterpret_cast<float*>(&tiles[0][0][0][0]);  // [warps][16 rows][16 channels]
+  if (t == 0) {
+    warp_m[warp][g] = m[0];
+    warp_m[warp][g + 8] = m[1];
+    warp_d[warp][g] = d[0];
+    warp_d[warp][g + 8] = d[1];
+  }
+#pragma unroll
+  for (int ct = 0; ct < 2; ++ct) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ow[(warp * 16 + g + 8 * (e / 2)) * kC + 8 * ct + 2 * t + (e % 2)] = o[ct][e];
+  }
+  __syncthreads();
+  for (int i = tid; i < L * kC; i += kFqThreads) {
+    const int l = i / kC, c = i % kC;
+    float mm = fqm::kNegInf;
+#pragma unroll
+    for (int w = 0; w < fqm::kWarps; ++w) mm = fmaxf(mm, warp_m[w][l]);  // finite: warp 0 has keys
+    float num = 0.f, den = 0.f;
+#pragma unroll
+    for (int w = 0; w < fqm::kWarps; ++w) {
+      const float wgt = __expf(warp_m[w][l] - mm);  // 0 for a warp without keys
+      num = fmaf(wgt, ow[(w * 16 + l) * kC + c], num);
+      den = fmaf(wgt, warp_d[w][l], den);
+    }
+    if (a.splits == 1) {
+      static_cast<T*>(a.out)[((n * L + l) * a.heads + h) * kC + c] = FromFloat<T>(num / den + ValueBias<T>(a, h, c));
+    } else {
+      float* part = a.partial + (((n * a.heads + h) * a.splits + split) * L + l) * (kC + 2);
+      part[c] = num;
+      if (c == 0) {
+        part[kC] = mm;
+        part[kC + 1] = den;
       }
     }
   }
@@ -172,15 +381,14 @@ __global__ void FewQueryCombineKernel(const FewQueryAttentionArgs a) {
     num = fmaf(w, base[p * step + c], num);
     den = fmaf(w, base[p * step + C + 1], den);
   }
-  const float vbias = a.v_bias ? ToFloat(static_cast<const T*>(a.v_bias)[h * C + c]) : 0.f;
-  static_cast<T*>(a.out)[((n * L + l) * a.heads + h) * C + c] = FromFloat<T>(num / den + vbias);
+  static_cast<T*>(a.out)[((n * L + l) * a.heads + h) * C + c] = FromFloat<T>(num / den + ValueBias<T>(a, h, c));
 }
 
 template <typename T>
 cudaError_t LaunchFewQueryT(const FewQueryAttentionArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch));
   if (a.head_dim == 16)
-    FewQueryAttentionKernel<T, 16><<<grid, kFqThreads, 0, stream>>>(a);
+    FewQueryMmaKernel<T><<<grid, kFqThreads, 0, stream>>>(a);
   else
     FewQueryAttentionKernel<T, 32><<<grid, kFqThreads, 0, stream>>>(a);
   return cudaGetLastError();

@@ -138,8 +138,15 @@ void AddRowsBroadcast(at::Tensor& y, const at::Tensor& rows, Stream stream = nul
 // [B, M, C2]. Returns masks [B, M, 4h, 4w] = hyper . GELU(x w + bias) at pixel
 // (4y + 2dy + ddy, 4x + 2dx + ddx). CUDA kernel for bf16/fp16 with C1 = 64, C2 = 32, M = 4 and w a
 // multiple of 8 (SAM's decoder); otherwise UpscaleHyperReference (addmm, gelu, bmm, permute).
+// With `norm` (weight defined), x is the first step's output before its LayerNorm2d + GELU, which the
+// kernel applies to each row as it loads it (RowNorm's arithmetic; the [B*h*w*4, C1] normalised
+// activation is never written); every other path runs RowNorm first.
+struct UpscaleInputNorm {
+  at::Tensor weight, bias;  // [C1]
+  double eps = 1e-6;
+};
 at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& hyper,
-                        int64_t h, int64_t width, Stream stream = nullptr);
+                        int64_t h, int64_t width, const UpscaleInputNorm& norm = {}, Stream stream = nullptr);
 at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                                  const at::Tensor& hyper, int64_t h, int64_t width);
 // The mask decoder's image->token attention probabilities: q [Bq, HW, I] (its last dimension

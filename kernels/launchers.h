@@ -110,6 +110,12 @@ struct UpscaleHyperArgs {
   void* out = nullptr;          // [B, 4, 4h, 4w]
   int64_t rows = 0;             // B * h * w * 4, a multiple of 32
   int grid_h = 0, grid_w = 0;   // embedding grid; grid_w a multiple of 8
+  // Optional: x is the first upscaling step's output before its LayerNorm2d + GELU, applied to each
+  // row as it is loaded (RowNorm's arithmetic): weight and bias [64], 16-byte aligned; null: x is
+  // already normalised.
+  const void* norm_weight = nullptr;
+  const void* norm_bias = nullptr;
+  float norm_eps = 1e-6f;
 };
 cudaError_t LaunchUpscaleHyper(const UpscaleHyperArgs& args, DType dtype, int sms, cudaStream_t stream);
 // The decoder's image->token attention probabilities (decoder_fusion.cu): for every prompt b, image

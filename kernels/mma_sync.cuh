@@ -1,5 +1,5 @@
 // Warp-level tensor-core helpers (PTX mma.sync m16n8k16 with fp32 accumulation, ldmatrix, shared
-// addresses) shared by the kernels that run their small GEMMs on the tensor cores without CUTLASS:
+// addresses, cp.async) shared by the kernels that run their small GEMMs on the tensor cores without CUTLASS:
 // rel_pos_attention.cu (flash attention) and decoder_fusion.cu (the image->token update).
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16" and "ldmatrix"), with
@@ -20,6 +20,22 @@ namespace maskd::kernels::detail {
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte asynchronous global->shared copy; `valid == false` writes 16 zero bytes (src-size 0),
+// which is what keeps padded keys/queries finite (0 * garbage could be NaN).
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_size)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {

@@ -219,10 +219,10 @@ at::Tensor SharedImageDecoder::Upscale(const at::Tensor& keys, const at::Tensor&
   // The pixel order is fixed once, on the [B, masks, 4h, 4w] result: pixel (4y + 2dy + ddy, 4x + 2dx + ddx).
   const int64_t b = keys.size(0), c1 = up1_w_.size(1) / 4;
   const auto norm = dec_.output_upscaling->ptr<LayerNorm2dImpl>(1);
-  at::Tensor x = at::addmm(up1_b_, keys.reshape({b * h_ * w_, dim_}), up1_w_).view({-1, c1});
-  x = kernels::RowNorm(x, norm->weight, norm->bias, norm->eps, /*gelu=*/true);
-  // conv2 + GELU + the hypernetwork product in one kernel on CUDA (kernels::UpscaleHyper).
-  return kernels::UpscaleHyper(x, up2_w_, up2_b_, hyper_in, h_, w_);
+  const at::Tensor x = at::addmm(up1_b_, keys.reshape({b * h_ * w_, dim_}), up1_w_).view({-1, c1});
+  // LayerNorm2d + GELU as each row is loaded, conv2 + GELU and the hypernetwork product in one kernel
+  // on CUDA (kernels::UpscaleHyper; elsewhere RowNorm first).
+  return kernels::UpscaleHyper(x, up2_w_, up2_b_, hyper_in, h_, w_, {norm->weight, norm->bias, norm->eps});
 }
 
 }  // namespace maskd

@@ -345,6 +345,14 @@ TEST(kernels_fusion_cpu, UpscaleHyperIsTransposedConvGeluAndTheHypernetworkProdu
   EXPECT_TRUE(at::equal(out, mk::UpscaleHyperReference(x, wg, bias.repeat({4}), hyper, h, w)));
   EXPECT_THROW(mk::UpscaleHyper(x.narrow(0, 0, 8), wg, bias.repeat({4}), hyper, h, w), c10::Error);
   EXPECT_THROW(mk::UpscaleHyper(x, wg, bias, hyper, h, w), c10::Error);  // bias without the 4 sub-pixels
+  // With the input norm: the LayerNorm2d + GELU of each row first (RowNorm), then the same product.
+  const at::Tensor nw = Randn({C1}, 84) * 0.2 + 1.0, nb = Randn({C1}, 85) * 0.2;
+  const at::Tensor raw = x * 3.0 + 0.5;
+  EXPECT_TRUE(at::equal(mk::UpscaleHyper(raw, wg, bias.repeat({4}), hyper, h, w, {nw, nb, 1e-6}),
+                        mk::UpscaleHyper(mk::RowNormReference(raw, nw, nb, 1e-6, /*gelu=*/true), wg, bias.repeat({4}),
+                                         hyper, h, w)));
+  EXPECT_THROW(mk::UpscaleHyper(raw, wg, bias.repeat({4}), hyper, h, w, {nw.narrow(0, 0, 8), nb, 1e-6}), c10::Error);
+  EXPECT_THROW(mk::UpscaleHyper(raw, wg, bias.repeat({4}), hyper, h, w, {nw, at::Tensor(), 1e-6}), c10::Error);
 }
 
 TEST(kernels_fusion_cpu, CopySlicesCopiesEachSliceAndChecksBounds) {

@@ -560,6 +560,15 @@ TEST(kernels_fusion_gpu, UpscaleHyperMatchesTheUnfusedPathAndFp32) {
       EXPECT_LT(e.rel_l2, t == at::kBFloat16 ? 1e-2 : 2e-3) << name;
       EXPECT_LE(e_out.rel_l2, 1.5 * e_ref.rel_l2 + 1e-4) << name << ": fused " << e_out.rel_l2 << " vs unfused "
                                                        << e_ref.rel_l2 << " against fp32";
+      // The input norm on load (the decoder's LayerNorm2d + GELU of the first upscaling's raw output)
+      // is RowNorm's arithmetic: the same answer as RowNorm's kernel first, to the bit.
+      const at::Tensor raw = Randn({B * h * w * 4, 64}, seed++, t, 2.0, 0.5);
+      const at::Tensor nw = Randn({64}, seed++, t, 0.2, 1.0), nb = Randn({64}, seed++, t, 0.2);
+      Poison(ref.nbytes());
+      const at::Tensor normed = mk::UpscaleHyper(raw, wt, bt, hy, h, w, {nw, nb, 1e-6});
+      const at::Tensor two_pass =
+          mk::UpscaleHyper(mk::RowNorm(raw, nw, nb, 1e-6, /*gelu=*/true), wt, bt, hy, h, w);
+      EXPECT_TRUE(at::equal(normed, two_pass)) << name << ": max abs " << Compare(normed, two_pass).max_abs;
     }
   }
 }
