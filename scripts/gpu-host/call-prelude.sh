@@ -9,3 +9,11 @@ t build
 B=${MASKD_GPU_BUILD:-/tmp/maskd-build}
 source scripts/gpu-host/unpack.sh .gpu-debs /tmp/gpu-prefix > /dev/null
 export LD_LIBRARY_PATH="$(python3 -c 'import os,torch;print(os.path.dirname(torch.__file__))')/lib:$LD_LIBRARY_PATH"
+# pack NAME...: the named files/folders under $out that exist go into $out/all.tgz and are removed (the
+# device returns at most 8 files; a missing name must not stop the packing, as it did in run 33).
+pack() {
+  local keep=() f
+  for f in "$@"; do [ -e "$out/$f" ] && keep+=("$f"); done
+  [ ${#keep[@]} -gt 0 ] || return 0
+  (cd "$out" && tar czf /tmp/all.tgz "${keep[@]}" && rm -rf "${keep[@]}" && mv /tmp/all.tgz .)
+}
