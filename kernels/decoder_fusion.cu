@@ -9,10 +9,12 @@
 // AddRowsBroadcast: y[i] += rows[i mod period] in 16-byte vectors (fp32 sum, one rounding, as ATen).
 // UpscaleHyper: the decoder's second transposed convolution (64 -> 4 x 32 channels, one GEMM row per
 // pixel) with its bias and GELU, and the hypernetwork product of the 32 channels with each prompt's 4
-// mask vectors, per 32-row tile: the GEMM on tensor cores (WMMA, fp32 accumulation) into shared
-// memory, then one thread per (row, sub-pixel) applies bias + GELU (rounded to T where the unfused
-// path stores T) and the 4 dot products, and the tile's 512 mask values are written in the final
-// [B, 4, 4h, 4w] pixel order. The [B, 65536, 32] activation (268 MB at 64 prompts) never exists.
+// mask vectors, per 32-row tile: the GEMM on tensor cores (mma.m16n8k16, fp32 accumulation), bias +
+// GELU (rounded to T where the unfused path stores T) and the 4 dot products on the accumulators in
+// registers, and the tile's 512 mask values written in the final [B, 4, 4h, 4w] pixel order. The
+// [B, 65536, 32] activation (268 MB at 64 prompts) never exists; optionally the first step's
+// LayerNorm2d + GELU is applied to each x tile as it arrives (RowNorm's arithmetic), so that the
+// normalised [B, 16384, 64] input is not written either.
 // ImageToTokenProbs: the image->token attention's scores and softmax for every (prompt, position,
 // head) in one thread: its 16 query channels (two 16-byte loads, read in place from the projection's
 // strided output, or from the prompt's image row when prompts share an image) against the prompt's
@@ -38,8 +40,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-
-#include <mma.h>
 
 #include <algorithm>
 #include <cstdint>
