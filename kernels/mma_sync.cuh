@@ -1,6 +1,7 @@
 // Warp-level tensor-core helpers (PTX mma.sync m16n8k16 with fp32 accumulation, ldmatrix, shared
-// addresses, cp.async) shared by the kernels that run their small GEMMs on the tensor cores without CUTLASS:
-// rel_pos_attention.cu (flash attention) and decoder_fusion.cu (the image->token update).
+// addresses, cp.async) shared by the kernels that run their small GEMMs on the tensor cores without
+// CUTLASS: rel_pos_attention.cu (flash attention), few_query_attention.cu (the decoder's
+// token->image attention) and decoder_fusion.cu (the image->token update, UpscaleHyper).
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16" and "ldmatrix"), with
 // g = lane / 4 and t = lane % 4:
