@@ -39,6 +39,9 @@ struct RelPosAttentionArgs {
   // When set, each warp computes the bias rows of its 16 queries itself (q . rev^T on the tensor
   // cores, fp32) and rel_h / rel_w are not read: no [B, H, N, L] table in memory and no copy of q.
   const void* rel_tables = nullptr;
+  // Set by LaunchRelPosAttention: whether a CTA may copy rel_tables into its shared memory (when
+  // they fit; MASKD_RELPOS_TABLES_FROM_L2=1 clears it, a knob for same-binary comparisons).
+  bool stage_tables = true;
   // Window mode (window > 0; needs rel_tables): window b's queries and keys are gathered from raster
   // tokens, so the qkv projection never runs on SAM's padding. q/k/v strides are then (image, head,
   // raster token), batch = images * windows per image, seq = window^2, grid = window x window.

@@ -80,11 +80,13 @@ inline int SmemBytes(int grid_h, int grid_w) {
 // rel_w[kw] = q . rev_w[(grid_w - 1 - qc) + kw]. The warp multiplies its 16 query rows (the A
 // fragments it already holds for Q K^T) by the rev entries its rows need, n8 block by n8 block, and
 // scatters each product to the (row, key row / key column) it belongs to: every bias element is
-// written exactly once. The entries are read straight from global memory (the whole table is
-// L <= 254 rows of D: L1/L2 resident, shared by every CTA of the launch).
-template <typename T, int D>
-__device__ __forceinline__ void WarpBiasFromTables(const RelPosAttentionArgs& p,
-                                                   const uint32_t (&qf)[D / 16][4],
+// written exactly once. `tables` is either the global table (pitch D; L <= 254 rows of D: L1/L2
+// resident, shared by every CTA of the launch) or the CTA's copy of it in shared memory (pitch
+// kStride): short sequences (SAM's 14 x 14 windows) stage it there with Q, because seven or so
+// dependent round trips to L2 per warp were a fixed cost that 3-4 key tiles could not amortise.
+template <typename T, int D, bool kTablesInSmem>
+__device__ __forceinline__ void WarpBiasFromTables(const RelPosAttentionArgs& p, const T* const tables,
+                                                   int table_pitch, const uint32_t (&qf)[D / 16][4],
                                                    float* const rows, int pitch, int row0,
                                                    int lane) {
   const int g = lane / 4;
@@ -92,7 +94,6 @@ __device__ __forceinline__ void WarpBiasFromTables(const RelPosAttentionArgs& p,
   const int n = p.seq;
   const int gh = p.grid_h;
   const int gw = p.grid_w;
-  const T* const tables = static_cast<const T*>(p.rel_tables);
   // Rows past N hold zero queries (their products are 0); they take the last row's geometry so
   // that their bias rows are fully written as well.
   int qr[2], qc[2];
@@ -114,18 +115,21 @@ __device__ __forceinline__ void WarpBiasFromTables(const RelPosAttentionArgs& p,
     const int g_part = part == 0 ? gh : gw;
     const int lo = part == 0 ? gh - 1 - qr_hi : gw - 1 - qc_hi;
     const int hi = part == 0 ? 2 * gh - 2 - qr_lo : 2 * gw - 2 - qc_lo;  // inclusive
-    const T* const tab = tables + (part == 0 ? 0 : static_cast<int64_t>(2 * gh - 1) * D);
+    const T* const tab = tables + (part == 0 ? 0 : static_cast<int64_t>(2 * gh - 1) * table_pitch);
     const int col0 = part == 0 ? gw : 0;  // rel_h after rel_w in the bias row
     for (int n0 = lo & ~7; n0 <= hi; n0 += 8) {
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const int e = n0 + g;  // this lane's B column (table entry)
       const bool ev = e < 2 * g_part - 1;
-      const T* const src = tab + static_cast<int64_t>(ev ? e : 0) * D + 2 * t;
+      const T* const src = tab + static_cast<int64_t>(ev ? e : 0) * table_pitch + 2 * t;
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        const uint32_t b0 = ev ? __ldg(reinterpret_cast<const unsigned int*>(src + ks * 16)) : 0u;
-        const uint32_t b1 =
-            ev ? __ldg(reinterpret_cast<const unsigned int*>(src + ks * 16 + 8)) : 0u;
+        uint32_t b0 = 0u, b1 = 0u;
+        if (ev) {
+          const unsigned int* const w = reinterpret_cast<const unsigned int*>(src + ks * 16);
+          b0 = kTablesInSmem ? w[0] : __ldg(w);
+          b1 = kTablesInSmem ? w[4] : __ldg(w + 4);
+        }
         Mma<T>::Run(c, qf[ks], b0, b1);
       }
 #pragma unroll
@@ -214,6 +218,22 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
     const bool valid = row < n && inside;  // padded queries: zeros, never written out
     CpAsync16(SmemAddr(smem_q + r * kStride + ch * 8), qb + tok * p.q_stride[2] + ch * 8, valid);
   }
+  // The rev tables go to stage 1's V half in the same group when they fit there (Q takes only the K
+  // half with 4 warps; L = 54 rows for SAM's 14 x 14 windows): see WarpBiasFromTables.
+  const bool bias_in_kernel = p.rel_tables != nullptr;
+  const int table_rows = (2 * gh - 1) + (2 * gw - 1);
+  const bool tables_in_smem = kRows <= kKeysPerTile && bias_in_kernel && p.stage_tables &&
+                              table_rows <= kKeysPerTile &&
+                              (reinterpret_cast<uintptr_t>(p.rel_tables) & 15) == 0;
+  T* const smem_tables = smem_q + kTileElems;
+  if (tables_in_smem) {
+    const T* const tables = static_cast<const T*>(p.rel_tables);
+    for (int c = tid; c < table_rows * Cfg::kChunks; c += kThreads) {
+      const int r = c / Cfg::kChunks;
+      const int ch = c % Cfg::kChunks;
+      CpAsync16(SmemAddr(smem_tables + r * kStride + ch * 8), tables + r * D + ch * 8, true);
+    }
+  }
   CpAsyncCommit();
 
   auto load_kv = [&](int tile, int stage) {
@@ -238,7 +258,6 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
   load_kv(0, 0);
   CpAsyncCommit();
 
-  const bool bias_in_kernel = p.rel_tables != nullptr;
   if (!bias_in_kernel) {
     const int64_t rh_base = b * p.rel_h_stride[0] + h * p.rel_h_stride[1];
     const int64_t rw_base = b * p.rel_w_stride[0] + h * p.rel_w_stride[1];
@@ -259,7 +278,7 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
     }
   }
 
-  CpAsyncWait<1>();  // Q has landed (K/V tile 0 may still be in flight)
+  CpAsyncWait<1>();  // Q (and the staged tables) have landed (K/V tile 0 may still be in flight)
   __syncthreads();
 
   // Warp-uniform: all 16 rows past N, or (window mode) all below the image -> idle.
@@ -273,11 +292,16 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
       LdMatrixX4(qf[ks], SmemAddr(src));
     }
   }
+  if (tables_in_smem && warp_active) {
+    WarpBiasFromTables<T, D, true>(p, smem_tables, kStride, qf, smem_bias + warp * 16 * bias_pitch,
+                                   bias_pitch, q0 + warp * 16, lane);
+  }
   __syncthreads();  // stage 1 is overwritten by the first prefetch
-  if (bias_in_kernel && warp_active) {
+  if (bias_in_kernel && !tables_in_smem && warp_active) {
     // Each warp reads only its own 16 bias rows below: a warp barrier is enough.
-    WarpBiasFromTables<T, D>(p, qf, smem_bias + warp * 16 * bias_pitch, bias_pitch, q0 + warp * 16,
-                             lane);
+    WarpBiasFromTables<T, D, false>(p, static_cast<const T*>(p.rel_tables), D, qf,
+                                    smem_bias + warp * 16 * bias_pitch, bias_pitch, q0 + warp * 16,
+                                    lane);
     __syncwarp();
   }
 
@@ -471,6 +495,16 @@ inline int WindowWarps() {
 }
 inline int WarpsFor(int seq) { return seq >= 1024 ? 8 : WindowWarps(); }
 
+// MASKD_RELPOS_TABLES_FROM_L2=1: the bias MMAs read the rev tables from global memory (L1/L2) even
+// where a CTA could stage them in shared memory: a benchmarking knob, read once per process.
+inline bool StageTables() {
+  static const bool stage = [] {
+    const char* e = std::getenv("MASKD_RELPOS_TABLES_FROM_L2");
+    return !(e != nullptr && std::atoi(e) == 1);
+  }();
+  return stage;
+}
+
 constexpr int kMaxSmemPerBlock = 227 * 1024;
 constexpr int kMaxDevices = 64;
 
@@ -561,8 +595,10 @@ const char* RelPosAttentionKernelName(const RelPosAttentionArgs& p, DType dtype)
   return kNames[bf16 ? 1 : 0][p.head_dim == 64 ? 0 : 1][w == 8 ? 2 : w == 7 ? 1 : 0];
 }
 
-cudaError_t LaunchRelPosAttention(const RelPosAttentionArgs& p, DType dtype,
+cudaError_t LaunchRelPosAttention(const RelPosAttentionArgs& args, DType dtype,
                                   cudaStream_t stream) {
+  RelPosAttentionArgs p = args;
+  p.stage_tables = StageTables();
   switch (dtype) {
     case DType::kBFloat16:
       return LaunchForType<__nv_bfloat16>(p, stream);
