@@ -246,11 +246,8 @@ at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tens
   if (x.is_cuda() && x.scalar_type() != at::kFloat && x.size(1) == 64 && w.size(1) == 128 && hyper.size(1) == 4 &&
       width % 8 == 0 && x.numel() > 0) {
     bool ok = true;
-    for (const auto* t : {&w, &bias, &hyper})
-      ok = ok && t->scalar_type() == x.scalar_type() && t->device() == x.device();
-    if (normed)
-      for (const auto* t : {&norm.weight, &norm.bias})
-        ok = ok && t->scalar_type() == x.scalar_type() && t->device() == x.device();
+    for (const auto* t : {&w, &bias, &hyper, &norm.weight, &norm.bias})  // the norm's only if it is given
+      ok = ok && (!t->defined() || (t->scalar_type() == x.scalar_type() && t->device() == x.device()));
     if (ok) {
       const at::Tensor xc = x.contiguous(), wc = w.contiguous(), bc = bias.contiguous(), hc = hyper.contiguous();
       const at::Tensor nw = normed ? norm.weight.contiguous() : at::Tensor(),
