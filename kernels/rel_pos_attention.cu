@@ -73,6 +73,15 @@ inline int SmemBytes(int grid_h, int grid_w) {
          kWarps * 16 * BiasPitch(grid_h, grid_w) * static_cast<int>(sizeof(float));
 }
 
+// Window mode's per-key tables, after the bias rows: the raster token of each of the window's seq
+// keys (-1: SAM's padding), then for each key position of the key tiles (seq rounded up to a whole
+// tile) the bias-row columns of its grid row and column, packed as (gw + row) | column << 16. Made
+// once per CTA, they replace the per-tile divisions by the window (load_kv) and by grid_w (bias).
+__host__ __device__ constexpr int WindowTokTableInts(int seq) { return (seq + 3) / 4 * 4; }
+__host__ __device__ constexpr int WindowTableBytes(int seq) {
+  return (WindowTokTableInts(seq) + (seq + kKeysPerTile - 1) / kKeysPerTile * kKeysPerTile) * 4;
+}
+
 // ---- rel-pos bias rows from the reversed tables ---------------------------------------------------
 //
 // With rev = [rev_h; rev_w] (kernels::ReversedRelPosTables: rev_h[(grid_h - 1 - r) + k] = R_h[r, k]),
@@ -236,23 +245,68 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
   }
   CpAsyncCommit();
 
+  int* const smem_tok = reinterpret_cast<int*>(smem_bias + kRows * bias_pitch);
+  uint32_t* const smem_cols = reinterpret_cast<uint32_t*>(smem_tok + WindowTokTableInts(n));
+  if constexpr (ws > 0) {
+    for (int r = tid; r < n; r += kThreads) {
+      bool inside = false;
+      const int64_t tok = token_of(r, inside);
+      smem_tok[r] = inside ? static_cast<int>(tok) : -1;
+    }
+    // Keys past N take the last key's columns (their scores are masked to -inf afterwards).
+    const int cols = (n + kKeysPerTile - 1) / kKeysPerTile * kKeysPerTile;
+    for (int j = tid; j < cols; j += kThreads) {
+      const int jc = min(j, n - 1);
+      constexpr int kWs = ws > 0 ? ws : 1;  // (no division by zero in the discarded instantiations)
+      const int hi = jc / kWs;
+      smem_cols[j] = static_cast<uint32_t>(gw + hi) | static_cast<uint32_t>(jc - hi * kWs) << 16;
+    }
+    __syncthreads();  // load_kv reads the token table
+  }
+
   auto load_kv = [&](int tile, int stage) {
     T* const sk = smem_kv + 2 * stage * kTileElems;
     T* const sv = sk + kTileElems;
     const int j0 = tile * kKeysPerTile;
-    for (int c = tid; c < kKeysPerTile * Cfg::kChunks; c += kThreads) {
+    auto load_chunk = [&](int c) {
       const int r = c / Cfg::kChunks;
       const int ch = c % Cfg::kChunks;
       const int key = j0 + r;
       const bool valid = key < n;
       bool inside = true;
-      const int64_t tok = valid ? token_of(key, inside) : 0;
+      int64_t k_off = 0, v_off = 0;
+      if constexpr (ws > 0) {
+        // The token from the CTA's table (-1: padding). Token strides fit in 32 bits (checked on
+        // the host) and an inside token is >= 0: one 32 x 32 -> 64-bit multiply per offset.
+        const int tok = valid ? smem_tok[key] : 0;
+        inside = tok >= 0;
+        k_off = static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(tok)) *
+                                     static_cast<uint32_t>(p.k_stride[2]));
+        v_off = static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(tok)) *
+                                     static_cast<uint32_t>(p.v_stride[2]));
+      } else {
+        const int64_t tok = valid ? token_of(key, inside) : 0;
+        k_off = tok * p.k_stride[2];
+        v_off = tok * p.v_stride[2];
+      }
       // A padded key is the bias row (SAM's zero token through qkv), not zeros. The pad pointers
       // come from the kernel parameters at each use: no registers held across the key loop.
-      const T* const ksrc = inside ? kb + tok * p.k_stride[2] : static_cast<const T*>(p.pad_k) + h * D;
-      const T* const vsrc = inside ? vb + tok * p.v_stride[2] : static_cast<const T*>(p.pad_v) + h * D;
+      const T* const ksrc = inside ? kb + k_off : static_cast<const T*>(p.pad_k) + h * D;
+      const T* const vsrc = inside ? vb + v_off : static_cast<const T*>(p.pad_v) + h * D;
       CpAsync16(SmemAddr(sk + r * kStride + ch * 8), ksrc + ch * 8, valid);
       CpAsync16(SmemAddr(sv + r * kStride + ch * 8), vsrc + ch * 8, valid);
+    };
+    constexpr int kChunksPerTile = kKeysPerTile * Cfg::kChunks;
+    if constexpr (ws > 0) {
+      // A compile-time trip count, fully unrolled (window mode only: it costs the global
+      // configurations registers).
+#pragma unroll
+      for (int i = 0; i < (kChunksPerTile + kThreads - 1) / kThreads; ++i) {
+        if (kChunksPerTile % kThreads != 0 && tid + i * kThreads >= kChunksPerTile) break;
+        load_chunk(tid + i * kThreads);
+      }
+    } else {
+      for (int c = tid; c < kChunksPerTile; c += kThreads) load_chunk(c);
     }
   };
   load_kv(0, 0);
@@ -364,6 +418,18 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
           s[nb][1] = fmaf(s[nb][1], scale_log2, bh0 + bw0.y);
           s[nb][2] = fmaf(s[nb][2], scale_log2, bh1 + bw1.x);
           s[nb][3] = fmaf(s[nb][3], scale_log2, bh1 + bw1.y);
+        }
+      } else if constexpr (ws > 0) {
+        const uint32_t* const cols = smem_cols + j0 + 2 * t;
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const uint32_t c = cols[nb * 8 + e];
+            const int hc = static_cast<int>(c & 0xffffu), wc = static_cast<int>(c >> 16);
+            s[nb][e] = fmaf(s[nb][e], scale_log2, bias0[hc] + bias0[wc]);
+            s[nb][2 + e] = fmaf(s[nb][2 + e], scale_log2, bias1[hc] + bias1[wc]);
+          }
         }
       } else {
 #pragma unroll
@@ -537,7 +603,7 @@ cudaError_t Launch(const RelPosAttentionArgs& p, cudaStream_t stream) {
   if (p.window > 0) {
     // Window mode is compiled for SAM's window only (kRelPosWindowModeSize).
     if (p.window != kWindowModeSize || p.rel_tables == nullptr) return cudaErrorInvalidValue;
-    return LaunchKernel<T, D, kWarps, false, kWindowModeSize>(p, smem, stream);
+    return LaunchKernel<T, D, kWarps, false, kWindowModeSize>(p, smem + WindowTableBytes(p.seq), stream);
   }
   return p.grid_w % kKeysPerTile == 0 ? LaunchKernel<T, D, kWarps, true>(p, smem, stream)
                                       : LaunchKernel<T, D, kWarps, false>(p, smem, stream);
