@@ -190,6 +190,7 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
   // Token geometry: row r of this sequence is raster token r of batch entry b, or in window mode
   // token (wy0 + r / ws, wx0 + r % ws) of image `img` (outside the image: SAM's padding).
   constexpr int ws = kWindow;
+  constexpr int kWsDivisor = ws > 0 ? ws : 1;  // divides only where ws > 0 (no warning for ws = 0)
   int img = b, wy0 = 0, wx0 = 0;
   if constexpr (ws > 0) {
     const int nw = (p.img_w + ws - 1) / ws;
@@ -257,9 +258,8 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
     const int cols = (n + kKeysPerTile - 1) / kKeysPerTile * kKeysPerTile;
     for (int j = tid; j < cols; j += kThreads) {
       const int jc = min(j, n - 1);
-      constexpr int kWs = ws > 0 ? ws : 1;  // (no division by zero in the discarded instantiations)
-      const int hi = jc / kWs;
-      smem_cols[j] = static_cast<uint32_t>(gw + hi) | static_cast<uint32_t>(jc - hi * kWs) << 16;
+      const int hi = jc / kWsDivisor;
+      smem_cols[j] = static_cast<uint32_t>(gw + hi) | static_cast<uint32_t>(jc - hi * kWsDivisor) << 16;
     }
     __syncthreads();  // load_kv reads the token table
   }
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
 
   // Warp-uniform: all 16 rows past N, or (window mode) all below the image -> idle.
   const bool warp_active =
-      q0 + warp * 16 < n && (ws == 0 || wy0 + (q0 + warp * 16) / ws < p.img_h);
+      q0 + warp * 16 < n && (ws == 0 || wy0 + (q0 + warp * 16) / kWsDivisor < p.img_h);
   uint32_t qf[Cfg::kKSteps][4];
   if (warp_active) {
 #pragma unroll
