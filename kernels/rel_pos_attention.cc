@@ -181,10 +181,10 @@ at::Tensor RelPosWindowAttentionCuda(const at::Tensor& q_in, const at::Tensor& k
   detail::RelPosAttentionArgs a;
   const QkvForKernel qkv = FillQkvArgs(q_in, k_in, v_in, scale, a);
   const at::Tensor& q = qkv.q;
-  // The kernel multiplies key/value token indices by 32-bit strides in window mode.
-  TORCH_CHECK(a.k_stride[2] <= INT32_MAX && a.v_stride[2] <= INT32_MAX,
-              "RelPosWindowAttention on CUDA: k/v token strides must fit in 32 bits, got ", a.k_stride[2],
-              " and ", a.v_stride[2]);
+  // The kernel multiplies key/value token indices by 32-bit byte strides in window mode.
+  TORCH_CHECK(a.k_stride[2] * q.element_size() <= UINT32_MAX && a.v_stride[2] * q.element_size() <= UINT32_MAX,
+              "RelPosWindowAttention on CUDA: k/v token strides must fit in 32 bits as bytes, got ", a.k_stride[2],
+              " and ", a.v_stride[2], " elements");
   // The pad rows are read with 16-byte copies at h * D: contiguous and aligned.
   auto pad_row = [&](const at::Tensor& t) {
     at::Tensor c = t.to(q.scalar_type()).contiguous();

@@ -264,46 +264,68 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
     __syncthreads();  // load_kv reads the token table
   }
 
+  // Window mode: a padded key's K/V row (pad_k / pad_v at h * D) as a byte offset from kb / vb, so
+  // that a key's source is one select of two offsets (flat addresses: the difference is exact).
+  int64_t k_pad_off = 0, v_pad_off = 0;
+  if constexpr (ws > 0) {
+    k_pad_off = static_cast<int64_t>(reinterpret_cast<uintptr_t>(static_cast<const T*>(p.pad_k) + h * D) -
+                                     reinterpret_cast<uintptr_t>(kb));
+    v_pad_off = static_cast<int64_t>(reinterpret_cast<uintptr_t>(static_cast<const T*>(p.pad_v) + h * D) -
+                                     reinterpret_cast<uintptr_t>(vb));
+  }
   auto load_kv = [&](int tile, int stage) {
     T* const sk = smem_kv + 2 * stage * kTileElems;
     T* const sv = sk + kTileElems;
     const int j0 = tile * kKeysPerTile;
+    // Window mode: the token from the CTA's table (-1: padding); the byte strides fit in 32 bits
+    // (checked on the host), so an offset is one 32 x 32 -> 64-bit multiply or the pad's offset.
+    auto load_window_row = [&](int r, int ch) {
+      const int key = j0 + r;
+      const bool valid = key < n;
+      const int tok = valid ? smem_tok[key] : 0;
+      const bool inside = tok >= 0;
+      const uint32_t t32 = static_cast<uint32_t>(tok);
+      const int64_t k_off = inside ? static_cast<int64_t>(static_cast<uint64_t>(t32) *
+                                                          static_cast<uint32_t>(p.k_stride[2] * sizeof(T)))
+                                   : k_pad_off;
+      const int64_t v_off = inside ? static_cast<int64_t>(static_cast<uint64_t>(t32) *
+                                                          static_cast<uint32_t>(p.v_stride[2] * sizeof(T)))
+                                   : v_pad_off;
+      const char* const ksrc = reinterpret_cast<const char*>(kb + ch * 8) + k_off;
+      const char* const vsrc = reinterpret_cast<const char*>(vb + ch * 8) + v_off;
+      CpAsync16(SmemAddr(sk + r * kStride + ch * 8), ksrc, valid);
+      CpAsync16(SmemAddr(sv + r * kStride + ch * 8), vsrc, valid);
+    };
     auto load_chunk = [&](int c) {
       const int r = c / Cfg::kChunks;
       const int ch = c % Cfg::kChunks;
       const int key = j0 + r;
       const bool valid = key < n;
       bool inside = true;
-      int64_t k_off = 0, v_off = 0;
-      if constexpr (ws > 0) {
-        // The token from the CTA's table (-1: padding). Token strides fit in 32 bits (checked on
-        // the host) and an inside token is >= 0: one 32 x 32 -> 64-bit multiply per offset.
-        const int tok = valid ? smem_tok[key] : 0;
-        inside = tok >= 0;
-        k_off = static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(tok)) *
-                                     static_cast<uint32_t>(p.k_stride[2]));
-        v_off = static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(tok)) *
-                                     static_cast<uint32_t>(p.v_stride[2]));
-      } else {
-        const int64_t tok = valid ? token_of(key, inside) : 0;
-        k_off = tok * p.k_stride[2];
-        v_off = tok * p.v_stride[2];
-      }
+      const int64_t tok = valid ? token_of(key, inside) : 0;
       // A padded key is the bias row (SAM's zero token through qkv), not zeros. The pad pointers
       // come from the kernel parameters at each use: no registers held across the key loop.
-      const T* const ksrc = inside ? kb + k_off : static_cast<const T*>(p.pad_k) + h * D;
-      const T* const vsrc = inside ? vb + v_off : static_cast<const T*>(p.pad_v) + h * D;
+      const T* const ksrc = inside ? kb + tok * p.k_stride[2] : static_cast<const T*>(p.pad_k) + h * D;
+      const T* const vsrc = inside ? vb + tok * p.v_stride[2] : static_cast<const T*>(p.pad_v) + h * D;
       CpAsync16(SmemAddr(sk + r * kStride + ch * 8), ksrc + ch * 8, valid);
       CpAsync16(SmemAddr(sv + r * kStride + ch * 8), vsrc + ch * 8, valid);
     };
     constexpr int kChunksPerTile = kKeysPerTile * Cfg::kChunks;
     if constexpr (ws > 0) {
-      // A compile-time trip count, fully unrolled (window mode only: it costs the global
-      // configurations registers).
+      // Window mode: each thread keeps one 16-byte column (ch) of the rows r0, r0 + kRowsPerPass,
+      // ... of the tile (threads past kRowsPerPass * kChunks idle), so the chunk's column, its
+      // shared-memory offset and the table index step by compile-time amounts.
+      constexpr int kRowsPerPass = kThreads / Cfg::kChunks;
+      constexpr int kPasses = (kKeysPerTile + kRowsPerPass - 1) / kRowsPerPass;
+      const int r0 = tid / Cfg::kChunks;
+      const int ch = tid - r0 * Cfg::kChunks;
+      if (r0 < kRowsPerPass) {
 #pragma unroll
-      for (int i = 0; i < (kChunksPerTile + kThreads - 1) / kThreads; ++i) {
-        if (kChunksPerTile % kThreads != 0 && tid + i * kThreads >= kChunksPerTile) break;
-        load_chunk(tid + i * kThreads);
+        for (int k = 0; k < kPasses; ++k) {
+          const int r = r0 + k * kRowsPerPass;
+          if (kKeysPerTile % kRowsPerPass != 0 && r >= kKeysPerTile) break;
+          load_window_row(r, ch);
+        }
       }
     } else {
       for (int c = tid; c < kChunksPerTile; c += kThreads) load_chunk(c);
