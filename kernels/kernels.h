@@ -306,4 +306,33 @@ at::Tensor Fp8Linear(const Fp8Rows& x, const Fp8Weight& w, const at::Tensor& bia
 at::Tensor Fp8LinearReference(const Fp8Rows& x, const Fp8Weight& w, const at::Tensor& bias,
                               at::ScalarType out_dtype);
 
+
+// ---------------------------------------------------------------------------------------------------
+// Linear layers through cuBLASLt with the algorithm chosen by timing (the encoder's qkv, proj, fc1,
+// fc2): y [M, N] = x [M, K] @ w [N, K]^T + bias [N], and with gelu GELU of that in cuBLASLt's
+// epilogue (its tanh form, what at::_addmm_activation(use_gelu=true) computes on CUDA; on the CPU
+// LibTorch's uses the erf form). Written into out
+// ([M, N], unit column stride) when given, else into a new tensor; returns it.
+//
+// CUDA, bf16/fp16 operands of one dtype with a bias of it and unit column strides: the first call of
+// a shape outside a CUDA graph capture times cuBLASLt's heuristic candidates (up to 16, three
+// launches each) and keeps the fastest for the process; later calls (and captures) launch it.
+// MASKD_GEMM_TUNING=0 keeps the heuristic's first (LibTorch's choice); MASKD_GEMM_TUNING_LOG=1 prints
+// each choice. Anything else (CPU, fp32, no bias, strided columns): TunedLinearReference.
+at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,
+                       const at::Tensor& out = {});
+// LibTorch's addmm / _addmm_activation / mm (+ GELU of the same form), any device and dtype.
+at::Tensor TunedLinearReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,
+                                const at::Tensor& out = {});
+// One tuned shape: the candidates cuBLASLt offered, the one kept (0 = the heuristic's first) and
+// the mean time of the first and of the kept one.
+struct GemmTuning {
+  int64_t m, n, k;
+  bool gelu;
+  int candidates, chosen;
+  float first_ms, chosen_ms;
+};
+// The shapes tuned so far in this process, in order (empty without CUDA).
+std::vector<GemmTuning> GemmTunings();
+
 }  // namespace maskd::kernels

@@ -70,7 +70,8 @@ namespace {
 // linear over [..., in] as one 2-D GEMM (bias in the epilogue), viewed back to [..., out].
 at::Tensor FlatLinear(torch::nn::Linear& linear, const std::shared_ptr<FastLinear>& fast, const at::Tensor& x) {
   std::vector<int64_t> shape = x.sizes().vec();
-  const at::Tensor y = LinearForward(linear, fast, x.reshape({-1, shape.back()}));
+  const at::Tensor x2 = x.reshape({-1, shape.back()});
+  const at::Tensor y = fast ? fast->Forward(x2) : kernels::TunedLinear(x2, linear->weight, linear->bias, false);
   shape.back() = y.size(-1);
   return y.view(shape);
 }
@@ -85,17 +86,16 @@ at::Tensor MlpBlockImpl::ForwardFused(const at::Tensor& x, bool gelu_epilogue, i
   // Whole multiples of 64 rows per chunk (GEMM tiles), at least one tile.
   const int64_t chunk = std::max<int64_t>(64, max_hidden_bytes / std::max<int64_t>(row_bytes, 1) / 64 * 64);
   at::Tensor y;
+  // cuBLASLt's bias + GELU epilogue (tanh form) and bias epilogue, algorithms tuned per shape.
   if (rows <= chunk) {
-    const at::Tensor h = at::_addmm_activation(lin1->bias, x2, lin1->weight.t(), 1, 1, /*use_gelu=*/true);
-    y = at::addmm(lin2->bias, h, lin2->weight.t());
+    const at::Tensor h = kernels::TunedLinear(x2, lin1->weight, lin1->bias, /*gelu=*/true);
+    y = kernels::TunedLinear(h, lin2->weight, lin2->bias, /*gelu=*/false);
   } else {
     y = at::empty({rows, lin2->weight.size(0)}, x2.options());
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t n = std::min(chunk, rows - r0);
-      const at::Tensor h =
-          at::_addmm_activation(lin1->bias, x2.narrow(0, r0, n), lin1->weight.t(), 1, 1, /*use_gelu=*/true);
-      at::Tensor out = y.narrow(0, r0, n);
-      at::addmm_out(out, lin2->bias, h, lin2->weight.t());
+      const at::Tensor h = kernels::TunedLinear(x2.narrow(0, r0, n), lin1->weight, lin1->bias, /*gelu=*/true);
+      kernels::TunedLinear(h, lin2->weight, lin2->bias, /*gelu=*/false, y.narrow(0, r0, n));
     }
   }
   shape.back() = y.size(1);

@@ -382,6 +382,31 @@ TEST(kernels_cpu, Fp8QuantisationAndLinearReference) {
   EXPECT_THROW(mk::QuantizeRowsFp8(Randn({2, 3, 4}, 20)), c10::Error);
 }
 
+// The linear layer's reference (and, on the CPU, the entry point): bias + GELU (LibTorch's
+// _addmm_activation: the erf form on the CPU, cuBLASLt's tanh form on CUDA) or bias, into a given
+// output or a new one, against the formula; no bias; shape errors named.
+TEST(kernels_cpu, TunedLinearReferenceOnTheCpu) {
+  const at::Tensor x = Randn({37, 24}, 40), w = Randn({40, 24}, 41, 0.2), bias = Randn({40}, 42);
+  const at::Tensor lin = at::linear(x, w, bias);
+  EXPECT_TRUE(at::allclose(mk::TunedLinear(x, w, bias, false), lin, 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(mk::TunedLinear(x, w, bias, true), at::gelu(lin), 1e-5, 1e-5));
+  at::Tensor out = at::zeros({37, 40});
+  const at::Tensor y = mk::TunedLinear(x, w, bias, true, out);
+  EXPECT_EQ(y.data_ptr(), out.data_ptr());
+  EXPECT_TRUE(at::allclose(out, at::gelu(lin), 1e-5, 1e-5));
+  // Rows of a wider output (a strided row pitch), as the MLP writes its row chunks.
+  at::Tensor wide = at::zeros({37, 50});
+  mk::TunedLinear(x, w, bias, false, wide.narrow(1, 5, 40));
+  EXPECT_TRUE(at::allclose(wide.narrow(1, 5, 40), lin, 1e-5, 1e-5));
+  EXPECT_EQ(wide.narrow(1, 0, 5).abs().sum().item<float>(), 0.0f);
+  EXPECT_TRUE(at::allclose(mk::TunedLinear(x, w, at::Tensor(), true), at::gelu(at::mm(x, w.t())), 1e-5, 1e-5));
+  EXPECT_THROW(mk::TunedLinear(x, Randn({40, 23}, 43), bias, false), c10::Error);
+  EXPECT_THROW(mk::TunedLinear(x, w, Randn({39}, 44), false), c10::Error);
+  EXPECT_THROW(mk::TunedLinear(x, w, bias, false, at::zeros({36, 40})), c10::Error);
+  EXPECT_THROW(mk::TunedLinear(Randn({2, 37, 24}, 45), w, bias, false), c10::Error);
+  EXPECT_TRUE(mk::GemmTunings().empty());  // nothing is tuned on the CPU
+}
+
 TEST(kernels_cpu, BuiltWithCudaIsConsistentWithTheBuild) {
 #ifdef MASKD_KERNELS_TEST_EXPECT_CUDA
   EXPECT_TRUE(mk::BuiltWithCuda());

@@ -11,6 +11,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include <array>
@@ -447,6 +449,83 @@ TEST(kernels_gpu, Fp8LinearMatchesReference) {
   const at::Tensor x = Randn({32, 64}, 1).to(at::kHalf);
   EXPECT_THROW(mk::Fp8Linear(mk::QuantizeRowsFp8(x), mk::QuantizeWeightFp8(Randn({32, 64}, 2)), at::Tensor(), at::kHalf),
                c10::Error);
+}
+
+// cuBLASLt with the timed algorithm against LibTorch's addmm / _addmm_activation (the heuristic's
+// first algorithm): the encoder's shapes and an odd one, bf16 and fp16, with and without GELU, into a
+// new tensor and into rows of a wider one. Each shape is tuned once (GemmTunings grows by one entry
+// per new shape and row pitch, not on repeats) and a repeat gives the same bits. Inside a CUDA graph capture a
+// new shape runs untimed and the replay matches.
+TEST(kernels_gpu, TunedLinearMatchesLibTorch) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t m, k, n;
+  };
+  uint64_t seed = 300;
+  const size_t tuned_before = mk::GemmTunings().size();
+  size_t shapes = 0;
+  for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    for (const Case& c : {Case{4096, 768, 2304}, Case{4096, 3072, 768}, Case{8192, 1280, 5120}, Case{200, 40, 24}}) {
+      for (const bool gelu : {false, true}) {
+        SCOPED_TRACE(std::string(c10::toString(dt)) + " " + std::to_string(c.m) + "x" + std::to_string(c.k) + "x" +
+                     std::to_string(c.n) + (gelu ? " gelu" : ""));
+        const at::Tensor x = Randn({c.m, c.k}, ++seed).to(dt);
+        const at::Tensor w = Randn({c.n, c.k}, ++seed, 1.0 / std::sqrt(double(c.k))).to(dt);
+        const at::Tensor bias = Randn({c.n}, ++seed).to(dt);
+        Poison(c.m * c.n * 4);
+        const at::Tensor y = mk::TunedLinear(x, w, bias, gelu);
+        ++shapes;
+        const at::Tensor r = mk::TunedLinearReference(x, w, bias, gelu);
+        ASSERT_EQ(y.sizes(), r.sizes());
+        ASSERT_EQ(y.scalar_type(), dt);
+        const Errors e = Compare(y, r);
+        EXPECT_TRUE(e.finite);
+        EXPECT_LT(e.rel_l2, 2e-3);
+        // Exact product in fp32 (GELU's tanh form), as a check on both.
+        at::Tensor exact = at::linear(x.to(at::kFloat), w.to(at::kFloat), bias.to(at::kFloat));
+        if (gelu) exact = at::gelu(exact, "tanh");
+        EXPECT_LT(Compare(y, exact).rel_l2, 1e-2);
+        // The cached choice: the same bits again.
+        EXPECT_TRUE(at::equal(mk::TunedLinear(x, w, bias, gelu), y));
+        // Into rows of a wider output (another row pitch: tuned as a shape of its own); the columns
+        // past it untouched.
+        at::Tensor wide = at::full({c.m, c.n + 8}, 7.0, x.options());
+        mk::TunedLinear(x, w, bias, gelu, wide.narrow(1, 0, c.n));
+        ++shapes;
+        EXPECT_LT(Compare(wide.narrow(1, 0, c.n), r).rel_l2, 2e-3);
+        EXPECT_TRUE(at::equal(wide.narrow(1, c.n, 8), at::full({c.m, 8}, 7.0, x.options())));
+      }
+    }
+  }
+  const std::vector<mk::GemmTuning> tuned = mk::GemmTunings();
+  ASSERT_EQ(tuned.size(), tuned_before + shapes);
+  for (size_t i = tuned_before; i < tuned.size(); ++i) {
+    EXPECT_GT(tuned[i].candidates, 0);
+    EXPECT_LT(tuned[i].chosen, tuned[i].candidates);
+    EXPECT_GT(tuned[i].chosen_ms, 0.0f);
+    EXPECT_LE(tuned[i].chosen_ms, tuned[i].first_ms > 0 ? tuned[i].first_ms : tuned[i].chosen_ms);
+  }
+  // A shape first seen inside a capture: launched with the heuristic's first, not timed, not cached.
+  const at::Tensor x = Randn({96, 64}, 400).to(at::kBFloat16), w = Randn({48, 64}, 401, 0.1).to(at::kBFloat16);
+  const at::Tensor bias = Randn({48}, 402).to(at::kBFloat16);
+  at::cuda::CUDAStream side = at::cuda::getStreamFromPool();
+  {
+    at::cuda::CUDAStreamGuard guard(side);
+    at::cuda::CUDAGraph graph;
+    at::Tensor y;
+    graph.capture_begin();
+    y = mk::TunedLinear(x, w, bias, true);
+    graph.capture_end();
+    EXPECT_EQ(mk::GemmTunings().size(), tuned.size());
+    graph.replay();
+    side.synchronize();
+    EXPECT_LT(Compare(y, mk::TunedLinearReference(x, w, bias, true)).rel_l2, 2e-3);
+  }
+  mk::TunedLinear(x, w, bias, true);
+  EXPECT_EQ(mk::GemmTunings().size(), tuned.size() + 1);  // timed at its first call outside
+  // Operands cuBLASLt does not take here go to LibTorch: fp32 (bit-identical to the reference).
+  const at::Tensor xf = Randn({64, 32}, 403), wf = Randn({16, 32}, 404), bf = Randn({16}, 405);
+  EXPECT_TRUE(at::equal(mk::TunedLinear(xf, wf, bf, false), mk::TunedLinearReference(xf, wf, bf, false)));
 }
 
 // The one-pass fp8 quantisation kernel against the LibTorch reference: bit-identical without GELU
