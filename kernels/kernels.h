@@ -320,15 +320,19 @@ at::Tensor Fp8LinearReference(const Fp8Rows& x, const Fp8Weight& w, const at::Te
 // MASKD_GEMM_TUNING=0 keeps the heuristic's first (LibTorch's choice); MASKD_GEMM_TUNING_LOG=1 prints
 // each choice. Anything else (CPU, fp32, no bias, strided columns): TunedLinearReference.
 at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,
-                       const at::Tensor& out = {});
-// LibTorch's addmm / _addmm_activation / mm (+ GELU of the same form), any device and dtype.
+                       const at::Tensor& out = {}, bool accumulate = false);
+// accumulate: out (required) += the product and bias, in place (cuBLASLt's beta = 1 with C = D: one
+// rounding of the sum; the encoder's residual adds), then GELU when gelu.
+//
+// The reference: LibTorch's addmm / _addmm_activation / mm (+ GELU of the same form); with
+// accumulate the sum in fp32, rounded once. Any device and dtype.
 at::Tensor TunedLinearReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,
-                                const at::Tensor& out = {});
+                                const at::Tensor& out = {}, bool accumulate = false);
 // One tuned shape: the candidates cuBLASLt offered, the one kept (0 = the heuristic's first) and
 // the mean time of the first and of the kept one.
 struct GemmTuning {
   int64_t m, n, k;
-  bool gelu;
+  bool gelu, accumulate;
   int candidates, chosen;
   float first_ms, chosen_ms;
 };

@@ -33,7 +33,9 @@ bool SupportedOperands(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   return x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1);
 }
 
-void CheckOperands(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& out) {
+void CheckOperands(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& out,
+                   bool accumulate) {
+  TORCH_CHECK(!accumulate || out.defined(), "linear: accumulate needs the output to add to");
   TORCH_CHECK(x.defined() && w.defined(), "linear: expected x and w, got an undefined tensor");
   TORCH_CHECK(SupportedOperands(x, w, bias), "linear: expected x [M, K] and w [N, K], got x ",
               internal::Describe(x), " and w ", internal::Describe(w));
@@ -48,10 +50,16 @@ void CheckOperands(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
 }  // namespace
 
 at::Tensor TunedLinearReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,
-                                const at::Tensor& out) {
-  CheckOperands(x, w, bias, out);
+                                const at::Tensor& out, bool accumulate) {
+  CheckOperands(x, w, bias, out, accumulate);
   at::Tensor y = out.defined() ? out : at::empty({x.size(0), w.size(0)}, x.options());
-  if (bias.defined()) {
+  if (accumulate) {
+    // out + (x w^T + bias) [then GELU]: one rounding of the sum in fp32, as cuBLASLt's beta = 1.
+    at::Tensor sum = at::addmm(out.to(at::kFloat), x.to(at::kFloat), w.t().to(at::kFloat));
+    if (bias.defined()) sum.add_(bias.to(at::kFloat));
+    if (gelu) sum = at::gelu(sum, x.is_cuda() ? "tanh" : "none");
+    y.copy_(sum);
+  } else if (bias.defined()) {
     if (gelu) {
       at::_addmm_activation_out(y, bias, x, w.t(), 1, 1, /*use_gelu=*/true);
     } else {
@@ -150,12 +158,12 @@ uint32_t Alignment(const void* p) {
 struct Key {
   int64_t m, n, k, lda, ldb, ldc;
   int dtype;
-  bool gelu, bias;
+  bool gelu, accumulate;
   uint32_t align_a, align_b, align_c, align_bias;
   int device;
   bool operator<(const Key& o) const {
-    return std::tie(m, n, k, lda, ldb, ldc, dtype, gelu, bias, align_a, align_b, align_c, align_bias, device) <
-           std::tie(o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.dtype, o.gelu, o.bias, o.align_a, o.align_b, o.align_c,
+    return std::tie(m, n, k, lda, ldb, ldc, dtype, gelu, accumulate, align_a, align_b, align_c, align_bias, device) <
+           std::tie(o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.dtype, o.gelu, o.accumulate, o.align_a, o.align_b, o.align_c,
                     o.align_bias, o.device);
   }
 };
@@ -212,8 +220,8 @@ std::vector<GemmTuning> GemmTunings() {
 }
 
 at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,
-                       const at::Tensor& out) {
-  CheckOperands(x, w, bias, out);
+                       const at::Tensor& out, bool accumulate) {
+  CheckOperands(x, w, bias, out, accumulate);
   const at::ScalarType dt = x.scalar_type();
   // cuBLASLt here: half-precision CUDA operands with unit inner strides and a bias of their dtype
   // (the encoder's layers); anything else takes LibTorch's path.
@@ -229,7 +237,7 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
       static std::once_flag warned;
       std::call_once(warned, [&] { std::fprintf(stderr, "maskd: linear layers without cuBLASLt tuning: %s\n", lt.error.c_str()); });
     }
-    return TunedLinearReference(x, w, bias, gelu, out);
+    return TunedLinearReference(x, w, bias, gelu, out, accumulate);
   }
 
   const c10::cuda::CUDAGuard device_guard(x.device());
@@ -266,13 +274,14 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
                 y.stride(0),
                 static_cast<int>(dt),
                 gelu,
-                true,
+                accumulate,
                 Alignment(w.data_ptr()),
                 Alignment(x.data_ptr()),
                 Alignment(y.data_ptr()),
                 Alignment(bias_ptr),
                 static_cast<int>(x.device().index())};
-  const float alpha = 1.0f, beta = 0.0f;
+  // accumulate: D = C = out, beta = 1 (cuBLASLt runs C == D in place when the layouts are equal).
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   auto launch = [&](const cublasLtMatmulAlgo_t& algo, size_t ws) {
     return lt.matmul(handle, d.op, &alpha, w.data_ptr(), d.a, x.data_ptr(), d.b, &beta, y.data_ptr(), d.c,
                           y.data_ptr(), d.c, &algo, ws > 0 ? workspace : nullptr, ws, stream);
@@ -320,7 +329,9 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   }
 
   // Each candidate writes y (the last launch below writes the answer); one that fails to launch is
-  // skipped. Times are the mean of kTimedRuns back-to-back launches after one untimed one.
+  // skipped. Times are the mean of kTimedRuns back-to-back launches after one untimed one. With
+  // accumulate every launch adds to y: its value is kept aside and put back before the last.
+  const at::Tensor saved = accumulate ? y.clone() : at::Tensor();
   Timer timer;
   int best = -1;
   float best_ms = 0, first_ms = 0;
@@ -343,12 +354,13 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
     }
   }
   TORCH_CHECK(best >= 0, "cuBLASLt: none of ", found, " algorithms ran a ", m, "x", n, "x", k, " linear layer");
+  if (accumulate) y.copy_(saved);
   CheckLt(launch(results[best].algo, results[best].workspaceSize), "matmul");
-  const GemmTuning entry{m, n, k, gelu, found, best, first_ms, best_ms};
+  const GemmTuning entry{m, n, k, gelu, accumulate, found, best, first_ms, best_ms};
   if (TuningLog())
-    std::fprintf(stderr, "maskd: linear %ldx%ldx%ld%s: %d algorithms, heuristic's first %.4f ms, chose #%d %.4f ms\n",
-                 static_cast<long>(m), static_cast<long>(n), static_cast<long>(k), gelu ? " +gelu" : "", found,
-                 first_ms, best, best_ms);
+    std::fprintf(stderr, "maskd: linear %ldx%ldx%ld%s%s: %d algorithms, heuristic's first %.4f ms, chose #%d %.4f ms\n",
+                 static_cast<long>(m), static_cast<long>(n), static_cast<long>(k), gelu ? " +gelu" : "",
+                 accumulate ? " +=" : "", found, first_ms, best, best_ms);
   std::lock_guard<std::mutex> lock(cache.mu);
   cache.choices.emplace(key, Choice{results[best].algo, results[best].workspaceSize});
   cache.log.push_back(entry);
@@ -360,8 +372,8 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 std::vector<GemmTuning> GemmTunings() { return {}; }
 
 at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,
-                       const at::Tensor& out) {
-  return TunedLinearReference(x, w, bias, gelu, out);
+                       const at::Tensor& out, bool accumulate) {
+  return TunedLinearReference(x, w, bias, gelu, out, accumulate);
 }
 
 #endif

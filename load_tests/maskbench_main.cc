@@ -35,7 +35,7 @@ using maskd::FastPathOptions;
 using maskd::Precision;
 
 // The last dense row: the server's default fast path (FastPathOptions::Fast()).
-constexpr const char* kLastDenseRow = "+ windows made in the attention kernel";
+constexpr const char* kLastDenseRow = "+ residual adds in the GEMM epilogues";
 
 struct Row {
   std::string name;
@@ -73,6 +73,8 @@ std::vector<Row> Waterfall() {
   f.rel_pos_in_kernel = true;
   rows.push_back({"+ rel-pos terms in the attention kernel", Precision::kBFloat16, f});
   f.windows_in_kernel = true;
+  rows.push_back({"+ windows made in the attention kernel", Precision::kBFloat16, f});
+  f.residual_in_gemm = true;
   rows.push_back({kLastDenseRow, Precision::kBFloat16, f});
   FastPathOptions e = f;
   e.fp8 = true;

@@ -67,37 +67,48 @@ at::Tensor MlpBlockImpl::forward(const at::Tensor& x) {
 }
 
 namespace {
-// linear over [..., in] as one 2-D GEMM (bias in the epilogue), viewed back to [..., out].
-at::Tensor FlatLinear(torch::nn::Linear& linear, const std::shared_ptr<FastLinear>& fast, const at::Tensor& x) {
+// linear over [..., in] as one 2-D GEMM (bias in the epilogue), viewed back to [..., out]. With
+// `residual` ([..., out], contiguous) the result is added to it in place instead (the GEMM's
+// epilogue, beta = 1) and it is returned.
+at::Tensor FlatLinear(torch::nn::Linear& linear, const std::shared_ptr<FastLinear>& fast, const at::Tensor& x,
+                      const at::Tensor& residual = {}) {
   std::vector<int64_t> shape = x.sizes().vec();
   const at::Tensor x2 = x.reshape({-1, shape.back()});
+  if (residual.defined()) {
+    at::Tensor r = residual;
+    if (fast) return r.add_(fast->Forward(x2).view(residual.sizes()));
+    kernels::TunedLinear(x2, linear->weight, linear->bias, false, residual.view({x2.size(0), -1}), /*accumulate=*/true);
+    return r;
+  }
   const at::Tensor y = fast ? fast->Forward(x2) : kernels::TunedLinear(x2, linear->weight, linear->bias, false);
   shape.back() = y.size(-1);
   return y.view(shape);
 }
 }  // namespace
 
-at::Tensor MlpBlockImpl::ForwardFused(const at::Tensor& x, bool gelu_epilogue, int64_t max_hidden_bytes) {
-  if (!gelu_epilogue || lin1_fast || lin2_fast) return forward(x);
+at::Tensor MlpBlockImpl::ForwardFused(const at::Tensor& x, bool gelu_epilogue, int64_t max_hidden_bytes,
+                                      const at::Tensor& residual) {
+  if (!gelu_epilogue || lin1_fast || lin2_fast) {
+    if (!residual.defined()) return forward(x);
+    at::Tensor r = residual;
+    return r.add_(forward(x));
+  }
   std::vector<int64_t> shape = x.sizes().vec();
   const at::Tensor x2 = x.reshape({-1, shape.back()});
   const int64_t rows = x2.size(0), hidden = lin1->weight.size(0);
   const int64_t row_bytes = hidden * static_cast<int64_t>(x2.element_size());
   // Whole multiples of 64 rows per chunk (GEMM tiles), at least one tile.
   const int64_t chunk = std::max<int64_t>(64, max_hidden_bytes / std::max<int64_t>(row_bytes, 1) / 64 * 64);
-  at::Tensor y;
-  // cuBLASLt's bias + GELU epilogue (tanh form) and bias epilogue, algorithms tuned per shape.
-  if (rows <= chunk) {
-    const at::Tensor h = kernels::TunedLinear(x2, lin1->weight, lin1->bias, /*gelu=*/true);
-    y = kernels::TunedLinear(h, lin2->weight, lin2->bias, /*gelu=*/false);
-  } else {
-    y = at::empty({rows, lin2->weight.size(0)}, x2.options());
-    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-      const int64_t n = std::min(chunk, rows - r0);
-      const at::Tensor h = kernels::TunedLinear(x2.narrow(0, r0, n), lin1->weight, lin1->bias, /*gelu=*/true);
-      kernels::TunedLinear(h, lin2->weight, lin2->bias, /*gelu=*/false, y.narrow(0, r0, n));
-    }
+  // cuBLASLt's bias + GELU epilogue (tanh form) and bias epilogue, algorithms tuned per shape; fc2
+  // writes its rows of y, or adds them to the residual's.
+  const at::Tensor y = residual.defined() ? residual.view({rows, lin2->weight.size(0)})
+                                          : at::empty({rows, lin2->weight.size(0)}, x2.options());
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    const at::Tensor h = kernels::TunedLinear(x2.narrow(0, r0, n), lin1->weight, lin1->bias, /*gelu=*/true);
+    kernels::TunedLinear(h, lin2->weight, lin2->bias, /*gelu=*/false, y.narrow(0, r0, n), residual.defined());
   }
+  if (residual.defined()) return residual;
   shape.back() = y.size(1);
   return y.view(shape);
 }
@@ -156,7 +167,9 @@ void RelPosAttentionImpl::RelTables(const at::Tensor& q, at::Tensor* rel_h, at::
   *rel_w = at::einsum("bhwc,wkc->bhwk", {r_q, Rw_}).reshape({q.size(0), q.size(1), grid * grid, grid});
 }
 
-at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
+at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) { return Forward(x, {}); }
+
+at::Tensor RelPosAttentionImpl::Forward(const at::Tensor& x, const at::Tensor& residual) {
   const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
   TORCH_CHECK(H == grid && W == grid, "attention built for a ", grid, "x", grid, " grid got ", H,
               "x", W);
@@ -232,10 +245,14 @@ at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) {
     }
   }
   const at::Tensor o = out.reshape({B, H, W, C});
-  return flat_linear ? FlatLinear(proj, proj_fast, o) : LinearForward(proj, proj_fast, o);
+  if (flat_linear) return FlatLinear(proj, proj_fast, o, residual);
+  const at::Tensor y = LinearForward(proj, proj_fast, o);
+  if (!residual.defined()) return y;
+  at::Tensor r = residual;
+  return r.add_(y);
 }
 
-at::Tensor RelPosAttentionImpl::ForwardRasterWindows(const at::Tensor& x) {
+at::Tensor RelPosAttentionImpl::ForwardRasterWindows(const at::Tensor& x, const at::Tensor& residual) {
   const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
   TORCH_CHECK(impl == AttentionImpl::kFused, "raster windows need the fused attention");
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
@@ -246,7 +263,7 @@ at::Tensor RelPosAttentionImpl::ForwardRasterWindows(const at::Tensor& x) {
   const at::Tensor out = kernels::RelPosWindowAttentionFromTables(
       qkv_out[0], qkv_out[1], qkv_out[2], bias.narrow(0, C, C), bias.narrow(0, 2 * C, C), rev_tables_, grid,
       H, W, scale);
-  return FlatLinear(proj, proj_fast, out.reshape({B, H, W, C}));
+  return FlatLinear(proj, proj_fast, out.reshape({B, H, W, C}), residual);
 }
 
 EncoderBlockImpl::EncoderBlockImpl(const SamConfig& c, int64_t window) : window_size(window) {
@@ -294,6 +311,26 @@ at::Tensor EncoderBlockImpl::ForwardFused(at::Tensor& x, const at::Tensor& pendi
     MemoryScope s("norm1");
     xn = kernels::AddLayerNorm(x, pending, 0, norm1->weight, norm1->bias, norm1->options.eps(), layout_window);
   }
+  if (residual_in_gemm && layout_window == 0) {
+    // proj and fc2 add their outputs to x in their epilogues: the norms then read x alone and write
+    // only the normalised tokens (two of the four passes over the stream each did), and nothing is
+    // left pending.
+    {
+      MemoryScope s("attention");
+      if (raster_windows) {
+        attn->ForwardRasterWindows(xn, x);
+      } else {
+        attn->Forward(xn, x);
+      }
+    }
+    {
+      MemoryScope s("norm2");
+      xn2 = kernels::AddLayerNorm(x, at::Tensor(), 0, norm2->weight, norm2->bias, norm2->options.eps(), 0);
+    }
+    MemoryScope s("mlp");
+    mlp->ForwardFused(xn2, gelu_epilogue, MlpBlockImpl::kMaxHiddenBytes, x);
+    return at::Tensor();
+  }
   {
     MemoryScope s("attention");
     a = (raster_windows ? attn->ForwardRasterWindows(xn) : attn->forward(xn)).contiguous();
@@ -334,7 +371,8 @@ void ImageEncoderViTImpl::Prepare() {
   for (auto& b : block_list) b->attn->Prepare();
 }
 
-void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu, bool rel_pos_in_kernel, bool windows_in_kernel) {
+void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu, bool rel_pos_in_kernel, bool windows_in_kernel,
+                                    bool residual_in_gemm) {
   fused_ops = fused;
   gelu_epilogue = fused && gelu;
   for (auto& b : block_list) {
@@ -344,6 +382,7 @@ void ImageEncoderViTImpl::SetFusion(bool fused, bool gelu, bool rel_pos_in_kerne
                         b->attn->impl == AttentionImpl::kFused &&
                         kernels::RelPosWindowAttentionSupported(b->window_size, b->attn->head_dim);
     b->attn->flat_linear = fused;
+    b->residual_in_gemm = fused && residual_in_gemm;
   }
 }
 

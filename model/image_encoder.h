@@ -47,7 +47,10 @@ struct MlpBlockImpl : torch::nn::Module {
   // the same as forward. The hidden activation is made and consumed in row chunks of at most
   // max_hidden_bytes (vit_h at batch 32: 1.3 GB in one piece, the encoder's largest tensor), each
   // chunk's fc2 writing its rows of the output in place; every output row is the same two GEMM rows.
-  at::Tensor ForwardFused(const at::Tensor& x, bool gelu_epilogue, int64_t max_hidden_bytes = kMaxHiddenBytes);
+  // With `residual` (contiguous, x's rows by dim) fc2 adds to it in place in its epilogue (beta = 1)
+  // and it is returned.
+  at::Tensor ForwardFused(const at::Tensor& x, bool gelu_epilogue, int64_t max_hidden_bytes = kMaxHiddenBytes,
+                          const at::Tensor& residual = {});
   static constexpr int64_t kMaxHiddenBytes = int64_t{256} << 20;
   torch::nn::Linear lin1{nullptr}, lin2{nullptr};
   std::shared_ptr<FastLinear> lin1_fast, lin2_fast;
@@ -61,10 +64,13 @@ struct RelPosAttentionImpl : torch::nn::Module {
   RelPosAttentionImpl(int64_t dim, int64_t num_heads, int64_t grid);
   // [B, grid, grid, dim] -> same
   at::Tensor forward(const at::Tensor& x);
+  // The same, with `residual` ([B, grid, grid, dim], contiguous) defined: the output is added to it
+  // in place (with flat_linear in proj's epilogue) and it is returned.
+  at::Tensor Forward(const at::Tensor& x, const at::Tensor& residual);
   // A windowed block (grid = window) on the raster [B, H, W, dim] tokens, -> same: qkv and proj on
   // the H x W tokens only, the windows (SAM's zero padding included) made in the fused kernel's
-  // indexing (kernels::RelPosWindowAttentionFromTables). Needs impl kFused.
-  at::Tensor ForwardRasterWindows(const at::Tensor& x);
+  // indexing (kernels::RelPosWindowAttentionFromTables). Needs impl kFused. `residual` as in Forward.
+  at::Tensor ForwardRasterWindows(const at::Tensor& x, const at::Tensor& residual = {});
   // Derives the tables the fast paths need (R_h/R_w lookups, one-hot key indicators) for the
   // current dtype/device; call after loading weights and after every .to().
   void Prepare();
@@ -103,7 +109,9 @@ struct EncoderBlockImpl : torch::nn::Module {
   // The same block with its element-wise work in two fused kernels (kernels::AddLayerNorm):
   // x is the residual stream [B, H, W, C], contiguous, updated in place; `pending` (undefined for
   // the first block) is the previous block's MLP output, added here instead of in that block.
-  // Returns this block's MLP output, still to be added to x.
+  // Returns this block's MLP output, still to be added to x; with residual_in_gemm (and the
+  // attention's output in the raster layout) proj and fc2 add to x themselves and it returns an
+  // undefined tensor.
   at::Tensor ForwardFused(at::Tensor& x, const at::Tensor& pending, bool gelu_epilogue);
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   RelPosAttention attn{nullptr};
@@ -112,6 +120,9 @@ struct EncoderBlockImpl : torch::nn::Module {
   // Fused path, windowed block: attention on the raster tokens (RelPosAttentionImpl::
   // ForwardRasterWindows) instead of on AddLayerNorm's padded window layout.
   bool raster_windows = false;
+  // Fused path: the residual adds in proj's and fc2's epilogues (cuBLASLt, beta = 1) instead of in
+  // the AddLayerNorm kernels, for blocks whose attention output is raster (global, raster windows).
+  bool residual_in_gemm = false;
 };
 TORCH_MODULE(EncoderBlock);
 
@@ -124,8 +135,9 @@ struct ImageEncoderViTImpl : torch::nn::Module {
   // The fused block path (EncoderBlockImpl::ForwardFused, rel-pos terms as one matmul) and, on top
   // of it, fc1's GELU in the GEMM epilogue. Numerically the unfused arithmetic except the GELU
   // epilogue (tanh approximation).
+  // residual_in_gemm: EncoderBlockImpl::residual_in_gemm for every block (with fused_ops).
   void SetFusion(bool fused_ops, bool gelu_epilogue, bool rel_pos_in_kernel = false,
-                 bool windows_in_kernel = false);
+                 bool windows_in_kernel = false, bool residual_in_gemm = true);
   bool fused_ops = false;
   bool gelu_epilogue = false;
 

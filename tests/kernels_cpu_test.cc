@@ -400,6 +400,12 @@ TEST(kernels_cpu, TunedLinearReferenceOnTheCpu) {
   EXPECT_TRUE(at::allclose(wide.narrow(1, 5, 40), lin, 1e-5, 1e-5));
   EXPECT_EQ(wide.narrow(1, 0, 5).abs().sum().item<float>(), 0.0f);
   EXPECT_TRUE(at::allclose(mk::TunedLinear(x, w, at::Tensor(), true), at::gelu(at::mm(x, w.t())), 1e-5, 1e-5));
+  // Accumulating: out += x w^T + bias (then GELU of the sum when asked); no output to add to refused.
+  const at::Tensor start = Randn({37, 40}, 46);
+  at::Tensor acc = start.clone();
+  EXPECT_EQ(mk::TunedLinear(x, w, bias, false, acc, /*accumulate=*/true).data_ptr(), acc.data_ptr());
+  EXPECT_TRUE(at::allclose(acc, start + lin, 1e-5, 1e-5));
+  EXPECT_THROW(mk::TunedLinear(x, w, bias, false, at::Tensor(), true), c10::Error);
   EXPECT_THROW(mk::TunedLinear(x, Randn({40, 23}, 43), bias, false), c10::Error);
   EXPECT_THROW(mk::TunedLinear(x, w, Randn({39}, 44), false), c10::Error);
   EXPECT_THROW(mk::TunedLinear(x, w, bias, false, at::zeros({36, 40})), c10::Error);

@@ -454,7 +454,8 @@ TEST(kernels_gpu, Fp8LinearMatchesReference) {
 // cuBLASLt with the timed algorithm against LibTorch's addmm / _addmm_activation (the heuristic's
 // first algorithm): the encoder's shapes and an odd one, bf16 and fp16, with and without GELU, into a
 // new tensor and into rows of a wider one. Each shape is tuned once (GemmTunings grows by one entry
-// per new shape and row pitch, not on repeats) and a repeat gives the same bits. Inside a CUDA graph capture a
+// per new shape and row pitch, not on repeats) and a repeat gives the same bits. Accumulating into
+// the output adds once per call. Inside a CUDA graph capture a
 // new shape runs untimed and the replay matches.
 TEST(kernels_gpu, TunedLinearMatchesLibTorch) {
   SKIP_WITHOUT_GPU();
@@ -497,6 +498,28 @@ TEST(kernels_gpu, TunedLinearMatchesLibTorch) {
       }
     }
   }
+  // Accumulating into the output (the encoder's residual adds): out += x w^T + bias, the tuning's
+  // trial launches not counted in the answer; the cached choice adds again.
+  for (const Case& c : {Case{4096, 3072, 768}, Case{200, 40, 24}}) {
+    SCOPED_TRACE("accumulate " + std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n));
+    const at::Tensor x = Randn({c.m, c.k}, ++seed).to(at::kBFloat16);
+    const at::Tensor w = Randn({c.n, c.k}, ++seed, 1.0 / std::sqrt(double(c.k))).to(at::kBFloat16);
+    const at::Tensor bias = Randn({c.n}, ++seed).to(at::kBFloat16);
+    const at::Tensor start = Randn({c.m, c.n}, ++seed, 4.0).to(at::kBFloat16);
+    at::Tensor y = start.clone();
+    EXPECT_EQ(mk::TunedLinear(x, w, bias, false, y, /*accumulate=*/true).data_ptr(), y.data_ptr());
+    ++shapes;
+    at::Tensor r = start.clone();
+    mk::TunedLinearReference(x, w, bias, false, r, true);
+    EXPECT_LT(Compare(y, r).rel_l2, 2e-3);
+    const at::Tensor exact = start.to(at::kFloat) + at::linear(x.to(at::kFloat), w.to(at::kFloat), bias.to(at::kFloat));
+    EXPECT_LT(Compare(y, exact).rel_l2, 5e-3);
+    mk::TunedLinear(x, w, bias, false, y, true);
+    EXPECT_LT(Compare(y, exact + at::linear(x.to(at::kFloat), w.to(at::kFloat), bias.to(at::kFloat))).rel_l2, 5e-3);
+  }
+  EXPECT_THROW(mk::TunedLinear(Randn({8, 16}, 1).to(at::kBFloat16), Randn({8, 16}, 2).to(at::kBFloat16),
+                               Randn({8}, 3).to(at::kBFloat16), false, at::Tensor(), true),
+               c10::Error);
   const std::vector<mk::GemmTuning> tuned = mk::GemmTunings();
   ASSERT_EQ(tuned.size(), tuned_before + shapes);
   for (size_t i = tuned_before; i < tuned.size(); ++i) {

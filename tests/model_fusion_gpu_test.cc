@@ -2,6 +2,10 @@
 // views, the cuBLASLt GELU epilogue) against the unfused encoder on the same weights and input, in
 // bf16, on vit_b's block shapes (768 wide, 12 heads of 64, windows of 14 on a 64x64 grid).
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -33,18 +37,37 @@ TEST(EncoderFusionCuda, FusedEncoderMatchesUnfusedOnVitBShapes) {
   enc->SetAttention(AttentionImpl::kFused);
   enc->SetFusion(false, false);
   const at::Tensor ref = enc->forward(x);
-  enc->SetFusion(true, false);
+  // The fused kernels with the residual adds in them (residual_in_gemm off until its own check below,
+  // so that check's GEMM shapes are first tuned there).
+  enc->SetFusion(true, false, false, false, /*residual_in_gemm=*/false);
   const at::Tensor fused = enc->forward(x);
   ASSERT_TRUE(fused.isfinite().all().item<bool>());
   // Same arithmetic up to the LayerNorm's summation order and the rel-pos matmul's (bf16 outputs):
   // differences of a few bf16 ulps that the following blocks carry along.
   const double e_fused = RelL2(fused, ref);
   EXPECT_LE(e_fused, 2e-2);
-  enc->SetFusion(true, true);
+  enc->SetFusion(true, true, false, false, /*residual_in_gemm=*/false);
   const at::Tensor gelu = enc->forward(x);
   ASSERT_TRUE(gelu.isfinite().all().item<bool>());
   const double e_gelu = RelL2(gelu, ref);
   EXPECT_LE(e_gelu, 3e-2);
+  // The fast path's full set (rel-pos terms and windows made in the attention kernel) with the
+  // residual adds in the LayerNorm kernels, then in proj's and fc2's epilogues (every block here:
+  // the windowed ones are raster): the same function to bf16 rounding, and the epilogue path ran (its
+  // accumulating GEMMs were tuned: the first in this process, with MASKD_GEMM_TUNING unset).
+  enc->SetFusion(true, true, true, true, /*residual_in_gemm=*/false);
+  const at::Tensor in_norm = enc->forward(x);
+  const size_t tuned_before = kernels::GemmTunings().size();
+  enc->SetFusion(true, true, true, true, /*residual_in_gemm=*/true);
+  const at::Tensor in_gemm = enc->forward(x);
+  ASSERT_TRUE(in_gemm.isfinite().all().item<bool>());
+  const std::vector<kernels::GemmTuning> tuned = kernels::GemmTunings();
+  EXPECT_TRUE(std::any_of(tuned.begin() + tuned_before, tuned.end(),
+                          [](const kernels::GemmTuning& t) { return t.accumulate; }));
+  const double e_residual = RelL2(in_gemm, in_norm);
+  EXPECT_LE(e_residual, 1e-2);
+  EXPECT_LE(RelL2(in_gemm, ref), 3e-2);
+  std::printf("encoder rel L2: residual adds in the GEMM epilogues vs in the norms %.3e\n", e_residual);
   // The bf16 fast path against fp32 arithmetic on the same weights, for scale.
   enc->to(at::kFloat);
   enc->Prepare();

@@ -338,6 +338,7 @@ TEST(ServerConfig, EngineOptionsPerDeviceKind) {
   EXPECT_TRUE(gpu->fast.gpu_postprocess);
   EXPECT_TRUE(gpu->fast.rel_pos_in_kernel);
   EXPECT_TRUE(gpu->fast.windows_in_kernel);
+  EXPECT_TRUE(gpu->fast.residual_in_gemm);
   EXPECT_FALSE(gpu->fast.fp8);  // opt-in
   EXPECT_TRUE(gpu->fast.gpu_rle_string);
   EXPECT_FALSE(gpu->fast.decoder_priority);  // opt-in (BENCHMARKS.md, run 14)

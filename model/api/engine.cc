@@ -15,6 +15,7 @@ FastPathOptions FastPathOptions::Fast() {
   f.decoder_attention_kernel = true;
   f.rel_pos_in_kernel = true;
   f.windows_in_kernel = true;
+  f.residual_in_gemm = true;
   return f;
 }
 

@@ -103,6 +103,11 @@ struct FastPathOptions {
   // the windows (SAM's zero padding: a padded key/value is qkv's bias), so qkv and proj run on the
   // image's tokens only (vit_b/h: 4096 instead of 4900 per image). CUDA only.
   bool windows_in_kernel = false;
+  // With fuse_encoder_ops: the residual adds of blocks whose attention output is raster (global
+  // blocks; windowed ones with windows_in_kernel) in proj's and fc2's GEMM epilogues (cuBLASLt,
+  // beta = 1: one rounding of the sum instead of two) instead of in the LayerNorm kernels, which then
+  // read the residual stream alone and write only the normalised tokens. CUDA only.
+  bool residual_in_gemm = false;
 
   // Everything that helps on CUDA: fused attention, graphs, GPU pre/post-processing (not fp8,
   // which trades accuracy for speed and is opt-in).
