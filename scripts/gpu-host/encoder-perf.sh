@@ -9,7 +9,8 @@
 # Environment: STEPS (default "build tests golden bench anchors"; also "kbench" (KBENCH_WARPS),
 # "warps" (WARPS_LIST, WARPS_ROWS)), MASKBENCH_ROWS (row
 # name substrings, comma-separated), MASKBENCH_BATCHES (1,8,32), PROFILE_ROWS (rows to profile; none
-# by default), MASKBENCH_ARGS (more flags), ANCHORS_SET (quick|all|amg|none).
+# by default), MASKBENCH_ARGS (more flags), ANCHORS_SET (quick|all|amg|none), BUILD_TARGETS (build
+# only these targets, space-separated: a short call that needs a few binaries; default everything).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-out}
@@ -36,7 +37,7 @@ if has build; then
   step build
   { time cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMASKD_WITH_WEBP=OFF -DMASKD_WITH_EXIF=OFF \
       -DMASKD_GOLDEN_DIR="$PWD/.carry/golden" -DMASKD_PYTHON=python3 &&
-    time cmake --build "$build" -j "$(nproc)"; } > "$out/misc/build.log" 2>&1
+    time cmake --build "$build" -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS}; } > "$out/misc/build.log" 2>&1
   rc=$?
   echo "build rc=$rc"; grep -E "error|FAILED" "$out/misc/build.log" | head -20; tail -3 "$out/misc/build.log"
   # Nothing after this is worth device time without binaries (the anchors alone compare nothing).
