@@ -317,8 +317,9 @@ at::Tensor Fp8LinearReference(const Fp8Rows& x, const Fp8Weight& w, const at::Te
 // CUDA, bf16/fp16 operands of one dtype with a bias of it and unit column strides: the first call of
 // a shape outside a CUDA graph capture times cuBLASLt's heuristic candidates (up to 16, three
 // launches each) and keeps the fastest for the process; later calls (and captures) launch it.
-// MASKD_GEMM_TUNING=0 keeps the heuristic's first (LibTorch's choice); MASKD_GEMM_TUNING_LOG=1 prints
-// each choice. Anything else (CPU, fp32, no bias, strided columns): TunedLinearReference.
+// With SetGemmTuning(false) a new shape gets the heuristic's first (LibTorch's choice: the same
+// algorithm on every start); MASKD_GEMM_TUNING_LOG=1 prints each timed choice on stderr. Anything
+// else (CPU, fp32, no bias, strided columns): TunedLinearReference.
 at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,
                        const at::Tensor& out = {}, bool accumulate = false);
 // accumulate: out (required) += the product and bias, in place (cuBLASLt's beta = 1 with C = D: one
@@ -338,5 +339,9 @@ struct GemmTuning {
 };
 // The shapes tuned so far in this process, in order (empty without CUDA).
 std::vector<GemmTuning> GemmTunings();
+// Whether TunedLinear times the candidates of shapes it has not seen yet (process-wide; on by
+// default in CUDA builds; always false without CUDA).
+void SetGemmTuning(bool on);
+bool GemmTuningEnabled();
 
 }  // namespace maskd::kernels

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -82,15 +83,9 @@ constexpr int kCandidates = 16;
 // Timed launches per candidate, after one untimed one.
 constexpr int kTimedRuns = 3;
 
-// MASKD_GEMM_TUNING=0: the heuristic's first algorithm (LibTorch's choice); MASKD_GEMM_TUNING_LOG=1:
-// one line per tuned shape on stderr.
-bool TuningEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MASKD_GEMM_TUNING");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return on;
-}
+// SetGemmTuning (FastPathOptions::gemm_tuning): on by default.
+std::atomic<bool> g_tuning{true};
+// MASKD_GEMM_TUNING_LOG=1: one line per tuned shape on stderr (a debugging aid for benchmark runs).
 bool TuningLog() {
   static const bool on = [] {
     const char* v = std::getenv("MASKD_GEMM_TUNING_LOG");
@@ -161,10 +156,11 @@ struct Key {
   bool gelu, accumulate;
   uint32_t align_a, align_b, align_c, align_bias;
   int device;
+  bool tuned;  // a timed choice, or the heuristic's first (tuning off): kept apart
   bool operator<(const Key& o) const {
-    return std::tie(m, n, k, lda, ldb, ldc, dtype, gelu, accumulate, align_a, align_b, align_c, align_bias, device) <
-           std::tie(o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.dtype, o.gelu, o.accumulate, o.align_a, o.align_b, o.align_c,
-                    o.align_bias, o.device);
+    return std::tie(m, n, k, lda, ldb, ldc, dtype, gelu, accumulate, align_a, align_b, align_c, align_bias, device,
+                    tuned) < std::tie(o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.dtype, o.gelu, o.accumulate, o.align_a,
+                                      o.align_b, o.align_c, o.align_bias, o.device, o.tuned);
   }
 };
 
@@ -212,6 +208,9 @@ class Timer {
 };
 
 }  // namespace
+
+void SetGemmTuning(bool on) { g_tuning.store(on, std::memory_order_relaxed); }
+bool GemmTuningEnabled() { return g_tuning.load(std::memory_order_relaxed); }
 
 std::vector<GemmTuning> GemmTunings() {
   Cache& cache = TheCache();
@@ -279,7 +278,8 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
                 Alignment(x.data_ptr()),
                 Alignment(y.data_ptr()),
                 Alignment(bias_ptr),
-                static_cast<int>(x.device().index())};
+                static_cast<int>(x.device().index()),
+                g_tuning.load(std::memory_order_relaxed)};
   // accumulate: D = C = out, beta = 1 (cuBLASLt runs C == D in place when the layouts are equal).
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   auto launch = [&](const cublasLtMatmulAlgo_t& algo, size_t ws) {
@@ -317,11 +317,11 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (!TuningEnabled() || capture != cudaStreamCaptureStatusNone || found == 1) {
-    // Untimed: the heuristic's first (LibTorch's choice). Inside a capture nothing is cached, so
-    // that the shape's first call outside one still times the candidates.
+  if (!key.tuned || capture != cudaStreamCaptureStatusNone || found == 1) {
+    // Untimed: the heuristic's first (LibTorch's choice). A shape to be timed that is first seen
+    // inside a capture is not cached, so that its first call outside one times the candidates.
     CheckLt(launch(results[0].algo, results[0].workspaceSize), "matmul");
-    if (capture == cudaStreamCaptureStatusNone) {
+    if (!key.tuned || found == 1 || capture == cudaStreamCaptureStatusNone) {
       std::lock_guard<std::mutex> lock(cache.mu);
       cache.choices.emplace(key, Choice{results[0].algo, results[0].workspaceSize});
     }
@@ -369,6 +369,8 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 
 #else
 
+void SetGemmTuning(bool) {}
+bool GemmTuningEnabled() { return false; }
 std::vector<GemmTuning> GemmTunings() { return {}; }
 
 at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,

@@ -74,6 +74,8 @@ std::vector<Row> Waterfall() {
   rows.push_back({"+ rel-pos terms in the attention kernel", Precision::kBFloat16, f});
   f.windows_in_kernel = true;
   rows.push_back({"+ windows made in the attention kernel", Precision::kBFloat16, f});
+  f.gemm_tuning = true;
+  rows.push_back({"+ GEMM algorithms chosen by timing", Precision::kBFloat16, f});
   f.residual_in_gemm = true;
   rows.push_back({kLastDenseRow, Precision::kBFloat16, f});
   FastPathOptions e = f;

@@ -43,6 +43,10 @@ Status EngineImpl::PrepareFastPath() {
   if (rel_in_kernel) optimisations_.push_back("rel-pos-in-kernel");
   if (windows_in_kernel) optimisations_.push_back("windows-in-kernel");
   if (residual_in_gemm) optimisations_.push_back("residual-in-gemm-epilogue");
+  if (cuda) {
+    kernels::SetGemmTuning(f.gemm_tuning);
+    if (f.gemm_tuning) optimisations_.push_back("gemm-algorithms-timed");
+  }
   for (auto& b : sam_->image_encoder->block_list) b->attn->fold_pad_v = !cuda;
   if (attn != AttentionImpl::kMath) optimisations_.push_back(AttentionImplName(attn));
   // Run 17 (H200, vit_b): a click 0.69 -> 0.60 ms (masks thresholded), 0.93 -> 0.87 ms with RLE;

@@ -233,8 +233,11 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
   tristate("decoder-priority", &c.decoder_priority,
            "Run mask decoding and post-processing on high-priority CUDA streams, the encoder on normal "
            "ones (default: off; measured slower for batch throughput, see BENCHMARKS.md run 14)");
+  tristate("gemm-tuning", &c.gemm_tuning,
+           "Choose each encoder GEMM's cuBLASLt algorithm by timing its candidates at warm-up (default: "
+           "on with the fast path; off: LibTorch's choice, the same algorithm on every start)");
   for (const char* n : {"cuda-graphs", "fp8", "gpu-preprocess", "gpu-postprocess", "gpu-rle-string",
-                        "decoder-priority"}) {
+                        "decoder-priority", "gemm-tuning"}) {
     app.get_option(std::string("--") + n)->group(g_dev);
   }
   // Retired options stay in the table (flag, MASKD_* variable, config-file key), hidden from --help,
@@ -817,6 +820,7 @@ StatusOr<EngineOptions> MakeEngineOptions(const ServerConfig& config, const Devi
   if (config.gpu_postprocess) o.fast.gpu_postprocess = *config.gpu_postprocess;
   if (config.gpu_rle_string) o.fast.gpu_rle_string = *config.gpu_rle_string;
   if (config.decoder_priority) o.fast.decoder_priority = *config.decoder_priority;
+  if (config.gemm_tuning) o.fast.gemm_tuning = *config.gemm_tuning;
   // Powers of two up to the maximum, and the maximum itself: what the encoder pads batches to.
   o.encoder_batch_sizes.clear();
   for (int b = 1; b < config.encoder_max_batch; b *= 2) o.encoder_batch_sizes.push_back(b);

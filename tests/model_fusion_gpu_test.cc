@@ -54,7 +54,7 @@ TEST(EncoderFusionCuda, FusedEncoderMatchesUnfusedOnVitBShapes) {
   // The fast path's full set (rel-pos terms and windows made in the attention kernel) with the
   // residual adds in the LayerNorm kernels, then in proj's and fc2's epilogues (every block here:
   // the windowed ones are raster): the same function to bf16 rounding, and the epilogue path ran (its
-  // accumulating GEMMs were tuned: the first in this process, with MASKD_GEMM_TUNING unset).
+  // accumulating GEMMs were tuned: the first in this process; GEMM tuning is on by default).
   enc->SetFusion(true, true, true, true, /*residual_in_gemm=*/false);
   const at::Tensor in_norm = enc->forward(x);
   const size_t tuned_before = kernels::GemmTunings().size();

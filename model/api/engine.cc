@@ -16,6 +16,7 @@ FastPathOptions FastPathOptions::Fast() {
   f.rel_pos_in_kernel = true;
   f.windows_in_kernel = true;
   f.residual_in_gemm = true;
+  f.gemm_tuning = true;
   return f;
 }
 

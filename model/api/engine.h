@@ -108,6 +108,10 @@ struct FastPathOptions {
   // beta = 1: one rounding of the sum instead of two) instead of in the LayerNorm kernels, which then
   // read the residual stream alone and write only the normalised tokens. CUDA only.
   bool residual_in_gemm = false;
+  // The encoder's linear layers (cuBLASLt) with each shape's algorithm chosen by timing the
+  // heuristic's candidates at its first (warm-up) call, instead of the heuristic's first (LibTorch's
+  // choice, the same on every start). Process-wide: the last engine prepared sets it. CUDA only.
+  bool gemm_tuning = false;
 
   // Everything that helps on CUDA: fused attention, graphs, GPU pre/post-processing (not fp8,
   // which trades accuracy for speed and is opt-in).
