@@ -329,13 +329,14 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 // accumulate the sum in fp32, rounded once. Any device and dtype.
 at::Tensor TunedLinearReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,
                                 const at::Tensor& out = {}, bool accumulate = false);
-// One tuned shape: the candidates cuBLASLt offered, the one kept (0 = the heuristic's first) and
-// the mean time of the first and of the kept one.
+// One tuned shape: the candidates cuBLASLt offered, the one kept (0 = the heuristic's first), the
+// mean time of the first and of the kept one, and the host time the timing took.
 struct GemmTuning {
   int64_t m, n, k;
   bool gelu, accumulate;
   int candidates, chosen;
   float first_ms, chosen_ms;
+  float tuning_ms;
 };
 // The shapes tuned so far in this process, in order (empty without CUDA).
 std::vector<GemmTuning> GemmTunings();

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -331,6 +332,7 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   // Each candidate writes y (the last launch below writes the answer); one that fails to launch is
   // skipped. Times are the mean of kTimedRuns back-to-back launches after one untimed one. With
   // accumulate every launch adds to y: its value is kept aside and put back before the last.
+  const auto wall_start = std::chrono::steady_clock::now();
   const at::Tensor saved = accumulate ? y.clone() : at::Tensor();
   Timer timer;
   int best = -1;
@@ -356,7 +358,9 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   TORCH_CHECK(best >= 0, "cuBLASLt: none of ", found, " algorithms ran a ", m, "x", n, "x", k, " linear layer");
   if (accumulate) y.copy_(saved);
   CheckLt(launch(results[best].algo, results[best].workspaceSize), "matmul");
-  const GemmTuning entry{m, n, k, gelu, accumulate, found, best, first_ms, best_ms};
+  const float wall_ms =
+      std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - wall_start).count();
+  const GemmTuning entry{m, n, k, gelu, accumulate, found, best, first_ms, best_ms, wall_ms};
   if (TuningLog())
     std::fprintf(stderr, "maskd: linear %ldx%ldx%ld%s%s: %d algorithms, heuristic's first %.4f ms, chose #%d %.4f ms\n",
                  static_cast<long>(m), static_cast<long>(n), static_cast<long>(k), gelu ? " +gelu" : "",

@@ -527,6 +527,7 @@ TEST(kernels_gpu, TunedLinearMatchesLibTorch) {
     EXPECT_LT(tuned[i].chosen, tuned[i].candidates);
     EXPECT_GT(tuned[i].chosen_ms, 0.0f);
     EXPECT_LE(tuned[i].chosen_ms, tuned[i].first_ms > 0 ? tuned[i].first_ms : tuned[i].chosen_ms);
+    EXPECT_GE(tuned[i].tuning_ms, tuned[i].chosen_ms * 3);  // at least the kept one's timed launches
   }
   // A shape first seen inside a capture: launched with the heuristic's first, not timed, not cached.
   const at::Tensor x = Randn({96, 64}, 400).to(at::kBFloat16), w = Randn({48, 64}, 401, 0.1).to(at::kBFloat16);
