@@ -77,7 +77,8 @@ at::Tensor FlatLinear(torch::nn::Linear& linear, const std::shared_ptr<FastLinea
   if (residual.defined()) {
     at::Tensor r = residual;
     if (fast) return r.add_(fast->Forward(x2).view(residual.sizes()));
-    kernels::TunedLinear(x2, linear->weight, linear->bias, false, residual.view({x2.size(0), -1}), /*accumulate=*/true);
+    kernels::TunedLinear(x2, linear->weight, linear->bias, /*gelu=*/false, residual.view({x2.size(0), -1}),
+                         /*accumulate=*/true);
     return r;
   }
   const at::Tensor y = fast ? fast->Forward(x2) : kernels::TunedLinear(x2, linear->weight, linear->bias, false);

@@ -33,13 +33,8 @@ cp "$out/prof/profiles.txt" "$out/profiles-encoder.txt"; cp "$out/prof1/profiles
 timeout 110 bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
 t seed-quick
 if [ "$(left)" -gt 80 ]; then
-  w=$(mktemp -d)
-  tar -xf .carry/anchors/vendor/segment-anything-fast-*.tar -C "$w"
-  python3 -m zipfile -e .carry/anchors/vendor/segment_anything-1.0-py3-none-any.whl "$w/sam" > /dev/null
-  PYTHONPATH="$w/segment-anything-fast:$w/sam" SEGMENT_ANYTHING_FAST_USE_FLASH_4=0 TORCHINDUCTOR_CACHE_DIR="$w/ind" \
-    timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) python3 .carry/anchors/anchors.py offline --impl fast \
-    --model vit_h --batch 32 > "$out/anchors/fast_vit_h_bs32.log" 2>&1
-  grep '^RESULT ' "$out/anchors/fast_vit_h_bs32.log" | sed 's/^RESULT /RESULT fast_vit_h_bs32 /' >> "$out/anchors/RESULTS.txt"
+  bash scripts/gpu-host/seed-row.sh "$out/anchors" fast_vit_h_bs32 $(( $(left) > 110 ? 100 : $(left) - 10 )) \
+    offline --impl fast --model vit_h --batch 32
   t seed-vit_h
 fi
 grep -h RESULT "$out"/anchors/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
