@@ -311,19 +311,20 @@ at::Tensor Fp8LinearReference(const Fp8Rows& x, const Fp8Weight& w, const at::Te
 // Linear layers through cuBLASLt with the algorithm chosen by timing (the encoder's qkv, proj, fc1,
 // fc2): y [M, N] = x [M, K] @ w [N, K]^T + bias [N], and with gelu GELU of that in cuBLASLt's
 // epilogue (its tanh form, what at::_addmm_activation(use_gelu=true) computes on CUDA; on the CPU
-// LibTorch's uses the erf form). Written into out
-// ([M, N], unit column stride) when given, else into a new tensor; returns it.
+// LibTorch's uses the erf form). Written into out ([M, N], unit column stride) when given, else into
+// a new tensor; returns it.
 //
 // CUDA, bf16/fp16 operands of one dtype with a bias of it and unit column strides: the first call of
-// a shape outside a CUDA graph capture times cuBLASLt's heuristic candidates (up to 16, three
-// launches each) and keeps the fastest for the process; later calls (and captures) launch it.
+// a shape outside a CUDA graph capture times cuBLASLt's heuristic candidates (up to 16, four
+// launches each, three of them timed) and keeps the fastest for the process; later calls (and
+// captures) launch it.
 // With SetGemmTuning(false) a new shape gets the heuristic's first (LibTorch's choice: the same
 // algorithm on every start); MASKD_GEMM_TUNING_LOG=1 prints each timed choice on stderr. Anything
 // else (CPU, fp32, no bias, strided columns): TunedLinearReference.
 at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,
                        const at::Tensor& out = {}, bool accumulate = false);
-// accumulate: out (required) += the product and bias, in place (cuBLASLt's beta = 1 with C = D: one
-// rounding of the sum; the encoder's residual adds), then GELU when gelu.
+// accumulate: out (required) += the product and bias, in place (cuBLASLt's beta = 1 with C = D; the
+// encoder's residual adds), then GELU when gelu.
 //
 // The reference: LibTorch's addmm / _addmm_activation / mm (+ GELU of the same form); with
 // accumulate the sum in fp32, rounded once. Any device and dtype.

@@ -56,7 +56,7 @@ at::Tensor TunedLinearReference(const at::Tensor& x, const at::Tensor& w, const 
   CheckOperands(x, w, bias, out, accumulate);
   at::Tensor y = out.defined() ? out : at::empty({x.size(0), w.size(0)}, x.options());
   if (accumulate) {
-    // out + (x w^T + bias) [then GELU]: one rounding of the sum in fp32, as cuBLASLt's beta = 1.
+    // out + (x w^T + bias) [then GELU], summed in fp32 and rounded once.
     at::Tensor sum = at::addmm(out.to(at::kFloat), x.to(at::kFloat), w.t().to(at::kFloat));
     if (bias.defined()) sum.add_(bias.to(at::kFloat));
     if (gelu) sum = at::gelu(sum, x.is_cuda() ? "tanh" : "none");

@@ -1,8 +1,9 @@
 // The fast-path policy of EngineImpl, one function: which attention the encoder uses (the fused
 // kernel where it applies: CUDA, bf16/fp16 and the head widths it was written for; SDPA with rel-pos
 // folded elsewhere on CUDA; the original's arithmetic on CPU and in fp32, where parity matters more
-// than speed), the fused encoder element-wise kernels and the fc1 GELU epilogue (CUDA only; the
-// epilogue never in fp32), the decoder's SDPA in reduced precision, the shared-image decoder, fp8 linears (CUDA only, opt-in,
+// than speed), the fused encoder element-wise kernels, the fc1 GELU epilogue (CUDA only; the
+// epilogue never in fp32), the residual adds in the GEMM epilogues and the GEMM algorithm timing,
+// the decoder's SDPA in reduced precision, the shared-image decoder, fp8 linears (CUDA only, opt-in,
 // they trade accuracy), GPU pre/post-processing, the encoder batch sizes and their CUDA graphs.
 #include "model/engine_impl.h"
 
@@ -39,7 +40,8 @@ Status EngineImpl::PrepareFastPath() {
   const bool rel_in_kernel = cuda && f.fuse_encoder_ops && f.rel_pos_in_kernel && attn == AttentionImpl::kFused;
   const bool windows_in_kernel = rel_in_kernel && f.windows_in_kernel;
   const bool residual_in_gemm = cuda && f.fuse_encoder_ops && f.residual_in_gemm;
-  sam_->image_encoder->SetFusion(cuda && f.fuse_encoder_ops, gelu, rel_in_kernel, windows_in_kernel, residual_in_gemm);
+  sam_->image_encoder->SetFusion(cuda && f.fuse_encoder_ops, gelu, rel_in_kernel, windows_in_kernel,
+                                 residual_in_gemm);
   if (cuda && f.fuse_encoder_ops) optimisations_.push_back("fused-encoder-ops");
   if (gelu) optimisations_.push_back("gelu-epilogue");
   if (rel_in_kernel) optimisations_.push_back("rel-pos-in-kernel");

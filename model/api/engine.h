@@ -105,8 +105,8 @@ struct FastPathOptions {
   bool windows_in_kernel = false;
   // With fuse_encoder_ops: the residual adds of blocks whose attention output is raster (global
   // blocks; windowed ones with windows_in_kernel) in proj's and fc2's GEMM epilogues (cuBLASLt,
-  // beta = 1: one rounding of the sum instead of two) instead of in the LayerNorm kernels, which then
-  // read the residual stream alone and write only the normalised tokens. CUDA only.
+  // beta = 1) instead of in the LayerNorm kernels, which then read the residual stream alone and
+  // write only the normalised tokens. The same encoder output bits (run 43's GPU test). CUDA only.
   bool residual_in_gemm = false;
   // The encoder's linear layers (cuBLASLt) with each shape's algorithm chosen by timing the
   // heuristic's candidates at its first (warm-up) call, instead of the heuristic's first (LibTorch's
