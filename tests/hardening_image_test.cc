@@ -215,5 +215,25 @@ TEST(HardeningPng, TinyFileDeclaringAHugeSizeIsRefusedBeforeDecoding) {
   EXPECT_LT(growth, 16);
 }
 
+// IHDR must come first (the PNG specification). libpng discards an ancillary chunk with a bad CRC
+// in front of it, so such a file decoded while ReadDeclaredSize (the byte budget's size check before
+// decoding) refused it (fuzz_image_decode found it in CI on 2026-12-06): both refuse it now, with
+// the same message. The file with its chunks in order still decodes.
+TEST(HardeningPng, AChunkBeforeIhdrIsRefusedByTheDecoderAndTheSizeReader) {
+  const std::string png = *EncodePngRgb(Busy(9, 9));
+  // A private ancillary chunk whose CRC is wrong: libpng discards it (an ancillary chunk's CRC error
+  // is a warning) and went on to IHDR.
+  std::string chunk = MakeChunk("prVt", "private data before IHDR");
+  chunk.back() = static_cast<char>(chunk.back() ^ 0x5a);
+  const std::string rebuilt = png.substr(0, 8) + chunk + png.substr(8);
+  ExpectRefused(rebuilt, "an ancillary chunk before IHDR", "no IHDR chunk first");
+  const auto declared = ReadDeclaredSize(rebuilt);
+  ASSERT_FALSE(declared.ok());
+  EXPECT_NE(declared.status().message().find("no IHDR chunk first"), std::string::npos);
+  ASSERT_TRUE(DecodeImage(png).ok());
+  ASSERT_TRUE(ReadDeclaredSize(png).ok());
+  EXPECT_EQ(ReadDeclaredSize(png)->width, 9u);
+}
+
 }  // namespace
 }  // namespace maskd
