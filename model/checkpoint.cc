@@ -435,6 +435,29 @@ struct ZipEntry {
   uint16_t method = 0;  // 0: stored (what torch.save writes), 8: deflated
 };
 
+// A central-directory entry's sizes of 0xffffffff are in its zip64 extra field (id 1): the
+// uncompressed size first, then the compressed, each present only where the 32-bit one is
+// 0xffffffff. False when that field is missing or short.
+bool Zip64Sizes(const unsigned char* extra, uint64_t len, uint64_t* unpacked, uint64_t* packed) {
+  if (*unpacked != 0xffffffff && *packed != 0xffffffff) return true;
+  for (uint64_t at = 0; at + 4 <= len;) {
+    const uint64_t id = LE(extra + at, 2), n = LE(extra + at + 2, 2);
+    if (at + 4 + n > len) return false;
+    if (id == 1) {
+      uint64_t k = at + 4;
+      for (uint64_t* v : {unpacked, packed}) {
+        if (*v != 0xffffffff) continue;
+        if (k + 8 > at + 4 + n) return false;
+        *v = LE(extra + k, 8);
+        k += 8;
+      }
+      return true;
+    }
+    at += 4 + n;
+  }
+  return false;
+}
+
 StatusOr<std::unordered_map<std::string, ZipEntry>> ReadZipCrcs(const std::string& path) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) return InvalidArgument(path + ": cannot open the checkpoint file");
@@ -483,10 +506,21 @@ StatusOr<std::unordered_map<std::string, ZipEntry>> ReadZipCrcs(const std::strin
                    comment_len = LE(c + at + 32, 2);
     if (cd_size - at - 46 < name_len + extra_len + comment_len) return corrupt;
     std::string name(reinterpret_cast<const char*>(c + at + 46), name_len);
+    // The reader allocates an entry's declared uncompressed size before reading it, so a lying
+    // size must be refused here: a stored entry cannot be larger than the file, a deflated one
+    // cannot expand more than deflate's 1032:1.
+    const uint16_t method = static_cast<uint16_t>(LE(c + at + 10, 2));
+    uint64_t packed = LE(c + at + 20, 4), unpacked = LE(c + at + 24, 4);
+    if (!Zip64Sizes(c + at + 46 + name_len, extra_len, &unpacked, &packed)) return corrupt;
+    const uint64_t most = method == 0 ? size : std::min<uint64_t>(packed, size) * 1032 + 1024;
+    if (unpacked > most)
+      return InvalidArgument(path + ": zip entry " + name + " declares " + std::to_string(unpacked) +
+                             " bytes, more than a " + std::to_string(size) +
+                             "-byte file can hold (corrupt or hostile archive)");
     // Records are addressed below the top folder (named after the file, or "archive").
     const size_t slash = name.find('/');
     crcs[slash == std::string::npos ? name : name.substr(slash + 1)] =
-        ZipEntry{static_cast<uint32_t>(LE(c + at + 16, 4)), static_cast<uint16_t>(LE(c + at + 10, 2))};
+        ZipEntry{static_cast<uint32_t>(LE(c + at + 16, 4)), method};
     at += 46 + name_len + extra_len + comment_len;
   }
   return crcs;

@@ -144,6 +144,23 @@ TEST(Checkpoint, RefusesPickleGlobalsThatCouldRunCode) {
   EXPECT_NE(r2.status().message().find("__builtin__.eval"), std::string::npos);
 }
 
+TEST(Checkpoint, RefusesAZipEntryDeclaringMoreBytesThanTheFileHolds) {
+  // A fuzz_checkpoint finding: the zip reader allocates an entry's declared size before reading
+  // it, so a central directory claiming 2.2 GB for a 100-byte record must be refused first.
+  const std::string path = ArchiveWithPickle("liar.pth", "\x80\x02}q\x00.");
+  std::string bytes = ReadAll(path);
+  const size_t cd = bytes.find("PK\x01\x02");
+  ASSERT_NE(cd, std::string::npos);
+  const unsigned char lie[4] = {0x00, 0x00, 0x00, 0x87};  // 0x87000000 bytes, little-endian
+  bytes.replace(cd + 24, 4, reinterpret_cast<const char*>(lie), 4);
+  WriteAll(path, bytes);
+  auto r = ReadStateDict(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("declares 2264924160 bytes"), std::string::npos)
+      << r.status().message();
+}
+
 TEST(Checkpoint, RejectsTensorsReachingPastTheirStorage) {
   // _rebuild_tensor_v2(storage of 2 floats, offset 0, size (8,), stride (1,), ...)
   const std::string path = TempPath("overrun.pth");

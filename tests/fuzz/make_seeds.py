@@ -9,7 +9,9 @@ Needs Pillow (with WebP), torch and the generated maskd_pb2.
 
 Not written by this script, kept beside its output: inputs that found something, as regression cases
 (fuzz_checkpoint/torch_zip_reader_leak: a damaged zip on which LibTorch's reader leaks, see
-RELIABILITY.md and tests/fuzz/lsan.supp)."""
+RELIABILITY.md and tests/fuzz/lsan.supp; fuzz_checkpoint/zip_size_lie: state_dict.pth whose central
+directory declares 2.2 GB for its version record, which LibTorch's reader allocated before reading).
+"""
 import io
 import json
 import os
