@@ -342,8 +342,7 @@ struct GemmTuning {
 // The shapes tuned so far in this process, in order (empty without CUDA).
 std::vector<GemmTuning> GemmTunings();
 // Whether TunedLinear times the candidates of shapes it has not seen yet (process-wide; on by
-// default in CUDA builds; always false without CUDA).
+// default in CUDA builds; no effect without CUDA).
 void SetGemmTuning(bool on);
-bool GemmTuningEnabled();
 
 }  // namespace maskd::kernels

@@ -211,7 +211,6 @@ class Timer {
 }  // namespace
 
 void SetGemmTuning(bool on) { g_tuning.store(on, std::memory_order_relaxed); }
-bool GemmTuningEnabled() { return g_tuning.load(std::memory_order_relaxed); }
 
 std::vector<GemmTuning> GemmTunings() {
   Cache& cache = TheCache();
@@ -374,7 +373,6 @@ at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 #else
 
 void SetGemmTuning(bool) {}
-bool GemmTuningEnabled() { return false; }
 std::vector<GemmTuning> GemmTunings() { return {}; }
 
 at::Tensor TunedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gelu,

@@ -67,6 +67,12 @@ at::Tensor MlpBlockImpl::forward(const at::Tensor& x) {
 }
 
 namespace {
+// residual += y in place (residual is a const reference to a tensor written in place by design).
+at::Tensor AddInto(const at::Tensor& residual, const at::Tensor& y) {
+  at::Tensor r = residual;
+  return r.add_(y);
+}
+
 // linear over [..., in] as one 2-D GEMM (bias in the epilogue), viewed back to [..., out]. With
 // `residual` ([..., out], contiguous) the result is added to it in place instead (the GEMM's
 // epilogue, beta = 1) and it is returned.
@@ -75,11 +81,10 @@ at::Tensor FlatLinear(torch::nn::Linear& linear, const std::shared_ptr<FastLinea
   std::vector<int64_t> shape = x.sizes().vec();
   const at::Tensor x2 = x.reshape({-1, shape.back()});
   if (residual.defined()) {
-    at::Tensor r = residual;
-    if (fast) return r.add_(fast->Forward(x2).view(residual.sizes()));
+    if (fast) return AddInto(residual, fast->Forward(x2).view(residual.sizes()));
     kernels::TunedLinear(x2, linear->weight, linear->bias, /*gelu=*/false, residual.view({x2.size(0), -1}),
                          /*accumulate=*/true);
-    return r;
+    return residual;
   }
   const at::Tensor y = fast ? fast->Forward(x2) : kernels::TunedLinear(x2, linear->weight, linear->bias, false);
   shape.back() = y.size(-1);
@@ -90,9 +95,7 @@ at::Tensor FlatLinear(torch::nn::Linear& linear, const std::shared_ptr<FastLinea
 at::Tensor MlpBlockImpl::ForwardFused(const at::Tensor& x, bool gelu_epilogue, int64_t max_hidden_bytes,
                                       const at::Tensor& residual) {
   if (!gelu_epilogue || lin1_fast || lin2_fast) {
-    if (!residual.defined()) return forward(x);
-    at::Tensor r = residual;
-    return r.add_(forward(x));
+    return residual.defined() ? AddInto(residual, forward(x)) : forward(x);
   }
   std::vector<int64_t> shape = x.sizes().vec();
   const at::Tensor x2 = x.reshape({-1, shape.back()});
@@ -248,9 +251,7 @@ at::Tensor RelPosAttentionImpl::Forward(const at::Tensor& x, const at::Tensor& r
   const at::Tensor o = out.reshape({B, H, W, C});
   if (flat_linear) return FlatLinear(proj, proj_fast, o, residual);
   const at::Tensor y = LinearForward(proj, proj_fast, o);
-  if (!residual.defined()) return y;
-  at::Tensor r = residual;
-  return r.add_(y);
+  return residual.defined() ? AddInto(residual, y) : y;
 }
 
 at::Tensor RelPosAttentionImpl::ForwardRasterWindows(const at::Tensor& x, const at::Tensor& residual) {
@@ -312,36 +313,25 @@ at::Tensor EncoderBlockImpl::ForwardFused(at::Tensor& x, const at::Tensor& pendi
     MemoryScope s("norm1");
     xn = kernels::AddLayerNorm(x, pending, 0, norm1->weight, norm1->bias, norm1->options.eps(), layout_window);
   }
-  if (residual_in_gemm && layout_window == 0) {
-    // proj and fc2 add their outputs to x in their epilogues: the norms then read x alone and write
-    // only the normalised tokens (two of the four passes over the stream each did), and nothing is
-    // left pending.
-    {
-      MemoryScope s("attention");
-      if (raster_windows) {
-        attn->ForwardRasterWindows(xn, x);
-      } else {
-        attn->Forward(xn, x);
-      }
-    }
-    {
-      MemoryScope s("norm2");
-      xn2 = kernels::AddLayerNorm(x, at::Tensor(), 0, norm2->weight, norm2->bias, norm2->options.eps(), 0);
-    }
-    MemoryScope s("mlp");
-    mlp->ForwardFused(xn2, gelu_epilogue, MlpBlockImpl::kMaxHiddenBytes, x);
-    return at::Tensor();
-  }
+  // With residual_in_gemm (raster layouts only) proj and fc2 add their outputs to x in their
+  // epilogues: the norms then read x alone and write only the normalised tokens (two of the four
+  // passes over the stream each did), and nothing is left pending. Otherwise the attention output
+  // is added by norm2 and the MLP's is returned, pending for the next block's norm1.
+  const bool in_gemm = residual_in_gemm && layout_window == 0;
+  const at::Tensor residual = in_gemm ? x : at::Tensor();
   {
     MemoryScope s("attention");
-    a = (raster_windows ? attn->ForwardRasterWindows(xn) : attn->forward(xn)).contiguous();
+    a = raster_windows ? attn->ForwardRasterWindows(xn, residual) : attn->Forward(xn, residual);
+    if (!in_gemm) a = a.contiguous();
   }
   {
     MemoryScope s("norm2");
-    xn2 = kernels::AddLayerNorm(x, a, layout_window, norm2->weight, norm2->bias, norm2->options.eps(), 0);
+    xn2 = kernels::AddLayerNorm(x, in_gemm ? at::Tensor() : a, layout_window, norm2->weight, norm2->bias,
+                                norm2->options.eps(), 0);
   }
   MemoryScope s("mlp");
-  return mlp->ForwardFused(xn2, gelu_epilogue);
+  at::Tensor out = mlp->ForwardFused(xn2, gelu_epilogue, MlpBlockImpl::kMaxHiddenBytes, residual);
+  return in_gemm ? at::Tensor() : out;
 }
 
 ImageEncoderViTImpl::ImageEncoderViTImpl(const SamConfig& c) {

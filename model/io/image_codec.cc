@@ -316,16 +316,28 @@ bool RunPngDecode(png_structp png, png_infop info, const ImageLimits& limits, st
   return true;
 }
 
+// A PNG's declared size from its IHDR chunk, which the PNG specification requires first: after the
+// signature, length, "IHDR", then width and height as 4-byte big-endian numbers.
+StatusOr<DeclaredSize> ReadPngIhdr(std::string_view bytes, std::string_view field) {
+  if (bytes.size() < 24 || bytes.substr(12, 4) != "IHDR") {
+    return InvalidArgument(Prefix(field) + "corrupt or truncated PNG (no IHDR chunk first)");
+  }
+  auto be32 = [&](size_t at) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<uint8_t>(bytes[at + i]);
+    return v;
+  };
+  return DeclaredSize{be32(16), be32(20)};
+}
+
 // Decodes to 8-bit RGB (gray = false) or 8-bit grey (gray = true).
 template <typename Out>
 StatusOr<Out> DecodePngImpl(std::string_view bytes, const ImageLimits& limits, std::string_view field,
                             bool gray) {
-  // IHDR must be the first chunk (the PNG specification); libpng discards an ancillary chunk with a
-  // bad CRC before it, and ReadDeclaredSize (the byte budget's size, read before decoding) refused
-  // what then decoded (found by fuzz_image_decode). One rule for both: such a file is refused here.
-  if (bytes.size() < 24 || bytes.substr(12, 4) != "IHDR") {
-    return InvalidArgument(Prefix(field) + "corrupt or truncated PNG (no IHDR chunk first)");
-  }
+  // libpng discards an ancillary chunk with a bad CRC before IHDR, and ReadDeclaredSize (the byte
+  // budget's size, read before decoding) refused what then decoded (found by fuzz_image_decode).
+  // One rule for both: such a file is refused here too.
+  if (StatusOr<DeclaredSize> ihdr = ReadPngIhdr(bytes, field); !ihdr.ok()) return ihdr.status();
   PngReader reader{bytes};
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &reader, PngErrorFn, PngWarningFn);
   if (png == nullptr) return Internal(Prefix(field) + "libpng could not allocate a reader");
@@ -488,19 +500,7 @@ StatusOr<ImageRGB8> DecodeImage(std::string_view bytes, const ImageLimits& limit
 StatusOr<DeclaredSize> ReadDeclaredSize(std::string_view bytes, std::string_view field) {
   switch (DetectImageFormat(bytes)) {
     case ImageFormat::kJpeg: return ReadJpegSize(bytes, field);
-    case ImageFormat::kPng: {
-      // The signature, then IHDR first (the PNG specification requires it): length, "IHDR", width
-      // and height as 4-byte big-endian numbers.
-      if (bytes.size() < 24 || bytes.substr(12, 4) != "IHDR") {
-        return InvalidArgument(Prefix(field) + "corrupt or truncated PNG (no IHDR chunk first)");
-      }
-      auto be32 = [&](size_t at) {
-        uint64_t v = 0;
-        for (size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<uint8_t>(bytes[at + i]);
-        return v;
-      };
-      return DeclaredSize{be32(16), be32(20)};
-    }
+    case ImageFormat::kPng: return ReadPngIhdr(bytes, field);
     case ImageFormat::kWebp: {
 #if MASKD_WITH_WEBP
       int w = 0, h = 0;
