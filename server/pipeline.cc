@@ -184,7 +184,14 @@ void Pipeline::Start(const JobPtr& job) {
     if (Status s = inflight_.TryReserve(bytes); !s.ok()) return Finish(job, s);
     job->request_bytes = bytes;
   }
-  if (!decode_pool_->TrySubmit([this, job] { Guarded(job, [&] { Resolve(job); }); })) {
+  // A Segment by image_id with plain prompts (or stored results) has nothing to decode: resolving
+  // it is a cache lookup, so it runs here instead of a hop through the decode pool. A click saves
+  // that thread's wake-up (decode_queue p50 0.034 ms, mean 0.053 at 1 client, run 40) and never
+  // waits behind other requests' image decodes.
+  if (job->segment != nullptr && !job->image.has_bytes() && job->request_bytes == 0) {
+    return Guarded(job, [&] { Resolve(job, /*on_caller=*/true); });
+  }
+  if (!decode_pool_->TrySubmit([this, job] { Guarded(job, [&] { Resolve(job, /*on_caller=*/false); }); })) {
     Finish(job, ResourceExhausted("the image decode queue is full (" +
                                   std::to_string(decode_pool_->depth()) + " of " +
                                   std::to_string(decode_pool_->capacity()) +
@@ -192,7 +199,7 @@ void Pipeline::Start(const JobPtr& job) {
   }
 }
 
-void Pipeline::Resolve(const JobPtr& job) {
+void Pipeline::Resolve(const JobPtr& job, bool on_caller) {
   job->decode_queue_us = MicrosSince(job->enqueued);
   if (Status alive = job->control->Check(); !alive.ok()) return Finish(job, alive);
 
@@ -231,9 +238,15 @@ void Pipeline::Resolve(const JobPtr& job) {
       return OnResolved(job, routed.acquired.entry, /*cached=*/true);
     case EmbeddingCache::Outcome::kJoined:
       return;  // the waiter continues
-    case EmbeddingCache::Outcome::kPromote:
-      return OnResolved(job, routed.worker->cache().Promote(routed.acquired.flight),
-                        /*cached=*/true);
+    case EmbeddingCache::Outcome::kPromote: {
+      // Promoting copies the embedding to the device (and may demote others): not on the caller's
+      // thread when the decode pool takes it.
+      auto promote = [this, job, worker = routed.worker, flight = routed.acquired.flight] {
+        OnResolved(job, worker->cache().Promote(flight), /*cached=*/true);
+      };
+      if (on_caller && decode_pool_->TrySubmit([this, job, promote] { Guarded(job, promote); })) return;
+      return promote();
+    }
     case EmbeddingCache::Outcome::kLeader:
       return Lead(job, routed.worker, routed.acquired.flight, key);
     case EmbeddingCache::Outcome::kAbsent:

@@ -94,7 +94,9 @@ class Pipeline {
   // held by the job that decodes it until its embedding is cached.
   uint64_t DecodeBytes(const Job& job) const;
   void ReleaseDecodeBytes(Job& job);
-  void Resolve(const JobPtr& job);
+  // Looks the image up (and decodes and encodes it when it was sent). `on_caller`: running on the
+  // caller's (gRPC's) thread, so anything that may block is handed to the decode pool.
+  void Resolve(const JobPtr& job, bool on_caller);
   void Lead(const JobPtr& job, DeviceWorker* worker,
             const std::shared_ptr<EmbeddingCache::Flight>& flight, const std::string& image_id);
   void OnResolved(const JobPtr& job, StatusOr<CachedEmbeddingPtr> entry, bool cached);

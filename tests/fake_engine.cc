@@ -137,6 +137,19 @@ void FakeEngine::ReleaseEncodes() {
   cv_.notify_all();
 }
 
+void FakeEngine::HoldPrepares() {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_prepare_ = true;
+}
+
+void FakeEngine::ReleasePrepares() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_prepare_ = false;
+  }
+  cv_.notify_all();
+}
+
 bool FakeEngine::WaitForEncodeCalls(int n, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (encode_calls.load() < n) {
@@ -148,6 +161,10 @@ bool FakeEngine::WaitForEncodeCalls(int n, std::chrono::milliseconds timeout) {
 
 StatusOr<PreparedImage> FakeEngine::Prepare(const ImageRGB8& image) {
   ++prepare_calls;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return !hold_prepare_; });
+  }
   if (image.width <= 0 || image.height <= 0 ||
       image.pixels.size() != static_cast<size_t>(image.width) * image.height * 3) {
     return InvalidArgument("fake Prepare: bad image");

@@ -61,6 +61,10 @@ class FakeEngine final : public Engine {
   // While held, Encode blocks (after counting the call) until Release().
   void HoldEncodes();
   void ReleaseEncodes();
+  // While held, Prepare (on the server's decode pool) blocks, after counting the call, until
+  // ReleasePrepares(): keeps the decode threads busy.
+  void HoldPrepares();
+  void ReleasePrepares();
   // Blocks until `n` Encode calls have started (for tests that need the encoder busy).
   bool WaitForEncodeCalls(int n, std::chrono::milliseconds timeout);
 
@@ -105,7 +109,7 @@ class FakeEngine final : public Engine {
   EngineOptions engine_options_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool hold_ = false;
+  bool hold_ = false, hold_prepare_ = false;
   std::optional<Status> fail_encode_, fail_decode_;
   std::optional<std::string> throw_postprocess_;
   int encode_memory_limit_ = 0, decode_memory_limit_ = 0;

@@ -118,7 +118,7 @@ class MaskdOnFakeEngines {
     }
   }
   ~MaskdOnFakeEngines() {
-    for (FakeEngine* e : engines()) e->ReleaseEncodes();
+    for (FakeEngine* e : engines()) e->ReleaseEncodes(), e->ReleasePrepares();
     server_->Shutdown();
   }
 
@@ -575,6 +575,30 @@ TEST(ServerService, ErrorPathsReturnTheRightCodeAndMessage) {
   EXPECT_GE(info.calls_by_status().at("INVALID_ARGUMENT"), 8u);
   EXPECT_EQ(info.calls_by_status().at("NOT_FOUND"), 1u);
   EXPECT_EQ(info.calls_by_status().at("INTERNAL"), 1u);
+}
+
+// A click by image_id is a cache lookup: it runs on the calling thread and does not queue behind
+// other requests' image decodes (a single decode thread, held busy by a new image here).
+TEST(ServerService, AClickByImageIdDoesNotWaitBehindImageDecodes) {
+  MaskdOnFakeEngines::Options o;
+  o.configure = [](ServerConfig& c) { c.decode_threads = 1; };
+  MaskdOnFakeEngines m(o);
+  FakeEngine* engine = m.engine(0);
+  auto embedded = m.Embed(Encoded(32, 24, 1));
+  ASSERT_TRUE(embedded.ok()) << embedded.status().ToString();
+  engine->HoldPrepares();
+  auto busy = std::async(std::launch::async, [&] { return m.Segment(ByImage(Encoded(32, 24, 2), {Click(3, 3)})); });
+  ASSERT_TRUE(WaitFor([&] { return engine->prepare_calls.load() == 2; }));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(3000));
+  v1::SegmentResponse click;
+  const grpc::Status s = m.stub().Segment(&ctx, ById(embedded->image_id(), {Click(5, 5)}), &click);
+  EXPECT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+  EXPECT_EQ(click.results_size(), 1);
+  EXPECT_EQ(busy.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "the new image was not held";
+  engine->ReleasePrepares();
+  auto other = busy.get();
+  EXPECT_TRUE(other.ok()) << other.status().ToString();
 }
 
 TEST(ServerService, SingleFlightOneEncodeForConcurrentRequests) {
