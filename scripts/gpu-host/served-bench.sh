@@ -5,18 +5,21 @@
 #   e.g.  vit_b:bf16::batch:64   vit_h:bf16:--int8=1:batch:32   vit_b:bf16::interactive:16
 #         vit_h:bf16::interactive:16:--background-generate=1   (EXTRA: maskd flags, LOAD_EXTRA: maskload's)
 # Each run writes $OUT/served-<name>.{json,csv,png} and the server's log; a table is printed last.
+# SERVED_MASKD: another maskd binary to serve with (an A/B against an older build); SERVED_TAG: a
+# suffix for the run names (so that the A and B runs of one call keep apart).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 build=${MASKD_GPU_BUILD:-/tmp/maskd-build}
 duration=${SERVED_DURATION:-35}
+maskd_bin=${SERVED_MASKD:-$build/server/maskd}
 device=${SERVED_DEVICE:-cuda}
 if [ "${SERVED_SKIP_UNPACK:-0}" != 1 ]; then  # 1: a machine with the packages (e.g. a CPU dry run here)
   source scripts/gpu-host/unpack.sh .gpu-debs /tmp/gpu-prefix > /dev/null
   export LD_LIBRARY_PATH="$(python3 -c 'import os,torch;print(os.path.dirname(torch.__file__))')/lib:$LD_LIBRARY_PATH"
 fi
-[ -x "$build/server/maskd" ] && [ -x "$build/load_tests/maskload" ] ||
+[ -x "$maskd_bin" ] && [ -x "$build/load_tests/maskload" ] ||
   { echo "served-bench.sh: no maskd/maskload in $build (did the build step fail?)" >&2; exit 1; }
 port=50090
 summary=()
@@ -24,7 +27,7 @@ for run in "$@"; do
   IFS=: read -r arch precision extra workload conc load_extra <<< "$run"
   ckpt=/tmp/$arch.pth
   [ -f "$ckpt" ] || "$build/client/maskctl" make-checkpoint --arch "$arch" --seed 1 "$ckpt" > /dev/null
-  name="$arch-$precision${extra:+-$(echo "$extra" | tr -dc 'a-z0-9')}-$workload-c$conc${load_extra:+-$(echo "$load_extra" | tr -dc 'a-z0-9')}"
+  name="$arch-$precision${extra:+-$(echo "$extra" | tr -dc 'a-z0-9')}-$workload-c$conc${load_extra:+-$(echo "$load_extra" | tr -dc 'a-z0-9')}${SERVED_TAG:+-$SERVED_TAG}"
   port=$((port + 1))
   # Interactive clicks want no decoder queue delay; batch images want full encoder batches.
   flags=(--checkpoint "$ckpt" --device "$device" --precision "$precision" --listen 127.0.0.1:$port
@@ -32,7 +35,7 @@ for run in "$@"; do
   [ "$workload" = interactive ] && flags+=(--decoder-queue-delay-us "${DECODER_DELAY_US:-200}")
   # shellcheck disable=SC2206
   [ -n "$extra" ] && flags+=($extra)
-  "$build/server/maskd" "${flags[@]}" > "$out/maskd-$name.log" 2>&1 &
+  "$maskd_bin" "${flags[@]}" > "$out/maskd-$name.log" 2>&1 &
   pid=$!
   for i in $(seq 1 180); do
     "$build/client/maskctl" --server 127.0.0.1:$port health > /dev/null 2>&1 && break
