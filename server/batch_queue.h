@@ -19,6 +19,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -33,6 +34,7 @@
 
 #include "model/api/status.h"
 #include "server/call_control.h"
+#include "server/spin_wait.h"
 
 namespace maskd::server {
 
@@ -47,6 +49,9 @@ struct BatchQueueOptions {
   // at once instead of waiting max_queue_delay for company: the delay then applies only under
   // load, where the items that queue up while a batch runs are batched together anyway.
   bool launch_when_idle = false;
+  // How long the thread polls for the next item after a batch before it sleeps (server/spin_wait.h;
+  // 0: not at all).
+  std::chrono::microseconds spin{0};
 };
 
 struct QueueCounters {
@@ -65,7 +70,7 @@ class BatchQueue {
   using RunFn = std::function<void(std::vector<Item>& batch, Clock::time_point formed)>;
 
   BatchQueue(std::string name, BatchQueueOptions options, RunFn run)
-      : name_(std::move(name)), options_(options), run_(std::move(run)) {
+      : name_(std::move(name)), options_(options), run_(std::move(run)), spin_(options.spin) {
     if (options_.max_batch_weight < 1) options_.max_batch_weight = 1;
     thread_ = std::thread([this] { Loop(); });
   }
@@ -77,6 +82,7 @@ class BatchQueue {
   // UNAVAILABLE when stopping; the item is then untouched and its callbacks are not called.
   Status Submit(Item&& item) {
     const size_t w = std::max<size_t>(1, item.weight());
+    bool notify;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return Unavailable(name_ + " queue is shutting down: retry on another server");
@@ -90,8 +96,11 @@ class BatchQueue {
       item.arrival = Clock::now();
       queued_weight_ += w;
       queue_.push_back(std::move(item));
+      ready_.store(true, std::memory_order_release);
+      // The one thread is woken unless it is spinning (then it is not in a batching wait either).
+      notify = spin_.NeedsNotify(1);
     }
-    cv_.notify_one();
+    if (notify) cv_.notify_one();
     return Status::Ok();
   }
 
@@ -107,6 +116,7 @@ class BatchQueue {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_ && !thread_.joinable()) return;
       stopping_ = true;
+      ready_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
@@ -130,7 +140,11 @@ class BatchQueue {
  private:
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
+    bool ran = false;  // a batch has just run: only then the thread spins before sleeping
     for (;;) {
+      if (ran && !stopping_ && queue_.empty()) {
+        spin_.Spin(lock, [this] { return ready_.load(std::memory_order_acquire); });
+      }
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (stopping_) break;
       // Wait for a full batch or for the oldest item's max_queue_delay, whichever comes first;
@@ -144,11 +158,13 @@ class BatchQueue {
       }
       if (stopping_) break;
       std::vector<Item> batch = TakeBatch();
+      ready_.store(!queue_.empty(), std::memory_order_release);
       const Clock::time_point formed = Clock::now();
       lock.unlock();
       RunBatch(batch, formed);
       lock.lock();
       idle_since_ = Clock::now();
+      ran = true;
     }
     // Stopping: everything still queued is refused; the clients may retry elsewhere.
     std::deque<Item> left = std::move(queue_);
@@ -238,6 +254,9 @@ class BatchQueue {
   std::deque<Item> queue_;
   size_t queued_weight_ = 0;
   bool stopping_ = false;
+  // queue_ non-empty or stopping_, for the spinning thread (written under mu_).
+  std::atomic<bool> ready_{false};
+  SpinGate spin_;
   // When the last batch finished (the thread's start before the first): items arriving after it
   // found the batcher idle.
   Clock::time_point idle_since_ = Clock::now();

@@ -87,6 +87,9 @@ struct ServerConfig {
   // also bound how many generations share the decoders), and calls waiting for one.
   int generate_threads = 2;
   int generate_queue_capacity = 16;
+  // How long a decode/post-processing thread or a batcher that has just finished work polls for the
+  // next before it sleeps (server/spin_wait.h), microseconds; 0: not at all.
+  int spin_wait_us = 0;
 
   // Request limits (reported in GetInfo.limits); the defaults are the api's (model/api/limits.h).
   uint64_t max_image_bytes = Limits{}.max_image_bytes;

@@ -282,6 +282,7 @@ Status MaskServer::Load() {
   wo.decoder.max_queue_delay = std::chrono::microseconds(config_.decoder_queue_delay_us);
   wo.decoder.launch_when_idle = config_.decoder_launch_when_idle;
   wo.decoder.capacity_weight = static_cast<size_t>(config_.decoder_queue_capacity);
+  wo.encoder.spin = wo.decoder.spin = std::chrono::microseconds(config_.spin_wait_us);
   wo.cache_device_bytes = config_.cache_device_bytes;
   wo.cache_host_bytes = config_.cache_host_bytes;
   wo.result_store_bytes = config_.result_store_bytes;
@@ -311,10 +312,11 @@ Status MaskServer::Load() {
     raw.push_back(workers_.back().get());
   }
   router_ = std::make_unique<Router>(raw);
+  const std::chrono::microseconds spin(config_.spin_wait_us);
   decode_pool_ = std::make_unique<ThreadPool>("decode", ResolvedThreads(config_.decode_threads),
-                                              static_cast<size_t>(config_.decode_queue_capacity));
+                                              static_cast<size_t>(config_.decode_queue_capacity), spin);
   post_pool_ = std::make_unique<ThreadPool>("postprocess",
-                                            ResolvedThreads(config_.postprocess_threads), 0);
+                                            ResolvedThreads(config_.postprocess_threads), 0, spin);
   generate_pool_ = std::make_unique<ThreadPool>("generate", config_.generate_threads,
                                                 static_cast<size_t>(config_.generate_queue_capacity));
   PipelineOptions po;

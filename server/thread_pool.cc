@@ -4,8 +4,8 @@
 
 namespace maskd::server {
 
-ThreadPool::ThreadPool(std::string name, int threads, size_t capacity)
-    : name_(std::move(name)), capacity_(capacity) {
+ThreadPool::ThreadPool(std::string name, int threads, size_t capacity, std::chrono::microseconds spin)
+    : name_(std::move(name)), capacity_(capacity), spin_(spin) {
   if (threads < 1) threads = 1;
   threads_.reserve(threads);
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
@@ -14,13 +14,16 @@ ThreadPool::ThreadPool(std::string name, int threads, size_t capacity)
 ThreadPool::~ThreadPool() { Stop(); }
 
 bool ThreadPool::TrySubmit(std::function<void()> task) {
+  bool notify;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return false;
     if (capacity_ > 0 && queue_.size() >= capacity_) return false;
     queue_.push_back(std::move(task));
+    ready_.store(true, std::memory_order_release);
+    notify = spin_.NeedsNotify(queue_.size());
   }
-  cv_.notify_one();
+  if (notify) cv_.notify_one();
   return true;
 }
 
@@ -29,6 +32,7 @@ void ThreadPool::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ && threads_.empty()) return;
     stopping_ = true;
+    ready_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
   for (auto& t : threads_) {
@@ -43,15 +47,21 @@ size_t ThreadPool::depth() const {
 }
 
 void ThreadPool::Loop() {
+  bool ran = false;  // whether this thread has just finished a task (only then it spins)
   for (;;) {
     std::function<void()> task;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      if (ran && !stopping_ && queue_.empty()) {
+        spin_.Spin(lock, [this] { return ready_.load(std::memory_order_acquire); });
+      }
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
+      ready_.store(stopping_ || !queue_.empty(), std::memory_order_release);
     }
+    ran = true;
     // Tasks finish their own calls on errors; this is the last line so that a bug cannot take the
     // thread (and with it the pool) down.
     try {

@@ -3,6 +3,8 @@
 // limit, so a handler can answer RESOURCE_EXHAUSTED immediately.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -12,12 +14,16 @@
 #include <thread>
 #include <vector>
 
+#include "server/spin_wait.h"
+
 namespace maskd::server {
 
 class ThreadPool {
  public:
-  // capacity 0: unbounded (for work that was already admitted upstream).
-  ThreadPool(std::string name, int threads, size_t capacity);
+  // capacity 0: unbounded (for work that was already admitted upstream). spin: how long a thread
+  // that finished a task polls for the next before it sleeps (server/spin_wait.h; 0: not at all).
+  ThreadPool(std::string name, int threads, size_t capacity,
+             std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -42,6 +48,9 @@ class ThreadPool {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
+  // queue_ non-empty or stopping_, for the spinning threads (written under mu_).
+  std::atomic<bool> ready_{false};
+  SpinGate spin_;
   std::vector<std::thread> threads_;
 };
 

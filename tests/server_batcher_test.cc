@@ -13,6 +13,7 @@
 #include "server/decoder_batcher.h"
 #include "server/encoder_batcher.h"
 #include "server/gpu_turns.h"
+#include "server/thread_pool.h"
 #include "tests/fake_engine.h"
 
 namespace maskd::server {
@@ -55,9 +56,13 @@ struct PlainItem {
 // for); items that arrive while a batch runs still wait for company and leave together. Without
 // it the lone item waits for the delay.
 TEST(ServerBatcher, IdleBatcherLaunchesAtOnceAndBatchesUnderLoad) {
-  for (const bool idle_launch : {true, false}) {
-    SCOPED_TRACE(idle_launch ? "launch_when_idle" : "always wait");
+  // The same with the thread spinning after each batch (--spin-wait-us): batching is unchanged.
+  for (const bool idle_launch : {true, false})
+  for (const auto spin : {microseconds(0), microseconds(300'000)}) {
+    SCOPED_TRACE(std::string(idle_launch ? "launch_when_idle" : "always wait") + ", spin " +
+                 std::to_string(spin.count()) + " us");
     BatchQueueOptions o;
+    o.spin = spin;
     o.max_batch_weight = 8;
     o.max_queue_delay = std::chrono::seconds(1);
     o.capacity_weight = 64;
@@ -97,6 +102,65 @@ TEST(ServerBatcher, IdleBatcherLaunchesAtOnceAndBatchesUnderLoad) {
     EXPECT_EQ(sizes[1], 3u) << "items queued while a batch ran left separately";
     q.Stop();
   }
+}
+
+// --spin-wait-us on the batcher: an item arriving while the thread spins after a batch runs at once
+// (no notify is sent to a spinning thread: it must see the item itself), and Stop ends the spin.
+TEST(ServerBatcher, SpinningBatcherTakesTheNextItemAndStops) {
+  BatchQueueOptions o;
+  o.max_batch_weight = 8;
+  o.max_queue_delay = std::chrono::seconds(1);
+  o.launch_when_idle = true;
+  o.spin = std::chrono::seconds(10);  // far longer than the test: only seeing the item ends it
+  std::atomic<int> batches{0};
+  BatchQueue<PlainItem> q("test", o, [&](std::vector<PlainItem>&, Clock::time_point) { ++batches; });
+  auto wait_batches = [&](int n) {
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (batches.load() < n && Clock::now() < deadline) std::this_thread::sleep_for(microseconds(100));
+    return batches.load() >= n;
+  };
+  for (int i = 1; i <= 3; ++i) {
+    ASSERT_TRUE(q.Submit(PlainItem{}).ok());
+    ASSERT_TRUE(wait_batches(i)) << "item " << i << " was not taken by the spinning thread";
+  }
+  const auto t0 = Clock::now();
+  q.Stop();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2)) << "Stop waited for the spin to time out";
+}
+
+// --spin-wait-us on a pool: a burst gets every thread, not only the one spinning (the submitter
+// wakes sleeping threads for the tasks beyond the spinners), and Stop ends the spin.
+TEST(ServerBatcher, SpinningPoolWakesSleepingThreadsForABurst) {
+  constexpr int kThreads = 4;
+  ThreadPool pool("test", kThreads, 0, std::chrono::seconds(10));
+  std::atomic<int> done{0};
+  ASSERT_TRUE(pool.TrySubmit([&] { ++done; }));  // one thread ran a task: it spins now
+  while (done.load() < 1) std::this_thread::sleep_for(microseconds(100));
+  std::this_thread::sleep_for(milliseconds(20));
+  // kThreads tasks that each wait for all of them to have started: only kThreads threads at once
+  // finish them.
+  std::mutex mu;
+  std::condition_variable cv;
+  int started = 0;
+  std::atomic<int> together{0};
+  for (int i = 0; i < kThreads; ++i) {
+    ASSERT_TRUE(pool.TrySubmit([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      ++started;
+      cv.notify_all();
+      if (cv.wait_for(lock, std::chrono::seconds(5), [&] { return started == kThreads; })) ++together;
+    }));
+  }
+  {
+    // Before Stop, whose notify_all would wake every thread anyway.
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(3), [&] { return started == kThreads; }))
+        << "only " << started << " of the burst's " << kThreads << " tasks started";
+  }
+  const auto t0 = Clock::now();
+  pool.Stop();  // runs what is queued, then joins
+  EXPECT_EQ(together.load(), kThreads) << "the burst's tasks did not all run at once";
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3)) << "Stop waited for the spin to time out";
 }
 
 TEST(ServerBatcher, EncoderBatchLeavesWhenFull) {
