@@ -124,31 +124,18 @@ void FakeEngine::OomOnDecodeOf(uint64_t content) {
   oom_decode_of_.push_back(content);
 }
 
-void FakeEngine::HoldEncodes() {
-  std::lock_guard<std::mutex> lock(mu_);
-  hold_ = true;
-}
-
-void FakeEngine::ReleaseEncodes() {
+void FakeEngine::SetHold(bool* flag, bool on) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    hold_ = false;
+    *flag = on;
   }
   cv_.notify_all();
 }
 
-void FakeEngine::HoldPrepares() {
-  std::lock_guard<std::mutex> lock(mu_);
-  hold_prepare_ = true;
-}
-
-void FakeEngine::ReleasePrepares() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    hold_prepare_ = false;
-  }
-  cv_.notify_all();
-}
+void FakeEngine::HoldEncodes() { SetHold(&hold_, true); }
+void FakeEngine::ReleaseEncodes() { SetHold(&hold_, false); }
+void FakeEngine::HoldPrepares() { SetHold(&hold_prepare_, true); }
+void FakeEngine::ReleasePrepares() { SetHold(&hold_prepare_, false); }
 
 bool FakeEngine::WaitForEncodeCalls(int n, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -104,6 +104,8 @@ class FakeEngine final : public Engine {
   static uint64_t Checksum(const ImageRGB8& image);
 
  private:
+  void SetHold(bool* flag, bool on);  // under mu_, then wakes the held calls
+
   FakeEngineOptions o_;
   ModelDescription desc_;
   EngineOptions engine_options_;
