@@ -136,6 +136,9 @@ void AddMaskloadFlags(CLI::App& app, MaskloadOptions& o) {
                "exit 5 when the run ends (--max-duration, --max-requests) before its last "
                "--stable-windows windows agree within --stability in throughput and p50 latency, "
                "saying which window was off and by how much (default: report NOT stable, exit 0)");
+  app.add_flag("--malloc-tuning,!--no-malloc-tuning", o.malloc_tuning,
+               "keep freed heap memory for reuse in this process, as maskd's --malloc-tuning does: "
+               "less client time per large response (default on; --no-malloc-tuning: glibc's defaults)");
 }
 
 namespace {

@@ -39,6 +39,8 @@ struct MaskloadOptions {
   int64_t max_errors = -1;
   // Exit 5 when the run stopped before its last --stable-windows windows agreed (IsStable).
   bool fail_unstable = false;
+  // This process's glibc malloc keeps freed memory (server/malloc_tuning.h), as maskd's does.
+  bool malloc_tuning = true;
 };
 
 // Adds the flags to `app`; call Finish after app.parse() to validate and convert the text fields.

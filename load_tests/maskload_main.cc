@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "load_tests/maskload_cli.h"
+#include "server/malloc_tuning.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -16,5 +17,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "maskload: %s\n", s.ToString().c_str());
     return 1;
   }
+  if (options.malloc_tuning) maskd::server::TuneMallocForServing();
   return maskd::load::RunMaskload(options);
 }

@@ -359,6 +359,14 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
         "Memory that accepted, unfinished requests may hold (images as sent, decoded and resized; "
         "mask inputs), whole server; a request that does not fit gets RESOURCE_EXHAUSTED at once");
   app.get_option("--max-inflight-bytes")->group("Memory (whole server)");
+  env(app.add_option("--malloc-tuning", c.malloc_tuning,
+                     "Keep freed heap memory for reuse (glibc: trim threshold 256MiB, mmap threshold "
+                     "32MiB) instead of returning it to the kernel after every response: fewer page "
+                     "faults per call, more resident memory; false: glibc's defaults (or GLIBC_TUNABLES)")
+          ->check(boolean_word)
+          ->capture_default_str()
+          ->group("Memory (whole server)"),
+      "malloc-tuning");
 
   auto* g_thr = "Threads";
   ranged("decode-threads", c.decode_threads,

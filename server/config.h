@@ -78,6 +78,9 @@ struct ServerConfig {
   uint64_t gpu_memory_limit_bytes = 0;
   // Whole server: what accepted, unfinished requests may hold (server/byte_budget.h).
   uint64_t max_inflight_bytes = uint64_t{2} << 30;
+  // glibc malloc keeps freed memory for reuse (server/malloc_tuning.h) instead of returning it to
+  // the kernel after every response.
+  bool malloc_tuning = true;
 
   // Threads (whole server). 0: half the cores, at least 2.
   int decode_threads = 0;

@@ -8,6 +8,7 @@
 #include "model/engine_create.h"
 #include "server/config.h"
 #include "server/lifecycle.h"
+#include "server/malloc_tuning.h"
 #include "server/logging.h"
 #include "server/server.h"
 #include "server/startup.h"
@@ -25,6 +26,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!parsed.config.config_file.empty()) spdlog::info("configuration from {}", parsed.config.config_file);
+  if (parsed.config.malloc_tuning && !maskd::server::TuneMallocForServing()) {
+    spdlog::warn("--malloc-tuning: this C library did not take the malloc settings (not glibc?)");
+  }
 
   // Signals go to one waiting thread only: block them before any other thread exists.
   const sigset_t signals = maskd::server::BlockShutdownSignals();

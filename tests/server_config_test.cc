@@ -1,13 +1,16 @@
 // Configuration: defaults, precedence (flag > MASKD_* environment > --config file > default),
 // --help, sizes, devices, checkpoint resolution, engine options.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "server/config.h"
+#include "server/malloc_tuning.h"
 
 namespace maskd::server {
 namespace {
@@ -64,6 +67,23 @@ TEST(ServerConfig, DefaultsMatchTheDocumentedOnes) {
   EXPECT_EQ(c.log_level, "info");
   EXPECT_TRUE(c.checkpoint.empty());
 }
+
+#ifdef __GLIBC__
+// --malloc-tuning (on by default): an 8 MiB block comes from the heap, not a fresh mapping, and
+// freeing it leaves the memory at the heap's top for the next call instead of trimming it.
+TEST(ServerConfig, MallocTuningKeepsFreedMemoryForReuse) {
+  EXPECT_TRUE(Parse({}).config.malloc_tuning);
+  EXPECT_FALSE(Parse({"--malloc-tuning", "false"}).config.malloc_tuning);
+  ASSERT_TRUE(TuneMallocForServing());
+  const struct mallinfo2 before = mallinfo2();
+  void* block = std::malloc(8 << 20);
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 1, 8 << 20);
+  EXPECT_EQ(mallinfo2().hblkhd, before.hblkhd) << "the block was mmap'd";
+  std::free(block);
+  EXPECT_GE(mallinfo2().keepcost, size_t{8} << 20) << "the heap's top was trimmed";
+}
+#endif
 
 TEST(ServerConfig, HelpDocumentsEveryFlagWithItsEnvironmentVariable) {
   auto r = Parse({"--help"});
