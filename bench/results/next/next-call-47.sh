@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Run 47 (written 2026-12-06, NOT RUN YET; any H100/H200, ideally warm after run 45; ~5 minutes):
+# Run 47 (written 2026-12-06, NOT RUN YET; any H100/H200, ideally warm after run 45; ~6-7 minutes):
 # the served click's two thread hand-over changes, each against HEAD in the same call.
 # 1. 53f4ecf: a Segment by image_id resolves on the gRPC thread instead of a hop through the decode
 #    pool (run 40 at 1 client: decode_queue p50 0.034 ms, mean 0.053). A = HEAD's maskd; B = HEAD
 #    with inline-resolve.patch (beside this file) reversed, a second binary built in this call.
 # 2. --spin-wait-us=50 (S): the pools and batchers poll 50 us after finishing work before they
 #    sleep (decoder_queue and postprocess_queue were p50 0.033 / 0.040 ms at 1 client in run 40).
-# vit_b interactive c1 and c16 (8 s runs, 3 s measured, as run 40) for A, B, S, A again; c256 for S and A (throughput:
-# does spinning take CPU from gRPC's threads?).
-#   OUT=$OUT CALL_LIMIT=400 bash bench/results/next/next-call-47.sh
+# 3. --malloc-tuning (on by default in maskd and maskload since 08938c1): M turns it off in both, as
+#    before (on the CI host a 165 KB loopback round trip went from 123-162 to 90-95 us p50).
+# vit_b interactive c1 and c16 (8 s runs, 3 s measured, as run 40) for A, B, S, M, A again; c256 for
+# S, M and A (throughput: does spinning take CPU from gRPC's threads?).
+#   OUT=$OUT CALL_LIMIT=480 bash bench/results/next/next-call-47.sh
 # Expect: A's decode_queue ~0 and its p50 below B's by about that stage's mean; S's decoder_queue and
 # postprocess_queue below A's. --spin-wait-us becomes a default only if S is faster at c1 and c16
 # and not slower at c256.
@@ -32,6 +34,7 @@ spin=(vit_b:bf16:--spin-wait-us=50:interactive:1 vit_b:bf16:--spin-wait-us=50:in
 serve A1 "$B/server/maskd" "${click[@]}"
 serve B /tmp/maskd-before "${click[@]}"
 serve S "$B/server/maskd" "${spin[@]}" vit_b:bf16:--spin-wait-us=50:interactive:256
+serve M "$B/server/maskd" vit_b:bf16:--malloc-tuning=false:interactive:{1,16,256}:--no-malloc-tuning
 serve A2 "$B/server/maskd" "${click[@]}" vit_b:bf16::interactive:256
 grep -E "rc=" "$out/served.log" | cut -c1-300 >> "$out/perf.log"
 for f in "$out"/served/served-*.json; do
