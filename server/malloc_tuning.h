@@ -5,7 +5,9 @@
 // is free (M_TRIM_THRESHOLD), and blocks from 128 KiB up are mmap'd, so every call's buffers come
 // back as fresh pages: page faults and brk/madvise calls in each call. On a 165 KB SegmentResponse
 // (a click's three random-weight RLE masks) over loopback gRPC, keeping freed memory cut the round
-// trip's p50 from 123-162 us to 90-95 us on the CI host (2026-12-06; bench/results/2026-12-06-cpu-malloc).
+// trip's p50 from 312-338 to 232-237 us on the idle CI host, and from 123-162 to 90-95 us with
+// another process keeping its cores awake (2026-12-06; bench/results/2026-12-06-cpu-malloc). The
+// trim threshold is what matters; the mmap threshold alone changes nothing.
 // The price is resident memory: up to the trim threshold of free heap stays mapped per arena.
 #pragma once
 

@@ -7,7 +7,7 @@
 # 2. --spin-wait-us=50 (S): the pools and batchers poll 50 us after finishing work before they
 #    sleep (decoder_queue and postprocess_queue were p50 0.033 / 0.040 ms at 1 client in run 40).
 # 3. --malloc-tuning (on by default in maskd and maskload since 08938c1): M turns it off in both, as
-#    before (on the CI host a 165 KB loopback round trip went from 123-162 to 90-95 us p50).
+#    before (on the CI host a 165 KB loopback round trip went from 312-338 to 232-237 us p50).
 # vit_b interactive c1 and c16 (8 s runs, 3 s measured, as run 40) for A, B, S, M, A again; c256 for
 # S, M and A (throughput: does spinning take CPU from gRPC's threads?).
 #   OUT=$OUT CALL_LIMIT=480 bash bench/results/next/next-call-47.sh
