@@ -19,7 +19,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -96,7 +95,7 @@ class BatchQueue {
       item.arrival = Clock::now();
       queued_weight_ += w;
       queue_.push_back(std::move(item));
-      ready_.store(true, std::memory_order_release);
+      spin_.SetReady(true);
       // The one thread is woken unless it is spinning (then it is not in a batching wait either).
       notify = spin_.NeedsNotify(1);
     }
@@ -116,7 +115,7 @@ class BatchQueue {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_ && !thread_.joinable()) return;
       stopping_ = true;
-      ready_.store(true, std::memory_order_release);
+      spin_.SetReady(true);
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
@@ -143,7 +142,7 @@ class BatchQueue {
     bool ran = false;  // a batch has just run: only then the thread spins before sleeping
     for (;;) {
       if (ran && !stopping_ && queue_.empty()) {
-        spin_.Spin(lock, [this] { return ready_.load(std::memory_order_acquire); });
+        spin_.Spin(lock);
       }
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (stopping_) break;
@@ -158,7 +157,7 @@ class BatchQueue {
       }
       if (stopping_) break;
       std::vector<Item> batch = TakeBatch();
-      ready_.store(!queue_.empty(), std::memory_order_release);
+      spin_.SetReady(!queue_.empty());
       const Clock::time_point formed = Clock::now();
       lock.unlock();
       RunBatch(batch, formed);
@@ -254,9 +253,7 @@ class BatchQueue {
   std::deque<Item> queue_;
   size_t queued_weight_ = 0;
   bool stopping_ = false;
-  // queue_ non-empty or stopping_, for the spinning thread (written under mu_).
-  std::atomic<bool> ready_{false};
-  SpinGate spin_;
+  SpinGate spin_;  // told under mu_ whether queue_ is non-empty or stopping_
   // When the last batch finished (the thread's start before the first): items arriving after it
   // found the batcher idle.
   Clock::time_point idle_since_ = Clock::now();

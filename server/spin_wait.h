@@ -6,13 +6,15 @@
 // virtual CPU; a thread still spinning has none. Off unless --spin-wait-us is set: it trades CPU
 // (at most that many microseconds a finished task) for latency.
 //
-// The owner (a pool or a queue) keeps its work under one mutex and mirrors "there is work" in an
-// atomic that the spinner polls without the lock. Submitters ask NeedsNotify under the mutex after
-// queueing: a spinner will see the work, so notify only for work beyond the spinning threads.
+// The owner (a pool or a queue) keeps its work under one mutex and tells the gate, under it,
+// whether there is work (SetReady); the spinner polls that flag without the lock. Submitters ask
+// NeedsNotify under the mutex after queueing: a spinner will see the work, so notify only for work
+// beyond the spinning threads.
 // The spinner leaves the spin under the mutex (count decremented, then the usual predicate wait),
 // so a submitter that skipped the notify always has a spinner that rechecks under the lock.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <mutex>
@@ -24,15 +26,20 @@ class SpinGate {
  public:
   explicit SpinGate(std::chrono::microseconds spin = std::chrono::microseconds(0)) : spin_(spin) {}
 
-  // Worker, with `lock` held and nothing queued, right after finishing work: polls `ready` (called
-  // without the lock) until it is true or the spin time is over. Returns with `lock` held again.
-  template <typename Ready>
-  void Spin(std::unique_lock<std::mutex>& lock, Ready&& ready) {
+  // Owner, under its mutex, whenever it changes: whether there is work (or the owner is stopping).
+  // Nothing to keep when the gate does not spin.
+  void SetReady(bool ready) {
+    if (spin_.count() > 0) ready_.store(ready, std::memory_order_release);
+  }
+
+  // Worker, with `lock` held and nothing queued, right after finishing work: polls the ready flag
+  // (without the lock) until it is set or the spin time is over. Returns with `lock` held again.
+  void Spin(std::unique_lock<std::mutex>& lock) {
     if (spin_.count() <= 0) return;
     ++spinning_;
     lock.unlock();
     const auto until = std::chrono::steady_clock::now() + spin_;
-    while (!ready() && std::chrono::steady_clock::now() < until) Relax();
+    while (!ready_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) Relax();
     lock.lock();
     --spinning_;
   }
@@ -40,8 +47,6 @@ class SpinGate {
   // Submitter, under the owner's mutex, after queueing: whether a sleeping thread must be woken for
   // `queued` items (the spinning threads take the first of them).
   bool NeedsNotify(size_t queued) const { return queued > spinning_; }
-
-  std::chrono::microseconds spin() const { return spin_; }
 
  private:
   static void Relax() {
@@ -53,7 +58,8 @@ class SpinGate {
   }
 
   const std::chrono::microseconds spin_;
-  size_t spinning_ = 0;  // guarded by the owner's mutex
+  std::atomic<bool> ready_{false};  // written under the owner's mutex, read by spinners without it
+  size_t spinning_ = 0;             // guarded by the owner's mutex
 };
 
 }  // namespace maskd::server

@@ -20,7 +20,7 @@ bool ThreadPool::TrySubmit(std::function<void()> task) {
     if (stopping_) return false;
     if (capacity_ > 0 && queue_.size() >= capacity_) return false;
     queue_.push_back(std::move(task));
-    ready_.store(true, std::memory_order_release);
+    spin_.SetReady(true);
     notify = spin_.NeedsNotify(queue_.size());
   }
   if (notify) cv_.notify_one();
@@ -32,7 +32,7 @@ void ThreadPool::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ && threads_.empty()) return;
     stopping_ = true;
-    ready_.store(true, std::memory_order_release);
+    spin_.SetReady(true);
   }
   cv_.notify_all();
   for (auto& t : threads_) {
@@ -53,13 +53,13 @@ void ThreadPool::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (ran && !stopping_ && queue_.empty()) {
-        spin_.Spin(lock, [this] { return ready_.load(std::memory_order_acquire); });
+        spin_.Spin(lock);
       }
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
-      ready_.store(stopping_ || !queue_.empty(), std::memory_order_release);
+      spin_.SetReady(stopping_ || !queue_.empty());
     }
     ran = true;
     // Tasks finish their own calls on errors; this is the last line so that a bug cannot take the

@@ -3,7 +3,6 @@
 // limit, so a handler can answer RESOURCE_EXHAUSTED immediately.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -48,9 +47,7 @@ class ThreadPool {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
-  // queue_ non-empty or stopping_, for the spinning threads (written under mu_).
-  std::atomic<bool> ready_{false};
-  SpinGate spin_;
+  SpinGate spin_;  // told under mu_ whether queue_ is non-empty or stopping_
   std::vector<std::thread> threads_;
 };
 
