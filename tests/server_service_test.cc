@@ -118,7 +118,10 @@ class MaskdOnFakeEngines {
     }
   }
   ~MaskdOnFakeEngines() {
-    for (FakeEngine* e : engines()) e->ReleaseEncodes(), e->ReleasePrepares();
+    for (FakeEngine* e : engines()) {
+      e->ReleaseEncodes();
+      e->ReleasePrepares();
+    }
     server_->Shutdown();
   }
 
@@ -151,6 +154,11 @@ class MaskdOnFakeEngines {
     v1::EmbedRequest r;
     *r.mutable_image() = image;
     return stub().Embed(&ctx, r, out);
+  }
+  grpc::Status SegmentWithDeadline(const v1::SegmentRequest& r, milliseconds timeout, v1::SegmentResponse* out) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    return stub().Segment(&ctx, r, out);
   }
 
  private:
@@ -589,10 +597,8 @@ TEST(ServerService, AClickByImageIdDoesNotWaitBehindImageDecodes) {
   engine->HoldPrepares();
   auto busy = std::async(std::launch::async, [&] { return m.Segment(ByImage(Encoded(32, 24, 2), {Click(3, 3)})); });
   ASSERT_TRUE(WaitFor([&] { return engine->prepare_calls.load() == 2; }));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(3000));
   v1::SegmentResponse click;
-  const grpc::Status s = m.stub().Segment(&ctx, ById(embedded->image_id(), {Click(5, 5)}), &click);
+  const grpc::Status s = m.SegmentWithDeadline(ById(embedded->image_id(), {Click(5, 5)}), milliseconds(3000), &click);
   EXPECT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
   EXPECT_EQ(click.results_size(), 1);
   EXPECT_EQ(busy.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "the new image was not held";
