@@ -296,21 +296,6 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
       CpAsync16(SmemAddr(sk + r * kStride + ch * 8), ksrc, valid);
       CpAsync16(SmemAddr(sv + r * kStride + ch * 8), vsrc, valid);
     };
-    auto load_chunk = [&](int c) {
-      const int r = c / Cfg::kChunks;
-      const int ch = c % Cfg::kChunks;
-      const int key = j0 + r;
-      const bool valid = key < n;
-      bool inside = true;
-      const int64_t tok = valid ? token_of(key, inside) : 0;
-      // A padded key is the bias row (SAM's zero token through qkv), not zeros. The pad pointers
-      // come from the kernel parameters at each use: no registers held across the key loop.
-      const T* const ksrc = inside ? kb + tok * p.k_stride[2] : static_cast<const T*>(p.pad_k) + h * D;
-      const T* const vsrc = inside ? vb + tok * p.v_stride[2] : static_cast<const T*>(p.pad_v) + h * D;
-      CpAsync16(SmemAddr(sk + r * kStride + ch * 8), ksrc + ch * 8, valid);
-      CpAsync16(SmemAddr(sv + r * kStride + ch * 8), vsrc + ch * 8, valid);
-    };
-    constexpr int kChunksPerTile = kKeysPerTile * Cfg::kChunks;
     if constexpr (ws > 0) {
       // Window mode: each thread keeps one 16-byte column (ch) of the rows r0, r0 + kRowsPerPass,
       // ... of the tile (threads past kRowsPerPass * kChunks idle), so the chunk's column, its
@@ -328,7 +313,30 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
         }
       }
     } else {
-      for (int c = tid; c < kChunksPerTile; c += kThreads) load_chunk(c);
+      // Raster keys (key j is row j): the same fixed column per thread, the rows' sources a pointer
+      // stepped by a constant number of rows (was a loop over chunk indices with a division by the
+      // chunks per row and a 64-bit product per copy; ~340 of ~1180 instructions a tile at D = 80).
+      constexpr int kRowsPerPass = kThreads / Cfg::kChunks;
+      constexpr int kPasses = (kKeysPerTile + kRowsPerPass - 1) / kRowsPerPass;
+      const int r0 = tid / Cfg::kChunks;
+      const int ch = tid - r0 * Cfg::kChunks;
+      if (r0 < kRowsPerPass) {
+        const int64_t k_pass = static_cast<int64_t>(kRowsPerPass) * p.k_stride[2];
+        const int64_t v_pass = static_cast<int64_t>(kRowsPerPass) * p.v_stride[2];
+        const T* ksrc = kb + static_cast<int64_t>(j0 + r0) * p.k_stride[2] + ch * 8;
+        const T* vsrc = vb + static_cast<int64_t>(j0 + r0) * p.v_stride[2] + ch * 8;
+#pragma unroll
+        for (int k = 0; k < kPasses; ++k) {
+          const int r = r0 + k * kRowsPerPass;
+          if (kKeysPerTile % kRowsPerPass != 0 && r >= kKeysPerTile) break;
+          // Keys past N: zeros (src-size 0), read from nowhere; the source stays a valid address.
+          const bool valid = j0 + r < n;
+          CpAsync16(SmemAddr(sk + r * kStride + ch * 8), valid ? ksrc : kb, valid);
+          CpAsync16(SmemAddr(sv + r * kStride + ch * 8), valid ? vsrc : vb, valid);
+          ksrc += k_pass;
+          vsrc += v_pass;
+        }
+      }
     }
   };
   load_kv(0, 0);
