@@ -230,10 +230,10 @@ class CallStream {
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(EngineOptions options, SamConfig config, Sam model, at::Device device, std::string weights_digest,
-             uint64_t params)
+  // The identity (description().identity) is set by SetWeightsDigest, after Init.
+  EngineImpl(EngineOptions options, SamConfig config, Sam model, at::Device device, uint64_t params)
       : options_(std::move(options)), config_(std::move(config)), sam_(std::move(model)),
-        device_(device), dtype_(DtypeOf(options_.precision)), weights_digest_(std::move(weights_digest)) {
+        device_(device), dtype_(DtypeOf(options_.precision)) {
     if (!options_.log) options_.log = DefaultLog;
     desc_.arch = config_.arch;
     desc_.checkpoint = !options_.checkpoint.empty()         ? options_.checkpoint
@@ -250,10 +250,15 @@ class EngineImpl final : public Engine {
     desc_.out_chans = config_.out_chans;
     desc_.global_attn_indexes = config_.global_attn_indexes;
     desc_.parameter_count = params;
-    desc_.identity = Identity();
   }
 
   Status Init();
+  // The weights' digest (engine_create.cc's WeightsDigest), and with it the identity: after Init,
+  // which sets the numerics (the GELU epilogue) that the identity also names.
+  void SetWeightsDigest(std::string digest) {
+    weights_digest_ = std::move(digest);
+    desc_.identity = Identity();
+  }
 
   const ModelDescription& description() const override { return desc_; }
   const EngineOptions& options() const override { return options_; }

@@ -276,6 +276,33 @@ TEST(EngineCuda, GpuPostprocessMatchesCpuMasks) {
   }
 }
 
+// The identity names the numerics the engine starts with: a Reconfigure to the options it already
+// has keeps it (before the identity was set after Init it named the constructor's defaults, without
+// the GELU epilogue that Init turns on, and changed at the first Reconfigure), and turning the
+// epilogue off changes it.
+TEST(EngineCuda, IdentityNamesTheStartupNumerics) {
+  REQUIRE_CUDA();
+  EngineOptions o;
+  o.random_arch = "vit_b";
+  o.device = "cuda";
+  o.precision = Precision::kBFloat16;
+  o.warmup = false;
+  o.fast = FastPathOptions::Fast();  // the server's default, GELU epilogue on
+  o.fast.cuda_graphs = false;
+  auto e = MakeEngine(o);
+  ASSERT_TRUE(e);
+  const std::string started = e->description().identity;
+  ASSERT_FALSE(started.empty());
+  const auto opts = e->optimisations();
+  ASSERT_NE(std::find(opts.begin(), opts.end(), "gelu-epilogue"), opts.end());
+  ASSERT_TRUE(e->Reconfigure(e->options().fast).ok());
+  EXPECT_EQ(e->description().identity, started);
+  FastPathOptions off = e->options().fast;
+  off.gelu_epilogue = false;
+  ASSERT_TRUE(e->Reconfigure(off).ok());
+  EXPECT_NE(e->description().identity, started);
+}
+
 // fp8 linears (the quantised encoder that stays; int8 and 2:4 were retired after run 17): the
 // replacement reaches the encoder, the cache identity follows the numerics, and switching back
 // restores the dense path exactly.
