@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl"}  # a fresh machine builds only these
 source scripts/gpu-host/call-prelude.sh
-p=bench/results/next/inline-resolve.patch
+p=bench/results/2026-12-06-h100-run47/inline-resolve.patch
 apply() { if command -v patch > /dev/null; then patch "$@" -p1 < "$p"; else git apply "$@" "$p"; fi; }
 rebuild() { timeout 150 cmake --build "$B" --target maskd >> "$out/perf.log" 2>&1; }
 apply -R >> "$out/perf.log" 2>&1 && rebuild && cp "$B/server/maskd" /tmp/maskd-before
