@@ -204,8 +204,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options_in
     options.log(LogLevel::kInfo, os.str());
     // The weights' digest (0.42 s of vit_h's 2.5 GB, run 45) is needed only for the identity, once
     // the engine is ready: on a CUDA device it is computed beside Init (placement, GEMM timing, graph
-    // capture, warm-up), which reads the host tensors only to copy them to the device; the host
-    // copies stay alive in `sd` until the digest is done. On the CPU, Init may keep using (and
+    // capture, warm-up), which reads the host tensors only to copy them to the device; the task owns
+    // `sd`, so the host copies live until the digest is done. On the CPU, Init may keep using (and
     // preparing from) those very tensors, so the digest comes first there, as before.
     auto digest_of = [](StateDict weights) {
       StepTimer timer;
