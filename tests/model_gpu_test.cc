@@ -55,12 +55,13 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions o) {
 }
 
 // vit_b with random weights, bf16, on CUDA, without warm-up: the precision and memory tests' model.
-std::unique_ptr<Engine> RandomVitBBf16() {
+std::unique_ptr<Engine> RandomVitBBf16(const FastPathOptions& fast = {}) {
   EngineOptions o;
   o.random_arch = "vit_b";
   o.device = "cuda";
   o.precision = Precision::kBFloat16;
   o.warmup = false;
+  o.fast = fast;
   return MakeEngine(o);
 }
 
@@ -282,14 +283,9 @@ TEST(EngineCuda, GpuPostprocessMatchesCpuMasks) {
 // epilogue off changes it.
 TEST(EngineCuda, IdentityNamesTheStartupNumerics) {
   REQUIRE_CUDA();
-  EngineOptions o;
-  o.random_arch = "vit_b";
-  o.device = "cuda";
-  o.precision = Precision::kBFloat16;
-  o.warmup = false;
-  o.fast = FastPathOptions::Fast();  // the server's default, GELU epilogue on
-  o.fast.cuda_graphs = false;
-  auto e = MakeEngine(o);
+  FastPathOptions fast = FastPathOptions::Fast();  // the server's default, GELU epilogue on
+  fast.cuda_graphs = false;
+  auto e = RandomVitBBf16(fast);
   ASSERT_TRUE(e);
   const std::string started = e->description().identity;
   ASSERT_FALSE(started.empty());
