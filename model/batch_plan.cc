@@ -46,4 +46,24 @@ std::vector<int> PlanEncoderBatches(int n, const std::vector<EncoderBatchCost>& 
   return plan;
 }
 
+bool PerImageCostFlat(const EncoderBatchCost& smaller, const EncoderBatchCost& larger) {
+  if (smaller.batch_size < 1 || larger.batch_size <= smaller.batch_size || smaller.seconds <= 0 ||
+      larger.seconds <= 0)
+    return false;
+  const double per_smaller = smaller.seconds / smaller.batch_size;
+  const double per_larger = larger.seconds / larger.batch_size;
+  return per_larger >= (1.0 - kFlatPerImageCost) * per_smaller;
+}
+
+void ExtrapolateFlatEncoderCosts(std::vector<EncoderBatchCost>& costs, size_t measured) {
+  if (measured == 0 || measured >= costs.size()) return;
+  const EncoderBatchCost& last = costs[measured - 1];
+  if (last.batch_size < 1 || last.seconds <= 0) return;
+  const double per_image = last.seconds / last.batch_size;
+  for (size_t i = measured; i < costs.size(); ++i) {
+    costs[i].seconds = per_image * costs[i].batch_size;
+    costs[i].extrapolated = true;
+  }
+}
+
 }  // namespace maskd

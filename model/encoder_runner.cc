@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "model/batch_plan.h"
 #include "model/memory_scope.h"
 
 namespace maskd {
@@ -119,7 +120,11 @@ Status EngineImpl::MeasureEncoderCosts() {
   if (!options_.encoder_batch_seconds.empty() || !device_.is_cuda() || !options_.fast.cuda_graphs)
     return Status::Ok();
   torch::NoGradGuard no_grad;
-  for (auto& c : encoder_costs_) {
+  // Ascending sizes (encoder_batch_sizes is sorted), stopping once the cost per image is flat; the
+  // larger sizes are then extrapolated (model/batch_plan.h).
+  size_t measured = 0;
+  while (measured < encoder_costs_.size()) {
+    EncoderBatchCost& c = encoder_costs_[measured];
     CallStream cs(device_);
     const at::Tensor batch = at::zeros({c.batch_size, 3, config_.img_size, config_.img_size},
                                        at::TensorOptions().dtype(dtype_).device(device_));
@@ -130,8 +135,19 @@ Status EngineImpl::MeasureEncoderCosts() {
     RunEncoder(batch, c.batch_size);
     cs.Sync();
     c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    c.extrapolated = false;
     Log(LogLevel::kInfo, "encoder batch " + std::to_string(c.batch_size) + ": " +
                              std::to_string(c.seconds * 1e3) + " ms per pass");
+    ++measured;
+    if (measured >= 2 && PerImageCostFlat(encoder_costs_[measured - 2], c)) break;
+  }
+  if (measured < encoder_costs_.size()) {
+    ExtrapolateFlatEncoderCosts(encoder_costs_, measured);
+    Log(LogLevel::kInfo, "encoder batch sizes from " + std::to_string(encoder_costs_[measured].batch_size) +
+                             " up: costs extrapolated from batch " +
+                             std::to_string(encoder_costs_[measured - 1].batch_size) +
+                             "'s per-image cost (flat from batch " +
+                             std::to_string(encoder_costs_[measured - 2].batch_size) + ")");
   }
   return Status::Ok();
 }

@@ -300,11 +300,12 @@ Status MaskServer::Load() {
                    return s;
                  }());
     // The cost table Encode plans its passes with (model/batch_plan.h): measured at warm-up on CUDA
-    // with graphs, else "-" (every pass counts the same).
+    // with graphs ("~": extrapolated from a smaller size), else "-" (every pass counts the same).
     std::string costs;
     for (const EncoderBatchCost& c : e.encoder_batch_costs()) {
       costs += (costs.empty() ? "" : ", ") + std::to_string(c.batch_size) + ": " +
-               (c.seconds > 0 ? fmt::format("{:.2f} ms", c.seconds * 1e3) : std::string("-"));
+               (c.seconds > 0 ? fmt::format("{}{:.2f} ms", c.extrapolated ? "~" : "", c.seconds * 1e3)
+                              : std::string("-"));
     }
     if (!costs.empty()) spdlog::info("device {}: encoder batch costs {}", (*devices)[i].label, costs);
     workers_.push_back(std::make_unique<DeviceWorker>(static_cast<int>(i), (*devices)[i].label,

@@ -70,6 +70,44 @@ TEST(BatchPlan, EveryPlanCoversTheBatchAtTheLeastCost) {
   }
 }
 
+// Run 45's measured tables (H100, ms per pass of sizes 1..32): vit_h's per-image cost is flat from
+// size 4 on, vit_b's still falls by more than kFlatPerImageCost up to size 8.
+TEST(BatchPlan, PerImageCostFlatStopsWhereTheCostPerImageStopsFalling) {
+  const std::vector<int> sizes = {1, 2, 4, 8, 16, 32};
+  const auto h = Costs(sizes, {12.24e-3, 23.23e-3, 46.21e-3, 96.05e-3, 189.67e-3, 383.44e-3});
+  EXPECT_FALSE(PerImageCostFlat(h[0], h[1]));  // 12.24 -> 11.62 ms per image: still falling by 5 %
+  EXPECT_TRUE(PerImageCostFlat(h[1], h[2]));   // 11.62 -> 11.55: flat
+  EXPECT_TRUE(PerImageCostFlat(h[2], h[3]));   // dearer per image: flat too
+  const auto b = Costs(sizes, {3.16e-3, 5.57e-3, 10.73e-3, 20.93e-3, 40.60e-3, 83.27e-3});
+  EXPECT_FALSE(PerImageCostFlat(b[0], b[1]));  // 3.16 -> 2.79: -12 %
+  EXPECT_FALSE(PerImageCostFlat(b[1], b[2]));  // 2.79 -> 2.68: -3.7 %
+  EXPECT_TRUE(PerImageCostFlat(b[2], b[3]));   // 2.68 -> 2.62: -2.4 %
+  // Unmeasured or not larger: never flat (the measurement goes on).
+  EXPECT_FALSE(PerImageCostFlat(h[2], Costs({8}, {})[0]));
+  EXPECT_FALSE(PerImageCostFlat(h[3], h[2]));
+  EXPECT_FALSE(PerImageCostFlat(h[2], h[2]));
+}
+
+TEST(BatchPlan, ExtrapolatedCostsScaleTheLastMeasuredPerImageCost) {
+  auto c = Costs({1, 2, 4, 8, 16, 32}, {12e-3, 23e-3, 46e-3, 0, 0, 0});
+  ExtrapolateFlatEncoderCosts(c, 3);
+  for (size_t i = 0; i < 3; ++i) EXPECT_FALSE(c[i].extrapolated) << i;
+  EXPECT_DOUBLE_EQ(c[2].seconds, 46e-3);
+  EXPECT_TRUE(c[3].extrapolated);
+  EXPECT_NEAR(c[3].seconds, 92e-3, 1e-12);
+  EXPECT_NEAR(c[4].seconds, 184e-3, 1e-12);
+  EXPECT_NEAR(c[5].seconds, 368e-3, 1e-12);
+  // The plan by the extrapolated table: a full 32 in one pass, 30 without padding.
+  EXPECT_EQ(PlanEncoderBatches(32, c), std::vector<int>({32}));
+  EXPECT_EQ(PlanEncoderBatches(30, c), std::vector<int>({16, 8, 4, 2}));
+  // Nothing measured, or everything: unchanged.
+  auto d = Costs({1, 2}, {1e-3, 2e-3});
+  ExtrapolateFlatEncoderCosts(d, 0);
+  ExtrapolateFlatEncoderCosts(d, 2);
+  EXPECT_DOUBLE_EQ(d[1].seconds, 2e-3);
+  EXPECT_FALSE(d[1].extrapolated);
+}
+
 TEST(BatchPlan, NothingToPlan) {
   EXPECT_TRUE(PlanEncoderBatches(0, Costs({1, 2}, {})).empty());
   EXPECT_TRUE(PlanEncoderBatches(4, {}).empty());

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "model/api/engine.h"
+#include "model/batch_plan.h"
 #include "model/io/rle.h"
 #include "model/memory_account.h"
 #include "model/golden.h"
@@ -297,6 +298,41 @@ TEST(EngineCuda, IdentityNamesTheStartupNumerics) {
   off.gelu_epilogue = false;
   ASSERT_TRUE(e->Reconfigure(off).ok());
   EXPECT_NE(e->description().identity, started);
+}
+
+// The warm-up's cost table (model/batch_plan.h): the sizes are replayed in ascending order until the
+// cost per image stops falling, the rest extrapolated from the last one replayed.
+TEST(EngineCuda, EncoderCostTableIsMeasuredUntilFlat) {
+  REQUIRE_CUDA();
+  EngineOptions o;
+  o.random_arch = "vit_b";
+  o.device = "cuda";
+  o.precision = Precision::kBFloat16;
+  o.fast = FastPathOptions::Fast();
+  o.encoder_batch_sizes = {1, 2, 4, 8, 16};
+  auto e = MakeEngine(o);
+  ASSERT_TRUE(e);
+  const std::vector<EncoderBatchCost> costs = e->encoder_batch_costs();
+  ASSERT_EQ(costs.size(), 5u);
+  size_t measured = 0;
+  while (measured < costs.size() && !costs[measured].extrapolated) ++measured;
+  ASSERT_GE(measured, 2u) << "at least two sizes are replayed";
+  for (size_t i = 0; i < costs.size(); ++i) {
+    EXPECT_GT(costs[i].seconds, 0.0) << costs[i].batch_size;
+    EXPECT_EQ(costs[i].extrapolated, i >= measured) << costs[i].batch_size;
+  }
+  std::printf("vit_b cost table:");
+  for (const auto& c : costs) std::printf(" %d: %s%.2f ms", c.batch_size, c.extrapolated ? "~" : "", c.seconds * 1e3);
+  std::printf("\n");
+  // Each replayed size after the first two was still getting cheaper per image before it; the
+  // measurement stopped at the first flat pair, or ran to the end.
+  for (size_t i = 2; i < measured; ++i) EXPECT_FALSE(PerImageCostFlat(costs[i - 2], costs[i - 1])) << i;
+  if (measured < costs.size()) {
+    EXPECT_TRUE(PerImageCostFlat(costs[measured - 2], costs[measured - 1]));
+    const double per_image = costs[measured - 1].seconds / costs[measured - 1].batch_size;
+    for (size_t i = measured; i < costs.size(); ++i)
+      EXPECT_NEAR(costs[i].seconds, per_image * costs[i].batch_size, 1e-12) << costs[i].batch_size;
+  }
 }
 
 // fp8 linears (the quantised encoder that stays; int8 and 2:4 were retired after run 17): the

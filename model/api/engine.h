@@ -122,6 +122,9 @@ struct FastPathOptions {
 struct EncoderBatchCost {
   int batch_size = 0;
   double seconds = 0;
+  // Not replayed: the per-image cost of the largest measured size times batch_size
+  // (ExtrapolateFlatEncoderCosts, model/batch_plan.h).
+  bool extrapolated = false;
 };
 
 struct EngineOptions {
