@@ -56,14 +56,19 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions o) {
 }
 
 // vit_b with random weights, bf16, on CUDA, without warm-up: the precision and memory tests' model.
-std::unique_ptr<Engine> RandomVitBBf16(const FastPathOptions& fast = {}) {
+// A random-weight vit_b on the GPU, without the warm-up unless a test turns it on.
+EngineOptions RandomVitBOptions(Precision precision, const FastPathOptions& fast = {}) {
   EngineOptions o;
   o.random_arch = "vit_b";
   o.device = "cuda";
-  o.precision = Precision::kBFloat16;
+  o.precision = precision;
   o.warmup = false;
   o.fast = fast;
-  return MakeEngine(o);
+  return o;
+}
+
+std::unique_ptr<Engine> RandomVitBBf16(const FastPathOptions& fast = {}) {
+  return MakeEngine(RandomVitBOptions(Precision::kBFloat16, fast));
 }
 
 void RunGoldenOnCuda(Precision p, bool fast) {
@@ -106,11 +111,7 @@ TEST(EngineCuda, GoldenBf16FastPathWithinStatedBounds) {
 // against the plain arithmetic on the same weights and inputs, and against fp32.
 TEST(EngineCuda, AttentionImplementationsAgreeOnVitB) {
   REQUIRE_CUDA();
-  EngineOptions o;
-  o.random_arch = "vit_b";
-  o.device = "cuda";
-  o.precision = Precision::kFloat32;
-  o.warmup = false;
+  EngineOptions o = RandomVitBOptions(Precision::kFloat32);
   auto fp32 = MakeEngine(o);
   ASSERT_TRUE(fp32);
   o.precision = Precision::kBFloat16;
@@ -304,11 +305,8 @@ TEST(EngineCuda, IdentityNamesTheStartupNumerics) {
 // cost per image stops falling, the rest extrapolated from the last one replayed.
 TEST(EngineCuda, EncoderCostTableIsMeasuredUntilFlat) {
   REQUIRE_CUDA();
-  EngineOptions o;
-  o.random_arch = "vit_b";
-  o.device = "cuda";
-  o.precision = Precision::kBFloat16;
-  o.fast = FastPathOptions::Fast();
+  EngineOptions o = RandomVitBOptions(Precision::kBFloat16, FastPathOptions::Fast());
+  o.warmup = true;  // the table is measured at warm-up
   o.encoder_batch_sizes = {1, 2, 4, 8, 16};
   auto e = MakeEngine(o);
   ASSERT_TRUE(e);
