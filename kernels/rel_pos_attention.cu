@@ -296,39 +296,28 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
       CpAsync16(SmemAddr(sk + r * kStride + ch * 8), ksrc, valid);
       CpAsync16(SmemAddr(sv + r * kStride + ch * 8), vsrc, valid);
     };
-    if constexpr (ws > 0) {
-      // Window mode: each thread keeps one 16-byte column (ch) of the rows r0, r0 + kRowsPerPass,
-      // ... of the tile (threads past kRowsPerPass * kChunks idle), so the chunk's column, its
-      // shared-memory offset and the table index step by compile-time amounts.
-      constexpr int kRowsPerPass = kThreads / Cfg::kChunks;
-      constexpr int kPasses = (kKeysPerTile + kRowsPerPass - 1) / kRowsPerPass;
-      const int r0 = tid / Cfg::kChunks;
-      const int ch = tid - r0 * Cfg::kChunks;
-      if (r0 < kRowsPerPass) {
+    // Each thread keeps one 16-byte column (ch) of the rows r0, r0 + kRowsPerPass, ... of the tile
+    // (threads past kRowsPerPass * kChunks idle), so the chunk's column, its shared-memory offset and
+    // the row step are compile-time amounts. Window mode finds each row's token in the CTA's table;
+    // raster keys (key j is row j) step a source pointer by a constant number of rows (was a loop over
+    // chunk indices with a division by the chunks per row and a 64-bit product per copy; ~340 of
+    // ~1180 instructions a tile at D = 80).
+    constexpr int kRowsPerPass = kThreads / Cfg::kChunks;
+    constexpr int kPasses = (kKeysPerTile + kRowsPerPass - 1) / kRowsPerPass;
+    const int r0 = tid / Cfg::kChunks;
+    const int ch = tid - r0 * Cfg::kChunks;
+    if (r0 < kRowsPerPass) {
+      [[maybe_unused]] const int64_t k_pass = static_cast<int64_t>(kRowsPerPass) * p.k_stride[2];
+      [[maybe_unused]] const int64_t v_pass = static_cast<int64_t>(kRowsPerPass) * p.v_stride[2];
+      [[maybe_unused]] const T* ksrc = kb + static_cast<int64_t>(j0 + r0) * p.k_stride[2] + ch * 8;
+      [[maybe_unused]] const T* vsrc = vb + static_cast<int64_t>(j0 + r0) * p.v_stride[2] + ch * 8;
 #pragma unroll
-        for (int k = 0; k < kPasses; ++k) {
-          const int r = r0 + k * kRowsPerPass;
-          if (kKeysPerTile % kRowsPerPass != 0 && r >= kKeysPerTile) break;
+      for (int k = 0; k < kPasses; ++k) {
+        const int r = r0 + k * kRowsPerPass;
+        if (kKeysPerTile % kRowsPerPass != 0 && r >= kKeysPerTile) break;
+        if constexpr (ws > 0) {
           load_window_row(r, ch);
-        }
-      }
-    } else {
-      // Raster keys (key j is row j): the same fixed column per thread, the rows' sources a pointer
-      // stepped by a constant number of rows (was a loop over chunk indices with a division by the
-      // chunks per row and a 64-bit product per copy; ~340 of ~1180 instructions a tile at D = 80).
-      constexpr int kRowsPerPass = kThreads / Cfg::kChunks;
-      constexpr int kPasses = (kKeysPerTile + kRowsPerPass - 1) / kRowsPerPass;
-      const int r0 = tid / Cfg::kChunks;
-      const int ch = tid - r0 * Cfg::kChunks;
-      if (r0 < kRowsPerPass) {
-        const int64_t k_pass = static_cast<int64_t>(kRowsPerPass) * p.k_stride[2];
-        const int64_t v_pass = static_cast<int64_t>(kRowsPerPass) * p.v_stride[2];
-        const T* ksrc = kb + static_cast<int64_t>(j0 + r0) * p.k_stride[2] + ch * 8;
-        const T* vsrc = vb + static_cast<int64_t>(j0 + r0) * p.v_stride[2] + ch * 8;
-#pragma unroll
-        for (int k = 0; k < kPasses; ++k) {
-          const int r = r0 + k * kRowsPerPass;
-          if (kKeysPerTile % kRowsPerPass != 0 && r >= kKeysPerTile) break;
+        } else {
           // Keys past N: zeros (src-size 0), read from nowhere; the source stays a valid address.
           const bool valid = j0 + r < n;
           CpAsync16(SmemAddr(sk + r * kStride + ch * 8), valid ? ksrc : kb, valid);
