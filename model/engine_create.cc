@@ -212,6 +212,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options_in
       std::string digest = WeightsDigest(weights);
       return std::make_pair(std::move(digest), timer.Lap());
     };
+    // The task hashes aliases of the tensors (detach(): the same storage under another TensorImpl).
+    // Without a checkpoint `sd` holds the parameters' own TensorImpls, and Init's sam_->to(device)
+    // swaps their storage (set_data) for the device copy while the task reads them: run 49 (H100)
+    // segfaulted there in every random-weight engine on CUDA. An alias keeps the host storage alive
+    // and unchanged for the task.
+    for (auto& entry : sd) entry.second = entry.second.detach();
     std::future<std::pair<std::string, double>> digest =
         std::async(device->is_cuda() ? std::launch::async : std::launch::deferred, digest_of, std::move(sd));
     if (!device->is_cuda()) digest.wait();
