@@ -301,6 +301,23 @@ TEST(EngineCuda, IdentityNamesTheStartupNumerics) {
   EXPECT_NE(e->description().identity, started);
 }
 
+// Run 49: the weights' digest, computed beside Init, read the random-weight parameters while Init
+// moved them to the device (a segfault, or a digest of whatever the memory held). Engines made from
+// the same seed must be named alike, and from another seed differently.
+TEST(EngineCuda, RandomWeightIdentityIsTheWeightsDigest) {
+  REQUIRE_CUDA();
+  EngineOptions o = RandomVitBOptions(Precision::kBFloat16);
+  auto a = MakeEngine(o);
+  ASSERT_TRUE(a);
+  auto b = MakeEngine(o);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(a->description().identity, b->description().identity);
+  o.demo_seed += 1;
+  auto c = MakeEngine(o);
+  ASSERT_TRUE(c);
+  EXPECT_NE(c->description().identity, a->description().identity);
+}
+
 // The warm-up's cost table (model/batch_plan.h): the sizes are replayed in ascending order until the
 // cost per image stops falling, the rest extrapolated from the last one replayed.
 TEST(EngineCuda, EncoderCostTableIsMeasuredUntilFlat) {
