@@ -34,6 +34,7 @@
 #include "model/api/status.h"
 #include "server/call_control.h"
 #include "server/spin_wait.h"
+#include "server/thread_name.h"
 
 namespace maskd::server {
 
@@ -71,7 +72,10 @@ class BatchQueue {
   BatchQueue(std::string name, BatchQueueOptions options, RunFn run)
       : name_(std::move(name)), options_(options), run_(std::move(run)), spin_(options.spin) {
     if (options_.max_batch_weight < 1) options_.max_batch_weight = 1;
-    thread_ = std::thread([this] { Loop(); });
+    thread_ = std::thread([this] {
+      NameThisThread(name_);  // "decoder[cuda:0]"
+      Loop();
+    });
   }
   ~BatchQueue() { Stop(); }
   BatchQueue(const BatchQueue&) = delete;

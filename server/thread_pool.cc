@@ -2,13 +2,20 @@
 
 #include <spdlog/spdlog.h>
 
+#include "server/thread_name.h"
+
 namespace maskd::server {
 
 ThreadPool::ThreadPool(std::string name, int threads, size_t capacity, std::chrono::microseconds spin)
     : name_(std::move(name)), capacity_(capacity), spin_(spin) {
   if (threads < 1) threads = 1;
   threads_.reserve(threads);
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+  for (int i = 0; i < threads; ++i) {
+    threads_.emplace_back([this, i] {
+      NameThisThread(name_ + "/" + std::to_string(i));  // "postprocess/3"
+      Loop();
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() { Stop(); }

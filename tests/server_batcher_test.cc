@@ -7,12 +7,14 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "server/batch_queue.h"
 #include "server/decoder_batcher.h"
 #include "server/encoder_batcher.h"
 #include "server/gpu_turns.h"
+#include "server/thread_name.h"
 #include "server/thread_pool.h"
 #include "tests/fake_engine.h"
 
@@ -126,6 +128,44 @@ TEST(ServerBatcher, SpinningBatcherTakesTheNextItemAndStops) {
   const auto t0 = Clock::now();
   q.Stop();
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2)) << "Stop waited for the spin to time out";
+}
+
+// The server's threads carry their pool's or batcher's name (top -H, gdb, /proc/<pid>/task/*/comm),
+// cut to Linux's 15 bytes.
+TEST(ServerBatcher, PoolAndBatcherThreadsAreNamed) {
+  std::set<std::string> names;
+  {
+    std::mutex mu;
+    ThreadPool pool("postprocess", 2, 0);
+    std::promise<void> both;
+    std::atomic<int> ran{0};
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(pool.TrySubmit([&] {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          names.insert(ThisThreadName());
+        }
+        if (++ran == 2) both.set_value();
+        released.wait();  // both tasks held at once: one on each thread
+      }));
+    }
+    ASSERT_EQ(both.get_future().wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    release.set_value();
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"postprocess/0", "postprocess/1"}));
+
+  BatchQueueOptions o;
+  o.launch_when_idle = true;
+  std::promise<std::string> batcher_name;
+  BatchQueue<PlainItem> q("decoder[cuda:12]", o, [&](std::vector<PlainItem>&, Clock::time_point) {
+    batcher_name.set_value(ThisThreadName());
+  });
+  auto name = batcher_name.get_future();
+  ASSERT_TRUE(q.Submit(PlainItem{}).ok());
+  ASSERT_EQ(name.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_EQ(name.get(), "decoder[cuda:12");  // 15 bytes kept
 }
 
 // --spin-wait-us on a pool: a burst gets every thread, not only the one spinning (the submitter
