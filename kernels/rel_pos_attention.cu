@@ -578,7 +578,20 @@ inline int WindowWarps() {
   }();
   return warps;
 }
-inline int WarpsFor(int seq) { return seq >= 1024 ? 8 : WindowWarps(); }
+// MASKD_RELPOS_GLOBAL_WARPS=4 or 7 runs the long (global) sequences with 4 or 7 warps instead of 8:
+// a benchmarking knob for the grid's fill at batch 1. vit_b's global blocks at bs1 are 12 heads x
+// 32 tiles = 384 CTAs of 128 rows at 2 CTAs per SM (128 registers x 256 threads fill the register
+// file), 1.45 waves on an H100's 132 SMs; 7 warps (112 rows) make 444 CTAs, 4 warps 768 at 3 CTAs
+// per SM (shared memory). Read once per process; not measured yet (kernels/NOTES.md).
+inline int GlobalWarps() {
+  static const int warps = [] {
+    const char* e = std::getenv("MASKD_RELPOS_GLOBAL_WARPS");
+    const int w = e != nullptr ? std::atoi(e) : 0;
+    return w == 4 || w == 7 ? w : 8;
+  }();
+  return warps;
+}
+inline int WarpsFor(int seq) { return seq >= 1024 ? GlobalWarps() : WindowWarps(); }
 
 // MASKD_RELPOS_TABLES_FROM_L2=1: the bias MMAs read the rev tables from global memory (L1/L2) even
 // where a CTA could stage them in shared memory: a benchmarking knob, read once per process.
