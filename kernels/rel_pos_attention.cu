@@ -158,7 +158,7 @@ __device__ __forceinline__ void WarpBiasFromTables(const RelPosAttentionArgs& p,
 // compile-time constant so that the token arithmetic is multiplies, and so that the other
 // configurations keep their registers).
 template <typename T, int D, int kWarps, bool kAligned, int kWindow>
-__global__ void __launch_bounds__(kWarps * 32, (kWarps >= 7 ? 2 : 4))
+__global__ void __launch_bounds__(kWarps * 32, (kWarps >= 6 ? 2 : 4))
     RelPosAttentionKernel(const RelPosAttentionArgs p) {
   using Cfg = HeadDim<D>;
   constexpr int kThreads = kWarps * 32;
@@ -578,16 +578,16 @@ inline int WindowWarps() {
   }();
   return warps;
 }
-// MASKD_RELPOS_GLOBAL_WARPS=4 or 7 runs the long (global) sequences with 4 or 7 warps instead of 8:
+// MASKD_RELPOS_GLOBAL_WARPS=4, 6 or 7 runs the long (global) sequences with that many warps, not 8:
 // a benchmarking knob for the grid's fill at batch 1. vit_b's global blocks at bs1 are 12 heads x
 // 32 tiles = 384 CTAs of 128 rows at 2 CTAs per SM (128 registers x 256 threads fill the register
-// file), 1.45 waves on an H100's 132 SMs; 7 warps (112 rows) make 444 CTAs, 4 warps 768 at 3 CTAs
-// per SM (shared memory). Read once per process; not measured yet (kernels/NOTES.md).
+// file), 1.45 waves on an H100's 132 SMs; 7 warps (112 rows) make 444 CTAs, 6 warps (96 rows) 516,
+// both at 2 CTAs per SM, and 4 warps 768 at 3 CTAs per SM (shared memory). Read once per process; not measured yet (kernels/NOTES.md).
 inline int GlobalWarps() {
   static const int warps = [] {
     const char* e = std::getenv("MASKD_RELPOS_GLOBAL_WARPS");
     const int w = e != nullptr ? std::atoi(e) : 0;
-    return w == 4 || w == 7 ? w : 8;
+    return w == 4 || w == 6 || w == 7 ? w : 8;
   }();
   return warps;
 }
@@ -648,6 +648,8 @@ cudaError_t LaunchForDim(const RelPosAttentionArgs& p, cudaStream_t stream) {
       return Launch<T, D, 8>(p, stream);
     case 7:
       return Launch<T, D, 7>(p, stream);
+    case 6:
+      return Launch<T, D, 6>(p, stream);
     default:
       return Launch<T, D, 4>(p, stream);
   }
@@ -674,7 +676,8 @@ bool RelPosAttentionSupported(int head_dim, int grid_h, int grid_w, int seq) {
   auto bytes = [&](auto dim) {
     constexpr int kD = decltype(dim)::value;
     return warps == 8 ? SmemBytes<kD, 8>(grid_h, grid_w)
-                      : warps == 7 ? SmemBytes<kD, 7>(grid_h, grid_w) : SmemBytes<kD, 4>(grid_h, grid_w);
+                      : warps == 7 ? SmemBytes<kD, 7>(grid_h, grid_w)
+                      : warps == 6 ? SmemBytes<kD, 6>(grid_h, grid_w) : SmemBytes<kD, 4>(grid_h, grid_w);
   };
   const int smem = head_dim == 64 ? bytes(std::integral_constant<int, 64>{})
                                   : bytes(std::integral_constant<int, 80>{});
@@ -683,14 +686,18 @@ bool RelPosAttentionSupported(int head_dim, int grid_h, int grid_w, int seq) {
 
 const char* RelPosAttentionKernelName(const RelPosAttentionArgs& p, DType dtype) {
   const bool bf16 = dtype == DType::kBFloat16;
-  // [dtype][head dim][warps 4 / 7 / 8]
-  static const char* const kNames[2][2][3] = {
-      {{"RelPosAttentionKernel<fp16,64,4>", "RelPosAttentionKernel<fp16,64,7>", "RelPosAttentionKernel<fp16,64,8>"},
-       {"RelPosAttentionKernel<fp16,80,4>", "RelPosAttentionKernel<fp16,80,7>", "RelPosAttentionKernel<fp16,80,8>"}},
-      {{"RelPosAttentionKernel<bf16,64,4>", "RelPosAttentionKernel<bf16,64,7>", "RelPosAttentionKernel<bf16,64,8>"},
-       {"RelPosAttentionKernel<bf16,80,4>", "RelPosAttentionKernel<bf16,80,7>", "RelPosAttentionKernel<bf16,80,8>"}}};
+  // [dtype][head dim][warps 4 / 6 / 7 / 8]
+  static const char* const kNames[2][2][4] = {
+      {{"RelPosAttentionKernel<fp16,64,4>", "RelPosAttentionKernel<fp16,64,6>", "RelPosAttentionKernel<fp16,64,7>",
+        "RelPosAttentionKernel<fp16,64,8>"},
+       {"RelPosAttentionKernel<fp16,80,4>", "RelPosAttentionKernel<fp16,80,6>", "RelPosAttentionKernel<fp16,80,7>",
+        "RelPosAttentionKernel<fp16,80,8>"}},
+      {{"RelPosAttentionKernel<bf16,64,4>", "RelPosAttentionKernel<bf16,64,6>", "RelPosAttentionKernel<bf16,64,7>",
+        "RelPosAttentionKernel<bf16,64,8>"},
+       {"RelPosAttentionKernel<bf16,80,4>", "RelPosAttentionKernel<bf16,80,6>", "RelPosAttentionKernel<bf16,80,7>",
+        "RelPosAttentionKernel<bf16,80,8>"}}};
   const int w = WarpsFor(p.seq);
-  return kNames[bf16 ? 1 : 0][p.head_dim == 64 ? 0 : 1][w == 8 ? 2 : w == 7 ? 1 : 0];
+  return kNames[bf16 ? 1 : 0][p.head_dim == 64 ? 0 : 1][w == 8 ? 3 : w == 7 ? 2 : w == 6 ? 1 : 0];
 }
 
 cudaError_t LaunchRelPosAttention(const RelPosAttentionArgs& args, DType dtype,
