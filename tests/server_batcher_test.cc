@@ -141,18 +141,21 @@ TEST(ServerBatcher, PoolAndBatcherThreadsAreNamed) {
     std::atomic<int> ran{0};
     std::promise<void> release;
     std::shared_future<void> released = release.get_future().share();
+    int submitted = 0;
     for (int i = 0; i < 2; ++i) {
-      ASSERT_TRUE(pool.TrySubmit([&] {
+      submitted += pool.TrySubmit([&] {
         {
           std::lock_guard<std::mutex> lock(mu);
           names.insert(ThisThreadName());
         }
         if (++ran == 2) both.set_value();
         released.wait();  // both tasks held at once: one on each thread
-      }));
+      }) ? 1 : 0;
     }
-    ASSERT_EQ(both.get_future().wait_for(std::chrono::seconds(5)), std::future_status::ready);
-    release.set_value();
+    const bool both_ran = submitted == 2 &&
+                          both.get_future().wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    release.set_value();  // before any assertion: the pool's destructor waits for its tasks
+    ASSERT_TRUE(both_ran) << submitted << " task(s) submitted, " << ran.load() << " ran";
   }
   EXPECT_EQ(names, (std::set<std::string>{"postprocess/0", "postprocess/1"}));
 
