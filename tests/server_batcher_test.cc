@@ -136,11 +136,13 @@ TEST(ServerBatcher, PoolAndBatcherThreadsAreNamed) {
   std::set<std::string> names;
   {
     std::mutex mu;
-    ThreadPool pool("postprocess", 2, 0);
     std::promise<void> both;
     std::atomic<int> ran{0};
     std::promise<void> release;
     std::shared_future<void> released = release.get_future().share();
+    // Last, so that it is destroyed first: its destructor joins the threads that still use the
+    // state above (ASan caught a task waiting on `released` after it was gone).
+    ThreadPool pool("postprocess", 2, 0);
     int submitted = 0;
     for (int i = 0; i < 2; ++i) {
       submitted += pool.TrySubmit([&] {
