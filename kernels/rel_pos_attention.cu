@@ -16,7 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <type_traits>
+#include <initializer_list>
 
 #include "kernels/launchers.h"
 #include "kernels/mma_sync.cuh"
@@ -67,10 +67,10 @@ template <int D>
 __host__ __device__ constexpr int KvSmemBytes() {
   return 4 * kKeysPerTile * HeadDim<D>::kStride * 2;  // {K, V} x 2 stages, 16-bit elements
 }
-template <int D, int kWarps>
-inline int SmemBytes(int grid_h, int grid_w) {
+template <int D>
+inline int SmemBytes(int warps, int grid_h, int grid_w) {
   return KvSmemBytes<D>() +
-         kWarps * 16 * BiasPitch(grid_h, grid_w) * static_cast<int>(sizeof(float));
+         warps * 16 * BiasPitch(grid_h, grid_w) * static_cast<int>(sizeof(float));
 }
 
 // Window mode's per-key tables, after the bias rows: the raster token of each of the window's seq
@@ -570,12 +570,16 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 6 ? 2 : 4))
 // MASKD_RELPOS_WINDOW_WARPS=7 or 8 runs the short (windowed) sequences with 7 warps (112 rows: a
 // 196-token window in two CTAs instead of four, the second without a 4-row straggler CTA) or 8: a
 // benchmarking knob (the choice is measured, see BENCHMARKS.md), read once per process.
+// A warp-count knob: `name`'s value if it is one of `allowed`, else `fallback`.
+inline int WarpsFromEnv(const char* name, int fallback, std::initializer_list<int> allowed) {
+  const char* e = std::getenv(name);
+  const int w = e != nullptr ? std::atoi(e) : 0;
+  for (int a : allowed)
+    if (w == a) return w;
+  return fallback;
+}
 inline int WindowWarps() {
-  static const int warps = [] {
-    const char* e = std::getenv("MASKD_RELPOS_WINDOW_WARPS");
-    const int w = e != nullptr ? std::atoi(e) : 0;
-    return w == 7 || w == 8 ? w : 4;
-  }();
+  static const int warps = WarpsFromEnv("MASKD_RELPOS_WINDOW_WARPS", 4, {7, 8});
   return warps;
 }
 // MASKD_RELPOS_GLOBAL_WARPS=4, 6 or 7 runs the long (global) sequences with that many warps, not 8:
@@ -585,11 +589,7 @@ inline int WindowWarps() {
 // both at 2 CTAs per SM, and 4 warps 768 at 3 CTAs per SM (shared memory). Read once per process;
 // not measured yet (kernels/NOTES.md).
 inline int GlobalWarps() {
-  static const int warps = [] {
-    const char* e = std::getenv("MASKD_RELPOS_GLOBAL_WARPS");
-    const int w = e != nullptr ? std::atoi(e) : 0;
-    return w == 4 || w == 6 || w == 7 ? w : 8;
-  }();
+  static const int warps = WarpsFromEnv("MASKD_RELPOS_GLOBAL_WARPS", 8, {4, 6, 7});
   return warps;
 }
 inline int WarpsFor(int seq) { return seq >= 1024 ? GlobalWarps() : WindowWarps(); }
@@ -632,7 +632,7 @@ cudaError_t LaunchKernel(const RelPosAttentionArgs& p, int smem, cudaStream_t st
 
 template <typename T, int D, int kWarps>
 cudaError_t Launch(const RelPosAttentionArgs& p, cudaStream_t stream) {
-  const int smem = SmemBytes<D, kWarps>(p.grid_h, p.grid_w);
+  const int smem = SmemBytes<D>(kWarps, p.grid_h, p.grid_w);
   if (p.window > 0) {
     // Window mode is compiled for SAM's window only (kRelPosWindowModeSize).
     if (p.window != kWindowModeSize || p.rel_tables == nullptr) return cudaErrorInvalidValue;
@@ -674,14 +674,7 @@ bool RelPosAttentionSupported(int head_dim, int grid_h, int grid_w, int seq) {
   if (head_dim != 64 && head_dim != 80) return false;
   if (grid_h <= 0 || grid_w <= 0 || seq != grid_h * grid_w || seq >= (1 << 21)) return false;
   const int warps = WarpsFor(seq);
-  auto bytes = [&](auto dim) {
-    constexpr int kD = decltype(dim)::value;
-    return warps == 8 ? SmemBytes<kD, 8>(grid_h, grid_w)
-                      : warps == 7 ? SmemBytes<kD, 7>(grid_h, grid_w)
-                      : warps == 6 ? SmemBytes<kD, 6>(grid_h, grid_w) : SmemBytes<kD, 4>(grid_h, grid_w);
-  };
-  const int smem = head_dim == 64 ? bytes(std::integral_constant<int, 64>{})
-                                  : bytes(std::integral_constant<int, 80>{});
+  const int smem = head_dim == 64 ? SmemBytes<64>(warps, grid_h, grid_w) : SmemBytes<80>(warps, grid_h, grid_w);
   return smem <= kMaxSmemPerBlock;
 }
 
