@@ -55,6 +55,10 @@ bool PerImageCostFlat(const EncoderBatchCost& smaller, const EncoderBatchCost& l
   return per_larger >= (1.0 - kFlatPerImageCost) * per_smaller;
 }
 
+bool PreferFolded(double fused_ms, double folded_ms) {
+  return fused_ms > 0 && folded_ms > 0 && folded_ms < 0.97 * fused_ms;
+}
+
 void ExtrapolateFlatEncoderCosts(std::vector<EncoderBatchCost>& costs, size_t measured) {
   if (measured == 0 || measured >= costs.size()) return;
   const EncoderBatchCost& last = costs[measured - 1];

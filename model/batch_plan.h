@@ -31,6 +31,11 @@ inline constexpr double kFlatPerImageCost = 0.03;
 // kFlatPerImageCost or more.
 bool PerImageCostFlat(const EncoderBatchCost& smaller, const EncoderBatchCost& larger);
 
+// The global blocks' attention choice at one encoder batch size (EngineImpl::ChooseGlobalAttention):
+// the folded way (cuDNN, rel-pos terms rounded to bf16) only where it was measured at least 3 %
+// faster than the fused kernel (rel-pos terms in fp32); a folded time <= 0 means it did not run.
+bool PreferFolded(double fused_ms, double folded_ms);
+
 // Sets costs[measured..] (ascending sizes, costs[measured - 1] measured) to costs[measured - 1]'s
 // per-image cost times their batch size, marked extrapolated. No-op when measured is 0 or past the end.
 void ExtrapolateFlatEncoderCosts(std::vector<EncoderBatchCost>& costs, size_t measured);

@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <string>
 
 #include "model/batch_plan.h"
+#include "model/image_encoder.h"
 #include "model/memory_scope.h"
 
 namespace maskd {
@@ -47,6 +50,78 @@ Status EngineImpl::CaptureEncoderGraphs() {
 #endif
 }
 
+Status EngineImpl::ChooseGlobalAttention() {
+  auto& blocks = sam_->image_encoder->block_list;
+  for (auto& b : blocks) b->attn->folded_batches.clear();
+  auto first = std::find_if(blocks.begin(), blocks.end(), [](const EncoderBlock& b) { return b->window_size == 0; });
+  if (first == blocks.end() || (*first)->attn->impl != AttentionImpl::kFused) return Status::Ok();
+  RelPosAttentionImpl& attn = *(*first)->attn;
+  torch::NoGradGuard no_grad;
+  const int64_t n = attn.grid * attn.grid, c = attn.num_heads * attn.head_dim;
+  std::vector<int64_t> folded;
+  std::string table;
+  // A benchmarking and testing knob: MASKD_GLOBAL_ATTENTION=fused|folded takes that way at every
+  // size without timing (A/B runs in one binary; the GPU test of the folded way under the graphs).
+  const char* env = std::getenv("MASKD_GLOBAL_ATTENTION");
+  const std::string forced = env ? env : "";
+  if (!forced.empty()) {
+    if (forced != "fused" && forced != "folded")
+      return InvalidArgument("MASKD_GLOBAL_ATTENTION=" + forced + ": expected fused or folded");
+    if (forced == "folded")
+      folded.assign(options_.encoder_batch_sizes.begin(), options_.encoder_batch_sizes.end());
+    table = "MASKD_GLOBAL_ATTENTION=" + forced + " at every size, not timed";
+  }
+  for (int bs : forced.empty() ? options_.encoder_batch_sizes : std::vector<int>{}) {
+    CallStream cs(device_);
+    // q, k, v as the block makes them: strided views of qkv's [B, N, 3 C] output.
+    const at::Tensor qkv = at::randn({bs, n, 3 * c}, at::TensorOptions().dtype(dtype_).device(device_));
+    const at::Tensor parts = qkv.view({bs, n, 3, attn.num_heads, attn.head_dim}).permute({2, 0, 3, 1, 4});
+    // Both ways back to back, twice each untimed (cuDNN builds its plan at the first call of a shape),
+    // then the mean of `reps` calls queued together (the device's time, not the host's launches).
+    const int reps = bs >= 8 ? 3 : 10;
+    double ms[2] = {0, 0};
+    const AttentionImpl ways[2] = {AttentionImpl::kFused, AttentionImpl::kSdpaFolded};
+    for (int w = 0; w < 2; ++w) {
+      try {
+        for (int i = 0; i < 2; ++i) attn.Attend(parts[0], parts[1], parts[2], ways[w]).reshape({bs, n, c});
+        cs.Sync();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < reps; ++i) attn.Attend(parts[0], parts[1], parts[2], ways[w]).reshape({bs, n, c});
+        cs.Sync();
+        ms[w] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+      } catch (const c10::Error& e) {
+        // The fused kernel is what runs without the timing: its failure is the engine's error. The
+        // folded way failing (no cuDNN attention for the shape, or no memory for its workspace)
+        // only takes it out of the choice.
+        if (w == 0) throw;
+        ms[w] = 0;
+        ReleaseCachedDeviceMemory();
+        Log(LogLevel::kWarning, "global attention at encoder batch " + std::to_string(bs) +
+                                    ": cuDNN's attention with the rel-pos terms folded failed, the fused kernel "
+                                    "stays: " + e.what_without_backtrace());
+      }
+    }
+    const bool use_folded = PreferFolded(ms[0], ms[1]);
+    if (use_folded) folded.push_back(bs);
+    char line[160];
+    std::snprintf(line, sizeof(line), "%s%d: fused %.3f, folded %.3f ms -> %s", table.empty() ? "" : "; ", bs,
+                  ms[0], ms[1], use_folded ? "folded" : "fused");
+    table += line;
+  }
+  for (auto& b : blocks)
+    if (b->window_size == 0) b->attn->folded_batches = folded;
+  // The timing's inputs and workspaces go back to the device, not into the graphs' peak.
+  ReleaseCachedDeviceMemory();
+  Log(LogLevel::kInfo, "global attention per block by encoder batch size (" + std::to_string(attn.num_heads) +
+                           " heads of " + std::to_string(attn.head_dim) + ", " + std::to_string(n) +
+                           " tokens): " + table);
+  if (!folded.empty()) {
+    std::string sizes;
+    for (int64_t b : folded) sizes += (sizes.empty() ? "" : ",") + std::to_string(b);
+    optimisations_.push_back("global-attention-folded@" + sizes);
+  }
+  return Status::Ok();
+}
 
 at::Tensor EngineImpl::RunEncoder(const at::Tensor& batch, int64_t pass_size) {
 #ifdef MASKD_WITH_CUDA

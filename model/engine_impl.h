@@ -330,6 +330,9 @@ class EngineImpl final : public Engine {
                                                                  int64_t T);
   Status PrepareFastPath();
   Status CaptureEncoderGraphs();
+  // FastPathOptions::attention_timing: times the global blocks' attention at each encoder batch
+  // size, fused against folded, and sets each global block's folded_batches.
+  Status ChooseGlobalAttention();
   std::string Identity() const;
   Status Warmup();
   // encoder_costs_ from EngineOptions::encoder_batch_seconds, else unknown (0) per size.

@@ -3,8 +3,9 @@
 // folded elsewhere on CUDA; the original's arithmetic on CPU and in fp32, where parity matters more
 // than speed), the fused encoder element-wise kernels, the fc1 GELU epilogue (CUDA only; the
 // epilogue never in fp32), the residual adds in the GEMM epilogues and the GEMM algorithm timing,
-// the decoder's SDPA in reduced precision, the shared-image decoder, fp8 linears (CUDA only, opt-in,
-// they trade accuracy), GPU pre/post-processing, the encoder batch sizes and their CUDA graphs.
+// the global blocks' attention chosen per batch size by timing, the decoder's SDPA in reduced
+// precision, the shared-image decoder, fp8 linears (CUDA only, opt-in, they trade accuracy),
+// GPU pre/post-processing, the encoder batch sizes and their CUDA graphs.
 #include "model/engine_impl.h"
 
 #include <algorithm>
@@ -51,7 +52,10 @@ Status EngineImpl::PrepareFastPath() {
     kernels::SetGemmTuning(f.gemm_tuning);
     if (f.gemm_tuning) optimisations_.push_back("gemm-algorithms-timed");
   }
-  for (auto& b : sam_->image_encoder->block_list) b->attn->fold_pad_v = !cuda;
+  for (auto& b : sam_->image_encoder->block_list) {
+    b->attn->fold_pad_v = !cuda;
+    b->attn->folded_batches.clear();
+  }
   if (attn != AttentionImpl::kMath) optimisations_.push_back(AttentionImplName(attn));
   // Run 17 (H200, vit_b): a click 0.69 -> 0.60 ms (masks thresholded), 0.93 -> 0.87 ms with RLE;
   // 64 prompts 3.43 -> 3.38 ms.
@@ -96,6 +100,11 @@ Status EngineImpl::PrepareFastPath() {
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   if (sizes.front() < 1) return InvalidArgument("encoder batch sizes must be >= 1");
+  if (cuda && f.attention_timing && attn == AttentionImpl::kFused) {
+    // Before the graphs: each size's capture records the way chosen for it.
+    MASKD_RETURN_IF_ERROR(ChooseGlobalAttention());
+    optimisations_.push_back("global-attention-timed");
+  }
   if (cuda && f.cuda_graphs) {
     const size_t tuned_before = kernels::GemmTunings().size();
     MASKD_RETURN_IF_ERROR(CaptureEncoderGraphs());

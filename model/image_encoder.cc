@@ -173,17 +173,50 @@ void RelPosAttentionImpl::RelTables(const at::Tensor& q, at::Tensor* rel_h, at::
 
 at::Tensor RelPosAttentionImpl::forward(const at::Tensor& x) { return Forward(x, {}); }
 
-at::Tensor RelPosAttentionImpl::Forward(const at::Tensor& x, const at::Tensor& residual) {
-  const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
-  TORCH_CHECK(H == grid && W == grid, "attention built for a ", grid, "x", grid, " grid got ", H,
-              "x", W);
-  const int64_t N = H * W;
+AttentionImpl RelPosAttentionImpl::ImplFor(int64_t batch) const {
+  if (impl == AttentionImpl::kFused &&
+      std::find(folded_batches.begin(), folded_batches.end(), batch) != folded_batches.end())
+    return AttentionImpl::kSdpaFolded;
+  return impl;
+}
+
+int64_t RelPosAttentionImpl::FoldedBytesPerImage(size_t element_size) const {
+  // q' and k' (folded width each), rel_h and rel_w (grid each) and q * scale (head_dim), per head and token.
+  const int64_t width = folded_width_ > 0 ? folded_width_ : (head_dim + 2 * grid + 7) / 8 * 8;
+  return num_heads * grid * grid * (2 * width + 2 * grid + head_dim) * static_cast<int64_t>(element_size);
+}
+
+at::Tensor RelPosAttentionImpl::FoldedChunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
+  const int64_t B = q.size(0), N = q.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  const at::Tensor qkv_lin = flat_linear ? FlatLinear(qkv, qkv_fast, x) : LinearForward(qkv, qkv_fast, x);
-  const at::Tensor qkv_out = qkv_lin.reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
-  at::Tensor q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];  // [B, heads, N, hd] views
-  at::Tensor out;                                              // [B, N, heads, hd] or [B*heads, N, hd]
-  switch (impl) {
+  at::Tensor rel_h, rel_w;
+  RelTables(q, &rel_h, &rel_w);
+  const int64_t pad = folded_width_ - head_dim - 2 * grid;
+  std::vector<at::Tensor> qs = {q * scale, rel_h.to(q.scalar_type()), rel_w.to(q.scalar_type())};
+  if (pad > 0) qs.push_back(at::zeros({B, num_heads, N, pad}, q.options()));
+  const at::Tensor qf = at::cat(qs, -1);
+  const at::Tensor kf =
+      at::cat({k, key_onehot_.to(k.scalar_type()).expand({B, num_heads, N, key_onehot_.size(1)})}, -1);
+  if (q.is_cuda() && !fold_pad_v) {
+    // cuDNN's fused attention takes a narrower V than q/k (measured fastest for this shape on the
+    // H200, see BENCHMARKS.md); the generic dispatcher would pick a slower backend.
+    return std::get<0>(at::_scaled_dot_product_cudnn_attention(qf, kf, v, std::nullopt, false, 0.0, false,
+                                                               false, 1.0));
+  }
+  at::Tensor vf = v;
+  if (fold_pad_v) vf = at::cat({v, at::zeros({B, num_heads, N, folded_width_ - head_dim}, v.options())}, -1);
+  at::Tensor o = at::scaled_dot_product_attention(qf, kf, vf, std::nullopt, 0.0, false, 1.0);
+  return fold_pad_v ? o.narrow(-1, 0, head_dim) : o;
+}
+
+at::Tensor RelPosAttentionImpl::Attend(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                       AttentionImpl use) const {
+  const int64_t B = q_in.size(0), N = q_in.size(2), H = grid, W = grid;
+  TORCH_CHECK(N == H * W, "attention built for a ", grid, "x", grid, " grid got ", N, " tokens");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  at::Tensor q = q_in, k = k_in, v = v_in;
+  at::Tensor out;  // [B, N, heads, hd] or [B*heads, N, hd]
+  switch (use) {
     case AttentionImpl::kAuto:
     case AttentionImpl::kMath: {
       // The original: scores, + decomposed rel-pos, softmax, @ v.
@@ -210,28 +243,20 @@ at::Tensor RelPosAttentionImpl::Forward(const at::Tensor& x, const at::Tensor& r
       break;
     }
     case AttentionImpl::kSdpaFolded: {
-      at::Tensor rel_h, rel_w;
-      RelTables(q, &rel_h, &rel_w);
-      const int64_t pad = folded_width_ - head_dim - 2 * grid;
-      std::vector<at::Tensor> qs = {q * scale, rel_h.to(q.scalar_type()), rel_w.to(q.scalar_type())};
-      if (pad > 0) qs.push_back(at::zeros({B, num_heads, N, pad}, q.options()));
-      const at::Tensor qf = at::cat(qs, -1);
-      const at::Tensor kf =
-          at::cat({k, key_onehot_.to(k.scalar_type()).expand({B, num_heads, N, key_onehot_.size(1)})}, -1);
-      at::Tensor o;
-      if (q.is_cuda() && !fold_pad_v) {
-        // cuDNN's fused attention takes a narrower V than q/k (measured fastest for this shape on the
-        // H200, see BENCHMARKS.md); the generic dispatcher would pick a slower backend.
-        o = std::get<0>(at::_scaled_dot_product_cudnn_attention(qf, kf, v, std::nullopt, false, 0.0, false,
-                                                                false, 1.0));
-      } else {
-        at::Tensor vf = v;
-        if (fold_pad_v)
-          vf = at::cat({v, at::zeros({B, num_heads, N, folded_width_ - head_dim}, v.options())}, -1);
-        o = at::scaled_dot_product_attention(qf, kf, vf, std::nullopt, 0.0, false, 1.0);
-        if (fold_pad_v) o = o.narrow(-1, 0, head_dim);
+      // In chunks of images whose q', k' and rel-pos terms fit folded_max_bytes; each image's
+      // attention is the same computation whichever chunk it is in.
+      const int64_t per_image = FoldedBytesPerImage(q.element_size());
+      const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(B, folded_max_bytes / std::max<int64_t>(1, per_image)));
+      if (chunk >= B) {
+        out = FoldedChunk(q, k, v).permute({0, 2, 1, 3});
+        break;
       }
-      out = o.permute({0, 2, 1, 3});
+      out = at::empty({B, N, num_heads, head_dim}, q.options());
+      for (int64_t b0 = 0; b0 < B; b0 += chunk) {
+        const int64_t nb = std::min(chunk, B - b0);
+        out.narrow(0, b0, nb)
+            .copy_(FoldedChunk(q.narrow(0, b0, nb), k.narrow(0, b0, nb), v.narrow(0, b0, nb)).permute({0, 2, 1, 3}));
+      }
       break;
     }
     case AttentionImpl::kFused: {
@@ -248,7 +273,18 @@ at::Tensor RelPosAttentionImpl::Forward(const at::Tensor& x, const at::Tensor& r
       break;
     }
   }
-  const at::Tensor o = out.reshape({B, H, W, C});
+  return out;
+}
+
+at::Tensor RelPosAttentionImpl::Forward(const at::Tensor& x, const at::Tensor& residual) {
+  const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
+  TORCH_CHECK(H == grid && W == grid, "attention built for a ", grid, "x", grid, " grid got ", H,
+              "x", W);
+  const int64_t N = H * W;
+  const at::Tensor qkv_lin = flat_linear ? FlatLinear(qkv, qkv_fast, x) : LinearForward(qkv, qkv_fast, x);
+  const at::Tensor qkv_out = qkv_lin.reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
+  // q, k, v: [B, heads, N, hd] views
+  const at::Tensor o = Attend(qkv_out[0], qkv_out[1], qkv_out[2], ImplFor(B)).reshape({B, H, W, C});
   if (flat_linear) return FlatLinear(proj, proj_fast, o, residual);
   const at::Tensor y = LinearForward(proj, proj_fast, o);
   return residual.defined() ? AddInto(residual, y) : y;

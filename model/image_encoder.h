@@ -74,6 +74,14 @@ struct RelPosAttentionImpl : torch::nn::Module {
   // Derives the tables the fast paths need (R_h/R_w lookups, one-hot key indicators) for the
   // current dtype/device; call after loading weights and after every .to().
   void Prepare();
+  // The attention itself, without qkv and proj: q, k, v [B, heads, N, hd] (views of qkv's output)
+  // -> [B, N, heads, hd] (possibly a permuted view), computed the way `use` says. Forward calls it
+  // with ImplFor(B); the engine calls it to time the ways against each other (ChooseGlobalAttention).
+  at::Tensor Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, AttentionImpl use) const;
+  // impl, except that with impl kFused a batch size listed in folded_batches runs kSdpaFolded.
+  AttentionImpl ImplFor(int64_t batch) const;
+  // The workspace one image of kSdpaFolded needs (q', k' and the rel-pos terms), in bytes.
+  int64_t FoldedBytesPerImage(size_t element_size) const;
 
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
   at::Tensor rel_pos_h, rel_pos_w;
@@ -82,6 +90,14 @@ struct RelPosAttentionImpl : torch::nn::Module {
   // kSdpaFolded: zero-pad v to the augmented q/k width so that the generic SDPA dispatcher can
   // use flash (which wants equal widths); false on CUDA calls cuDNN's attention with the narrow v.
   bool fold_pad_v = true;
+  // With impl kFused: the batch sizes at which this block's attention runs as kSdpaFolded instead
+  // (cuDNN's attention with the rel-pos terms folded into q and k), because it was measured faster
+  // there (EngineImpl::ChooseGlobalAttention). Empty: the fused kernel at every size.
+  std::vector<int64_t> folded_batches;
+  // kSdpaFolded builds q' and k' (head_dim + 2 grid wide) and the rel-pos terms: the batch runs in
+  // chunks of images whose workspace stays under this many bytes (vit_h at batch 32 would need
+  // ~2.6 GB in one piece; the memory target for it is 4 GiB in all).
+  int64_t folded_max_bytes = int64_t{256} << 20;
   // kFused: the rel-pos terms as one matmul read through skewed views (kernels::RelPosTables)
   // instead of two einsums over gathered tables.
   bool rel_pos_gemm = false;
@@ -96,6 +112,8 @@ struct RelPosAttentionImpl : torch::nn::Module {
  private:
   // q . R_h and q . R_w of the unscaled q [B, heads, N, hd] -> [B, heads, N, grid] each.
   void RelTables(const at::Tensor& q, at::Tensor* rel_h, at::Tensor* rel_w) const;
+  // kSdpaFolded on the images of q, k, v ([b, heads, N, hd]) -> [b, heads, N, hd] (any strides).
+  at::Tensor FoldedChunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
   at::Tensor Rh_, Rw_;       // [grid, grid, head_dim] in the module dtype
   at::Tensor key_onehot_;    // [grid*grid, padded extra] for kSdpaFolded
   at::Tensor rev_tables_;    // [(2 grid - 1) * 2, head_dim] for rel_pos_gemm

@@ -236,8 +236,12 @@ void AddOptions(CLI::App& app, ServerConfig& c) {
   tristate("gemm-tuning", &c.gemm_tuning,
            "Choose each encoder GEMM's cuBLASLt algorithm by timing its candidates at warm-up (default: "
            "on with the fast path; off: LibTorch's choice, the same algorithm on every start)");
+  tristate("attention-timing", &c.attention_timing,
+           "Time the global blocks' attention at each encoder batch size at start-up, the fused kernel "
+           "against cuDNN's with the rel-pos terms folded into q/k, and keep the faster (default: on with "
+           "the fast path; off: the fused kernel everywhere)");
   for (const char* n : {"cuda-graphs", "fp8", "gpu-preprocess", "gpu-postprocess", "gpu-rle-string",
-                        "decoder-priority", "gemm-tuning"}) {
+                        "decoder-priority", "gemm-tuning", "attention-timing"}) {
     app.get_option(std::string("--") + n)->group(g_dev);
   }
   // Retired options stay in the table (flag, MASKD_* variable, config-file key), hidden from --help,
@@ -834,6 +838,7 @@ StatusOr<EngineOptions> MakeEngineOptions(const ServerConfig& config, const Devi
   if (config.gpu_rle_string) o.fast.gpu_rle_string = *config.gpu_rle_string;
   if (config.decoder_priority) o.fast.decoder_priority = *config.decoder_priority;
   if (config.gemm_tuning) o.fast.gemm_tuning = *config.gemm_tuning;
+  if (config.attention_timing) o.fast.attention_timing = *config.attention_timing;
   // Powers of two up to the maximum, and the maximum itself: what the encoder pads batches to.
   o.encoder_batch_sizes.clear();
   for (int b = 1; b < config.encoder_max_batch; b *= 2) o.encoder_batch_sizes.push_back(b);

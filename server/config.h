@@ -31,7 +31,7 @@ struct ServerConfig {
   std::string attention;           // empty: as `fast` says; else auto|math|sdpa|sdpa-folded|fused
   // (--int8 and --sparse24 were retired after run 17: refused with the reason, config.cc.)
   std::optional<bool> cuda_graphs, fp8, gpu_preprocess, gpu_postprocess, gpu_rle_string, decoder_priority,
-      gemm_tuning;
+      gemm_tuning, attention_timing;
   bool warmup = true;
 
   // Network.

@@ -108,6 +108,14 @@ TEST(BatchPlan, ExtrapolatedCostsScaleTheLastMeasuredPerImageCost) {
   EXPECT_FALSE(d[1].extrapolated);
 }
 
+TEST(BatchPlan, TheFoldedAttentionOnlyWhereItIsThreePercentFaster) {
+  EXPECT_TRUE(PreferFolded(1.00, 0.96));
+  EXPECT_FALSE(PreferFolded(1.00, 0.98));  // within the margin: the fused kernel (fp32 rel-pos terms)
+  EXPECT_FALSE(PreferFolded(1.00, 1.20));
+  EXPECT_FALSE(PreferFolded(1.00, 0.0));   // the folded way did not run
+  EXPECT_FALSE(PreferFolded(0.0, 0.5));    // nothing measured
+}
+
 TEST(BatchPlan, NothingToPlan) {
   EXPECT_TRUE(PlanEncoderBatches(0, Costs({1, 2}, {})).empty());
   EXPECT_TRUE(PlanEncoderBatches(4, {}).empty());

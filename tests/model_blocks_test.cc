@@ -88,6 +88,40 @@ TEST(Blocks, RelPosAttentionEveryImplementationMatchesTheExplicitFormula) {
   }
 }
 
+// kSdpaFolded in chunks of images (its workspace cap) is the same function as in one piece, and a
+// kFused module runs the folded way exactly at the batch sizes listed in folded_batches.
+TEST(Blocks, FoldedAttentionRunsInChunksAndWhereTheTimingChoseIt) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  RelPosAttention attn(16, 2, 4);
+  attn->rel_pos_h.normal_();
+  attn->rel_pos_w.normal_();
+  attn->Prepare();
+  const at::Tensor x = torch::randn({3, 4, 4, 16});
+  // 2 heads x 16 tokens x (2 x 16 (q', k': 8 + 2 x 4 wide) + 2 x 4 + 8) x 4 bytes.
+  EXPECT_EQ(attn->FoldedBytesPerImage(4), 2 * 16 * (2 * 16 + 2 * 4 + 8) * 4);
+  attn->impl = AttentionImpl::kSdpaFolded;
+  const at::Tensor whole = attn->forward(x);
+  EXPECT_LT(MaxAbs(whole, ExplicitRelPosAttention(*attn, x)), 2e-5);
+  for (int64_t images : {1, 2}) {  // chunks of 1 (3 of them), of 2 (2 + 1)
+    attn->folded_max_bytes = images * attn->FoldedBytesPerImage(4);
+    EXPECT_LT(MaxAbs(attn->forward(x), whole), 1e-6) << images << " image(s) a chunk";
+  }
+  attn->folded_max_bytes = int64_t{256} << 20;
+  attn->impl = AttentionImpl::kFused;  // on the CPU: the kernels' LibTorch references
+  const at::Tensor fused3 = attn->forward(x);
+  const at::Tensor x2 = x.narrow(0, 0, 2).contiguous();
+  const at::Tensor fused2 = attn->forward(x2);
+  attn->folded_batches = {3};
+  EXPECT_EQ(attn->ImplFor(3), AttentionImpl::kSdpaFolded);
+  EXPECT_EQ(attn->ImplFor(2), AttentionImpl::kFused);
+  EXPECT_TRUE(torch::equal(attn->forward(x), whole));    // batch 3: the folded way
+  EXPECT_TRUE(torch::equal(attn->forward(x2), fused2));  // batch 2: still the fused one
+  EXPECT_FALSE(torch::equal(fused3, whole));             // (so the first check tells the two apart)
+  attn->impl = AttentionImpl::kMath;  // the list means nothing to other ways
+  EXPECT_EQ(attn->ImplFor(3), AttentionImpl::kMath);
+}
+
 TEST(Blocks, WindowedBlockEqualsAttentionPerPaddedWindow) {
   // An encoder block with window 3 on a 4x4 grid pads to 6x6: four windows whose padded tokens (zeros
   // after norm1) take part in attention, exactly as in the original.

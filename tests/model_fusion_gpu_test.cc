@@ -81,6 +81,42 @@ TEST(EncoderFusionCuda, FusedEncoderMatchesUnfusedOnVitBShapes) {
   EXPECT_LE(RelL2(gelu, fp32), 1.5 * e_bf16 + 1e-3);
 }
 
+// A vit_b global block's attention: cuDNN's attention with the rel-pos terms folded into q/k (what
+// the start-up timing may choose per batch size) against the fused kernel with the terms made in it,
+// in one piece and in chunks of one image, and both against fp32 arithmetic.
+TEST(EncoderFusionCuda, FoldedGlobalAttentionMatchesTheFusedKernel) {
+  if (!torch::cuda::is_available() || !kernels::BuiltWithCuda()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(24);
+  RelPosAttention attn(768, 12, 64);
+  attn->rel_pos_h.normal_(0, 0.5);
+  attn->rel_pos_w.normal_(0, 0.5);
+  const at::Tensor x32 = torch::randn({3, 64, 64, 768});
+  attn->Prepare();
+  attn->impl = AttentionImpl::kMath;
+  const at::Tensor ref = attn->forward(x32);  // fp32, on the CPU: the original's arithmetic
+  attn->to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  attn->Prepare();
+  attn->fold_pad_v = false;  // cuDNN with the narrow v, as the engine runs it on CUDA
+  attn->flat_linear = true;
+  attn->rel_pos_in_kernel = true;
+  attn->impl = AttentionImpl::kFused;
+  const at::Tensor x = x32.to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  const at::Tensor fused = attn->forward(x).cpu();
+  attn->folded_batches = {3};
+  const at::Tensor folded = attn->forward(x).cpu();
+  attn->folded_max_bytes = attn->FoldedBytesPerImage(2);  // one image a chunk
+  const at::Tensor chunked = attn->forward(x).cpu();
+  ASSERT_TRUE(folded.isfinite().all().item<bool>());
+  const double e_fused = RelL2(fused, ref), e_folded = RelL2(folded, ref), e_chunked = RelL2(chunked, folded);
+  std::printf("global attention rel L2 vs fp32: fused %.3e, folded %.3e; folded in chunks vs whole %.3e\n",
+              e_fused, e_folded, e_chunked);
+  EXPECT_LE(RelL2(folded, fused), 1e-2);
+  // The folded way rounds the rel-pos terms to bf16: allowed up to twice the fused kernel's error.
+  EXPECT_LE(e_folded, 2 * e_fused + 1e-3);
+  EXPECT_LE(e_chunked, 2e-3);
+}
+
 TEST(EncoderFusionCuda, GeluEpilogueMatchesTanhGelu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::NoGradGuard no_grad;

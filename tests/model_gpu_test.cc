@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "model/api/engine.h"
 #include "model/batch_plan.h"
@@ -224,6 +226,59 @@ TEST(EngineCuda, CudaGraphsAndGpuPreprocessingChangeNothing) {
     EXPECT_LT(MaxAbs(graph_batched[i], eager_batched[i]), 1e-6) << i;
     EXPECT_LT(MaxAbs(gpu_pre[i], graph_batched[i]), 1e-6) << i;
   }
+}
+
+// The start-up choice of the global blocks' attention: timed by default (and logged as an
+// optimisation), and the folded way, forced at every size (MASKD_GLOBAL_ATTENTION), captured in the
+// encoder's graphs and giving the fused kernel's embeddings to bf16 rounding.
+TEST(EngineCuda, GlobalAttentionChoiceRunsInTheGraphs) {
+  REQUIRE_CUDA();
+  EngineOptions o = RandomVitBOptions(Precision::kBFloat16, FastPathOptions::Fast());
+  o.encoder_batch_sizes = {1, 2};
+  auto encode = [&](Engine& e) {
+    std::vector<std::vector<float>> out;
+    std::vector<PreparedImage> p;
+    for (int i = 0; i < 3; ++i) {
+      auto one = e.Prepare(TestImage(1024, 768, 10 + i));
+      EXPECT_TRUE(one.ok()) << one.status().ToString();
+      if (!one.ok()) return out;
+      p.push_back(*one);
+    }
+    auto embs = e.Encode(p);  // a pass of 2 and a pass of 1
+    EXPECT_TRUE(embs.ok()) << embs.status().ToString();
+    if (embs.ok())
+      for (auto& emb : *embs) out.push_back(emb->ToFloat());
+    return out;
+  };
+  auto has = [](const Engine& e, const std::string& name) {
+    const auto opts = e.optimisations();
+    return std::find(opts.begin(), opts.end(), name) != opts.end();
+  };
+  ::unsetenv("MASKD_GLOBAL_ATTENTION");
+  auto timed = MakeEngine(o);
+  ASSERT_TRUE(timed);
+  EXPECT_TRUE(has(*timed, "global-attention-timed"));
+  timed.reset();
+  ::setenv("MASKD_GLOBAL_ATTENTION", "fused", 1);
+  auto fused = MakeEngine(o);
+  ASSERT_TRUE(fused);
+  const auto ref = encode(*fused);
+  fused.reset();
+  ::setenv("MASKD_GLOBAL_ATTENTION", "folded", 1);
+  auto folded = MakeEngine(o);
+  ::setenv("MASKD_GLOBAL_ATTENTION", "sideways", 1);
+  auto bad = Engine::Create(o);
+  ::unsetenv("MASKD_GLOBAL_ATTENTION");
+  ASSERT_TRUE(folded);
+  EXPECT_TRUE(has(*folded, "global-attention-folded@1,2"));
+  EXPECT_TRUE(has(*folded, "cuda-graphs"));
+  const auto got = encode(*folded);
+  ASSERT_EQ(got.size(), 3u);
+  ASSERT_EQ(ref.size(), 3u);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_LT(RelL2(got[i], ref[i]), 1e-2) << "image " << i;
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("MASKD_GLOBAL_ATTENTION=sideways"), std::string::npos)
+      << bad.status().ToString();
 }
 
 TEST(EngineCuda, GpuPostprocessMatchesCpuMasks) {

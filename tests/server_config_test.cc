@@ -91,7 +91,7 @@ TEST(ServerConfig, HelpDocumentsEveryFlagWithItsEnvironmentVariable) {
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag :
        {"--checkpoint", "--models-dir", "--demo-seed", "--device", "--precision", "--fast", "--attention",
-        "--cuda-graphs", "--fp8", "--gpu-preprocess", "--gpu-postprocess", "--gpu-rle-string", "--decoder-priority", "--gemm-tuning", "--warmup",
+        "--cuda-graphs", "--fp8", "--gpu-preprocess", "--gpu-postprocess", "--gpu-rle-string", "--decoder-priority", "--gemm-tuning", "--attention-timing", "--warmup",
         "--require-checkpoint", "--listen", "--encoder-max-batch", "--encoder-queue-delay-us", "--encoder-queue-capacity",
         "--decoder-max-prompts", "--decoder-queue-delay-us", "--decoder-queue-capacity",
         "--cache-device-bytes", "--cache-host-bytes", "--result-store-bytes", "--decode-threads",
@@ -360,6 +360,7 @@ TEST(ServerConfig, EngineOptionsPerDeviceKind) {
   EXPECT_TRUE(gpu->fast.windows_in_kernel);
   EXPECT_TRUE(gpu->fast.residual_in_gemm);
   EXPECT_TRUE(gpu->fast.gemm_tuning);
+  EXPECT_TRUE(gpu->fast.attention_timing);
   EXPECT_FALSE(gpu->fast.fp8);  // opt-in
   EXPECT_TRUE(gpu->fast.gpu_rle_string);
   EXPECT_FALSE(gpu->fast.decoder_priority);  // opt-in (BENCHMARKS.md, run 14)
@@ -371,11 +372,13 @@ TEST(ServerConfig, EngineOptionsPerDeviceKind) {
     EXPECT_TRUE(o->fast.decoder_priority);
   }
   {
-    auto off = Parse({"--decoder-priority=0", "--gpu-rle-string", "off", "--gemm-tuning=false"});
+    auto off = Parse({"--decoder-priority=0", "--gpu-rle-string", "off", "--gemm-tuning=false",
+                      "--attention-timing=0"});
     ASSERT_FALSE(off.exit) << off.output;
     auto o = MakeEngineOptions(off.config, DeviceSpec{"cuda:0", "cuda:0", true}, ck);
     ASSERT_TRUE(o.ok());
     EXPECT_FALSE(o->fast.gemm_tuning);
+    EXPECT_FALSE(o->fast.attention_timing);
     EXPECT_FALSE(o->fast.decoder_priority);
     EXPECT_FALSE(o->fast.gpu_rle_string);
     EXPECT_TRUE(o->fast.gpu_postprocess);

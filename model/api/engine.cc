@@ -17,6 +17,7 @@ FastPathOptions FastPathOptions::Fast() {
   f.windows_in_kernel = true;
   f.residual_in_gemm = true;
   f.gemm_tuning = true;
+  f.attention_timing = true;
   return f;
 }
 

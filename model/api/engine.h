@@ -112,6 +112,16 @@ struct FastPathOptions {
   // heuristic's candidates at its first (warm-up) call, instead of the heuristic's first (LibTorch's
   // choice, the same on every start). Process-wide: the last engine prepared sets it. CUDA only.
   bool gemm_tuning = false;
+  // With the fused attention: the global blocks' attention at each encoder batch size timed both
+  // ways at start-up, the fused kernel against cuDNN's attention with the rel-pos terms folded into
+  // q and k (AttentionImpl::kSdpaFolded, in chunks of <= 256 MiB of workspace), and the faster kept
+  // for that size (the fused one unless the folded one is >= 3 % faster: the fused kernel keeps the
+  // rel-pos terms in fp32, the folded one rounds them to bf16). The table is logged; the sizes that
+  // run folded are in GetInfo's optimisations ("global-attention-folded@1,2"). Not part of the
+  // engine's identity: like the attention implementations, the two differ by bf16 rounding, and the
+  // choice may differ between starts. MASKD_GLOBAL_ATTENTION=fused|folded (a benchmarking and test
+  // knob) takes that way at every size without timing. CUDA only.
+  bool attention_timing = false;
 
   // Everything that helps on CUDA: fused attention, graphs, GPU pre/post-processing (not fp8,
   // which trades accuracy for speed and is opt-in).
