@@ -9,7 +9,7 @@
 #   2. maskbench vit_b,vit_h bs1 and bs32: the previous default row ("GEMM epilogues") and the timed
 #      choice ("global attention"), profiled; stderr keeps the timing table
 #   3. vit_b bs1 under MASKD_GLOBAL_ATTENTION=fused|folded and the warp knob 6 / 4 (profiled)
-#   4. the seed's quick set
+#   4. the seed's quick set and its vit_h bs32 row, as time allows
 #   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=540 timeout 560 bash bench/results/next/next-call-55.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -47,10 +47,15 @@ for v in "MASKD_GLOBAL_ATTENTION=fused" "MASKD_GLOBAL_ATTENTION=folded" "MASKD_G
 done
 t variants
 if [ "$(left)" -gt 80 ]; then
-  timeout $(( $(left) - 15 )) bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
-  grep -h RESULT "$out"/anchors/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
-  t seed
+  timeout $(( $(left) > 125 ? 110 : $(left) - 15 )) bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
+  t seed-quick
 fi
+if [ "$(left)" -gt 80 ]; then  # the seed's vit_h bs32 row: #12's vit_h ratio
+  bash scripts/gpu-host/seed-row.sh "$out/anchors" fast_vit_h_bs32 $(( $(left) > 110 ? 100 : $(left) - 10 )) \
+    offline --impl fast --model vit_h --batch 32
+  t seed-vit_h
+fi
+grep -h RESULT "$out"/anchors/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$out/perf.log" 2>&1
 for d in "$out"/prof*; do rm -f "$d"/trace-*.json; done
 cp "$out/prof/profiles.txt" "$out/profiles-encoder.txt" 2>/dev/null
