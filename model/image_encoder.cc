@@ -189,12 +189,15 @@ int64_t RelPosAttentionImpl::FoldedBytesPerImage(size_t element_size) const {
 at::Tensor RelPosAttentionImpl::FoldedChunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
   const int64_t B = q.size(0), N = q.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  at::Tensor rel_h, rel_w;
-  RelTables(q, &rel_h, &rel_w);
+  // The rel-pos terms as one matmul read through skewed views (kernels::RelPosTables; the einsums
+  // of RelTables copy q and their products first), concatenated with q * scale in one pass over
+  // [B, heads, grid, grid, .] views.
+  const kernels::RelPosTerms t = kernels::RelPosTables(q, rev_tables_, grid, grid);
   const int64_t pad = folded_width_ - head_dim - 2 * grid;
-  std::vector<at::Tensor> qs = {q * scale, rel_h.to(q.scalar_type()), rel_w.to(q.scalar_type())};
-  if (pad > 0) qs.push_back(at::zeros({B, num_heads, N, pad}, q.options()));
-  const at::Tensor qf = at::cat(qs, -1);
+  std::vector<at::Tensor> qs = {(q * scale).view({B, num_heads, grid, grid, head_dim}),
+                                t.rel_h.to(q.scalar_type()), t.rel_w.to(q.scalar_type())};
+  if (pad > 0) qs.push_back(at::zeros({B, num_heads, grid, grid, pad}, q.options()));
+  const at::Tensor qf = at::cat(qs, -1).view({B, num_heads, N, folded_width_});
   const at::Tensor kf =
       at::cat({k, key_onehot_.to(k.scalar_type()).expand({B, num_heads, N, key_onehot_.size(1)})}, -1);
   if (q.is_cuda() && !fold_pad_v) {
