@@ -80,12 +80,17 @@ class SharedImageDecoder {
                           const at::Tensor& v, const at::Tensor& kv_rows = at::Tensor(),
                           const at::Tensor& k_bias = at::Tensor(), const at::Tensor& v_bias = at::Tensor()) const;
   at::Tensor Upscale(const at::Tensor& keys, const at::Tensor& hyper_in) const;
+  // The mask tokens' hypernetwork MLPs, one per mask token, as one batched GEMM per layer:
+  // mask_tokens [B, M, D] -> [B, M, out].
+  at::Tensor Hypernetworks(const at::Tensor& mask_tokens) const;
 
   MaskDecoderImpl& dec_;
   int64_t h_ = 0, w_ = 0, dim_ = 0, internal_ = 0, heads_ = 0;
   std::vector<BlockTables> blocks_;
   FinalTables final_;
   at::Tensor up1_w_, up1_b_, up2_w_, up2_b_;  // channels-last transposed-convolution GEMM operands
+  // Per layer of the hypernetwork MLPs: the M tokens' weights stacked [M, in, out] and biases [M, 1, out].
+  std::vector<at::Tensor> hyper_w_, hyper_b_;
 };
 
 }  // namespace maskd
