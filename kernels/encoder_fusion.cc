@@ -2,6 +2,7 @@
 // tables as one matrix product; the LibTorch references double as the CPU path.
 #include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include "kernels/internal.h"
 #include "kernels/kernels.h"
@@ -157,6 +158,74 @@ RelPosTerms RelPosTables(const at::Tensor& q, const at::Tensor& rev_tables, int6
   t.rel_w = t.table.as_strided({B, H, grid_h, grid_w, grid_w}, {H * N * L, N * L, grid_w * L, L - 1, 1},
                                off + Lh + grid_w - 1);
   return t;
+}
+
+FoldedQK FoldRelPosQKReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& rev_tables,
+                               int64_t grid, double scale, int64_t width) {
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
+  const RelPosTerms t = RelPosTables(q, rev_tables, grid, grid);
+  std::vector<at::Tensor> qs = {(q * scale).reshape({B, H, grid, grid, D}), t.rel_h.to(q.scalar_type()),
+                                t.rel_w.to(q.scalar_type())};
+  const int64_t pad = width - D - 2 * grid;
+  if (pad > 0) qs.push_back(at::zeros({B, H, grid, grid, pad}, q.options()));
+  FoldedQK f;
+  f.q = at::cat(qs, -1).view({B, H, N, width});
+  // Key j = (row, col): indicator columns e_row (the first grid) and e_col (the next grid).
+  at::Tensor onehot = at::zeros({N, width - D}, k.options());
+  const at::Tensor j = at::arange(N, k.options().dtype(at::kLong));
+  onehot.index_put_({j, j.div(grid, "floor")}, 1);
+  onehot.index_put_({j, grid + j.remainder(grid)}, 1);
+  f.k = at::cat({k, onehot.expand({B, H, N, width - D})}, -1);
+  return f;
+}
+
+FoldedQK FoldRelPosQK(const at::Tensor& q, const at::Tensor& k, const at::Tensor& rev_tables, int64_t grid,
+                      double scale, int64_t width, Stream stream) {
+  CheckDim(q, "q", 4);
+  CheckDim(k, "k", 4);
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
+  TORCH_CHECK(k.sizes() == q.sizes(), "FoldRelPosQK: k ", Describe(k), " must have q's shape ", Describe(q));
+  TORCH_CHECK(grid > 0 && grid * grid == N, "FoldRelPosQK: grid ", grid, " does not make q's ", N, " tokens");
+  TORCH_CHECK(width >= D + 2 * grid, "FoldRelPosQK: width ", width, " < D + 2 grid = ", D + 2 * grid);
+  TORCH_CHECK(rev_tables.dim() == 2 && rev_tables.size(0) == 2 * (2 * grid - 1) && rev_tables.size(1) == D,
+              "FoldRelPosQK: rev_tables: expected [", 2 * (2 * grid - 1), ", ", D, "], got ", Describe(rev_tables));
+#ifdef MASKD_WITH_CUDA
+  const auto aligned16 = [](const at::Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(3) == 1 && t.stride(0) % 8 == 0 &&
+           t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0;
+  };
+  if (q.is_cuda() && k.device() == q.device() && rev_tables.device() == q.device() &&
+      q.scalar_type() != at::kFloat && k.scalar_type() == q.scalar_type() &&
+      detail::FoldRelPosSupported(static_cast<int>(D), static_cast<int>(grid), static_cast<int>(width)) &&
+      aligned16(q) && aligned16(k) && B > 0 && B < 65536 && H < 65536) {
+    internal::StreamScope scope(stream, q.device());
+    const at::Tensor rev = rev_tables.to(q.scalar_type()).contiguous();
+    FoldedQK f;
+    f.q = at::empty({B, H, N, width}, q.options());
+    f.k = at::empty({B, H, N, width}, q.options());
+    detail::FoldRelPosArgs a;
+    a.q = q.data_ptr();
+    a.k = k.data_ptr();
+    for (int d = 0; d < 3; ++d) {
+      a.q_stride[d] = q.stride(d);
+      a.k_stride[d] = k.stride(d);
+    }
+    a.rev = rev.data_ptr();
+    a.qf = f.q.data_ptr();
+    a.kf = f.k.data_ptr();
+    a.batch = static_cast<int>(B);
+    a.heads = static_cast<int>(H);
+    a.grid = static_cast<int>(grid);
+    a.head_dim = static_cast<int>(D);
+    a.width = static_cast<int>(width);
+    a.scale = static_cast<float>(scale);
+    internal::CheckLaunch(detail::LaunchFoldRelPos(a, internal::ToDType(q.scalar_type(), "q"), scope.get()),
+                          "FoldRelPosKernel");
+    return f;
+  }
+#endif
+  (void)stream;
+  return FoldRelPosQKReference(q, k, rev_tables, grid, scale, width);
 }
 
 }  // namespace maskd::kernels

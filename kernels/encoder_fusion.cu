@@ -13,6 +13,7 @@
 
 #include "kernels/float_convert.cuh"
 #include "kernels/launchers.h"
+#include "kernels/vec_load.cuh"
 
 namespace maskd::kernels::detail {
 namespace {
@@ -201,6 +202,171 @@ bool AddLayerNormVectorized(int C, DType dtype) {
 
 const char* AddLayerNormKernelName(int C, DType dtype) {
   return AddLayerNormVectorized(C, dtype) ? "AddLayerNormVecKernel" : "AddLayerNormGenericKernel";
+}
+
+namespace {
+
+// q' = [q * scale, q . R_h[row], q . R_w[col], 0...] and k' = [k, e_row, e_col, 0...] for one grid
+// row of one (image, head): a CTA of 256 threads over the row's `grid` tokens.
+//   1. q's rows, the row's R_h rows (rev_h[grid - 1 - y + kh]) and all of rev_w into shared memory
+//      as fp32;
+//   2. thread t computes the terms of tokens x = t / 16 + 16 i and table columns kk = t % 16 + 16 j
+//      (i, j < 4): 16 of rel_h and 16 of rel_w, fp32 sums over D, rounded once to T (as
+//      RelPosTables' matmul rounds its fp32 accumulators), staged in shared memory;
+//   3. the row's q' and k' rows (contiguous in the outputs) written as 16-byte chunks.
+constexpr int kFoldThreads = 256;
+constexpr int kFoldMaxGrid = 64;
+
+template <int D>
+__host__ __device__ constexpr int FoldPitch() { return D + 1; }  // fp32 rows: conflict-free columns
+
+// fp32 rows (q, R_h, rev_w), rounded up to 16 bytes, then the staged terms ([g][2g] of T).
+template <int D>
+__host__ __device__ constexpr int FoldFloats(int grid) { return ((4 * grid - 1) * FoldPitch<D>() + 3) / 4 * 4; }
+
+template <int D>
+int FoldSmemBytes(int grid) {
+  return FoldFloats<D>(grid) * 4 + grid * 2 * grid * 2;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kFoldThreads) FoldRelPosKernel(const FoldRelPosArgs a) {
+  extern __shared__ __align__(16) unsigned char fold_smem[];
+  const int g = a.grid, y = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  constexpr int P = FoldPitch<D>();
+  float* qs = reinterpret_cast<float*>(fold_smem);  // [g][P]
+  float* rh = qs + g * P;                            // [g][P]: rev_h[g - 1 - y + kh]
+  float* rw = rh + g * P;                            // [2g - 1][P]: rev_w
+  T* rel = reinterpret_cast<T*>(qs + FoldFloats<D>(g));  // [g][2g]: rel_h | rel_w per token
+  const T* q = static_cast<const T*>(a.q) + b * a.q_stride[0] + h * a.q_stride[1] +
+               static_cast<int64_t>(y) * g * a.q_stride[2];
+  const T* k = static_cast<const T*>(a.k) + b * a.k_stride[0] + h * a.k_stride[1] +
+               static_cast<int64_t>(y) * g * a.k_stride[2];
+  const T* rev = static_cast<const T*>(a.rev);
+  constexpr int C8 = D / 8;  // 16-byte chunks of a D row
+  for (int i = tid; i < g * C8; i += kFoldThreads) {
+    const int r = i / C8, c = (i % C8) * 8;
+    float v[8];
+    LoadWidened<T, 8>(q + r * a.q_stride[2] + c, v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qs[r * P + c + e] = v[e];
+  }
+  for (int i = tid; i < (g + 2 * g - 1) * C8; i += kFoldThreads) {
+    const int r = i / C8, c = (i % C8) * 8;
+    // rh rows 0..g-1 are rev_h rows g-1-y.., rw rows are rev_w = rev rows 2g-1..
+    const int src = r < g ? g - 1 - y + r : (2 * g - 1) + (r - g);
+    float v[8];
+    LoadWidened<T, 8>(rev + static_cast<int64_t>(src) * D + c, v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) rh[r * P + c + e] = v[e];  // rw follows rh contiguously
+  }
+  __syncthreads();
+  {
+    const int x0 = tid / 16, k0 = tid % 16;
+    float acc_h[4][4] = {}, acc_w[4][4] = {};
+    for (int c = 0; c < D; ++c) {
+      float qv[4], hv[4], wv[7];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) qv[i] = qs[(x0 + 16 * i) * P + c];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) hv[j] = rh[(k0 + 16 * j) * P + c];
+      // rel_w[x][kw] uses rev_w[g - 1 - x + kw]: with x = x0 + 16 i and kw = k0 + 16 j that is row
+      // g - 1 - x0 + k0 + 16 (j - i), seven rows for the 16 pairs.
+#pragma unroll
+      for (int d = 0; d < 7; ++d) {
+        const int r = g - 1 - x0 + k0 + 16 * (d - 3);
+        wv[d] = (r >= 0 && r < 2 * g - 1) ? rw[r * P + c] : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc_h[i][j] = fmaf(qv[i], hv[j], acc_h[i][j]);
+          acc_w[i][j] = fmaf(qv[i], wv[j - i + 3], acc_w[i][j]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int x = x0 + 16 * i, kk = k0 + 16 * j;
+        if (x < g && kk < g) {
+          rel[x * 2 * g + kk] = FromFloat<T>(acc_h[i][j]);
+          rel[x * 2 * g + g + kk] = FromFloat<T>(acc_w[i][j]);
+        }
+      }
+  }
+  __syncthreads();
+  // The row's q' and k' rows: g x width elements each, contiguous, as 16-byte chunks.
+  const int W8 = a.width / 8, rel8 = 2 * g / 8;
+  const int64_t out0 = ((static_cast<int64_t>(b) * a.heads + h) * g * g + static_cast<int64_t>(y) * g) * a.width;
+  uint4* qf = reinterpret_cast<uint4*>(static_cast<T*>(a.qf) + out0);
+  uint4* kf = reinterpret_cast<uint4*>(static_cast<T*>(a.kf) + out0);
+  for (int i = tid; i < g * W8; i += kFoldThreads) {
+    const int x = i / W8, c8 = i % W8;
+    uint4 qo = make_uint4(0, 0, 0, 0), ko = make_uint4(0, 0, 0, 0);
+    if (c8 < C8) {
+      float v[8];
+      LoadWidened<T, 8>(q + x * a.q_stride[2] + 8 * c8, v);
+      __align__(16) T o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = FromFloat<T>(v[e] * a.scale);
+      qo = *reinterpret_cast<const uint4*>(o);
+      ko = *reinterpret_cast<const uint4*>(k + x * a.k_stride[2] + 8 * c8);
+    } else if (c8 < C8 + rel8) {
+      qo = *reinterpret_cast<const uint4*>(rel + x * 2 * g + 8 * (c8 - C8));
+      // k': 1 at column D + y (the key's row) and at D + g + x (its column).
+      const int col0 = 8 * (c8 - C8);
+      __align__(16) T o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int col = col0 + e;
+        o[e] = FromFloat<T>((col == y || col == g + x) ? 1.f : 0.f);
+      }
+      ko = *reinterpret_cast<const uint4*>(o);
+    }
+    qf[static_cast<int64_t>(x) * W8 + c8] = qo;
+    kf[static_cast<int64_t>(x) * W8 + c8] = ko;
+  }
+}
+
+template <typename T, int D>
+cudaError_t LaunchFold(const FoldRelPosArgs& a, cudaStream_t stream) {
+  const int smem = FoldSmemBytes<D>(a.grid);
+  static bool configured = false;  // the attribute once per instantiation (the max size: grid 64)
+  if (!configured) {
+    const cudaError_t e = cudaFuncSetAttribute(FoldRelPosKernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               FoldSmemBytes<D>(kFoldMaxGrid));
+    if (e != cudaSuccess) return e;
+    configured = true;
+  }
+  const dim3 grid(a.grid, a.heads, a.batch);
+  FoldRelPosKernel<T, D><<<grid, kFoldThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchFoldForType(const FoldRelPosArgs& a, cudaStream_t stream) {
+  return a.head_dim == 64 ? LaunchFold<T, 64>(a, stream) : LaunchFold<T, 80>(a, stream);
+}
+
+}  // namespace
+
+bool FoldRelPosSupported(int head_dim, int grid, int width) {
+  return (head_dim == 64 || head_dim == 80) && grid > 0 && grid <= kFoldMaxGrid && grid % 8 == 0 &&
+         width % 8 == 0 && width >= head_dim + 2 * grid;
+}
+
+cudaError_t LaunchFoldRelPos(const FoldRelPosArgs& a, DType dtype, cudaStream_t stream) {
+  if (!FoldRelPosSupported(a.head_dim, a.grid, a.width) || a.batch <= 0 || a.heads <= 0) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case DType::kBFloat16:
+      return LaunchFoldForType<__nv_bfloat16>(a, stream);
+    case DType::kFloat16:
+      return LaunchFoldForType<__half>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t LaunchAddLayerNorm(const AddLayerNormArgs& a, DType dtype, cudaStream_t stream) {

@@ -66,6 +66,20 @@ at::Tensor ReversedRelPosTables(const at::Tensor& Rh, const at::Tensor& Rw);
 RelPosTerms RelPosTables(const at::Tensor& q, const at::Tensor& rev_tables, int64_t grid_h,
                          int64_t grid_w);
 
+// The folded attention's operands (AttentionImpl::kSdpaFolded): q' = [q * scale, rel_h, rel_w, 0...]
+// and k' = [k, e_row(j), e_col(j), 0...], each [B, H, N, width] contiguous (width >= D + 2 grid, a
+// multiple of 8), so that q' . k' = scale q . k + rel_h[row(j)] + rel_w[col(j)]. rel_h / rel_w are
+// RelPosTables' terms rounded to q's dtype. On CUDA (bf16/fp16, D 64 or 80, grid <= 64 and a multiple
+// of 8, 16-byte aligned rows) one kernel reads q and k in place and writes both; elsewhere
+// RelPosTables and concatenations (the same values up to the fp32 summation order of the terms).
+struct FoldedQK {
+  at::Tensor q, k;
+};
+FoldedQK FoldRelPosQK(const at::Tensor& q, const at::Tensor& k, const at::Tensor& rev_tables, int64_t grid,
+                      double scale, int64_t width, Stream stream = nullptr);
+FoldedQK FoldRelPosQKReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& rev_tables,
+                               int64_t grid, double scale, int64_t width);
+
 // RelPosAttention with the rel-pos terms made inside the kernel from rev_tables (ReversedRelPosTables;
 // converted to q's dtype if it is not): each warp multiplies its 16 queries by the table entries
 // they need on the tensor cores (fp32) and writes its bias rows to shared memory, so neither the

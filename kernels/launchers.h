@@ -85,6 +85,25 @@ bool AddLayerNormVectorized(int C, DType dtype);
 const char* AddLayerNormKernelName(int C, DType dtype);
 cudaError_t LaunchAddLayerNorm(const AddLayerNormArgs& args, DType dtype, cudaStream_t stream);
 
+// q' and k' of the rel-pos-folded attention (encoder_fusion.cu; kernels::FoldRelPosQK).
+struct FoldRelPosArgs {
+  // [B, H, N = grid^2, D] views, last dimension contiguous, 16-byte aligned rows; strides in
+  // elements for (b, h, n).
+  const void* q = nullptr;
+  const void* k = nullptr;
+  int64_t q_stride[3] = {0, 0, 0};
+  int64_t k_stride[3] = {0, 0, 0};
+  const void* rev = nullptr;  // ReversedRelPosTables [2 (2 grid - 1), D], q's dtype, contiguous
+  void* qf = nullptr;         // [B, H, N, width] contiguous
+  void* kf = nullptr;         // [B, H, N, width] contiguous
+  int batch = 0, heads = 0, grid = 0, head_dim = 0, width = 0;
+  float scale = 1.0f;
+};
+// Whether the kernel is compiled for this shape (D 64 or 80, grid <= 64 and a multiple of 8, width
+// a multiple of 8 and >= D + 2 grid).
+bool FoldRelPosSupported(int head_dim, int grid, int width);
+cudaError_t LaunchFoldRelPos(const FoldRelPosArgs& args, DType dtype, cudaStream_t stream);
+
 // ---------------------------------------------------------------------------------------------------
 // The mask decoder's row LayerNorm (+ GELU) and broadcast add (decoder_fusion.cu).
 struct RowNormArgs {

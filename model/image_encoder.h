@@ -115,8 +115,7 @@ struct RelPosAttentionImpl : torch::nn::Module {
   // kSdpaFolded on the images of q, k, v ([b, heads, N, hd]) -> [b, heads, N, hd] (any strides).
   at::Tensor FoldedChunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
   at::Tensor Rh_, Rw_;       // [grid, grid, head_dim] in the module dtype
-  at::Tensor key_onehot_;    // [grid*grid, padded extra] for kSdpaFolded
-  at::Tensor rev_tables_;    // [(2 grid - 1) * 2, head_dim] for rel_pos_gemm
+  at::Tensor rev_tables_;    // [(2 grid - 1) * 2, head_dim]: rel_pos_gemm, the fused kernel, kSdpaFolded
   int64_t folded_width_ = 0;
 };
 TORCH_MODULE(RelPosAttention);

@@ -277,6 +277,30 @@ TEST(kernels_fusion_cpu, RelPosTablesEqualTheGatheredEinsums) {
   EXPECT_THROW(mk::RelPosAttentionFromTables(q, q, q, Randn({12, 8}, 24), 4, 4, 1.0), c10::Error);
 }
 
+// The folded operands: q' . k'^T is SAM's scaled scores plus the decomposed rel-pos bias, for every
+// query / key pair (the definition kSdpaFolded relies on), and the padding columns are zeros.
+TEST(kernels_fusion_cpu, FoldedOperandsGiveScoresPlusTheRelPosBias) {
+  const int64_t B = 2, H = 3, g = 4, D = 8, N = g * g, width = 24;  // D + 2 g = 16, padded to 24
+  const at::Tensor Rh = Gathered(Randn({2 * g - 1, D}, 30), g), Rw = Gathered(Randn({2 * g - 1, D}, 31), g);
+  const at::Tensor qkv = Randn({B, N, 3, H, D}, 32);
+  const at::Tensor q = qkv.permute({2, 0, 3, 1, 4})[0], k = qkv.permute({2, 0, 3, 1, 4})[1];
+  const double scale = 0.35;
+  const mk::FoldedQK f = mk::FoldRelPosQK(q, k, mk::ReversedRelPosTables(Rh, Rw), g, scale, width);
+  ASSERT_EQ(f.q.sizes(), (std::vector<int64_t>{B, H, N, width}));
+  ASSERT_EQ(f.k.sizes(), (std::vector<int64_t>{B, H, N, width}));
+  const at::Tensor r_q = q.reshape({B, H, g, g, D});
+  const at::Tensor rel_h = at::einsum("bnhwc,hkc->bnhwk", {r_q, Rh}).reshape({B, H, N, g, 1});
+  const at::Tensor rel_w = at::einsum("bnhwc,wkc->bnhwk", {r_q, Rw}).reshape({B, H, N, 1, g});
+  const at::Tensor want = at::matmul(q * scale, k.transpose(-2, -1)) + (rel_h + rel_w).reshape({B, H, N, N});
+  EXPECT_LT(MaxAbs(at::matmul(f.q, f.k.transpose(-2, -1)), want), 1e-4);
+  EXPECT_EQ(f.q.narrow(3, D + 2 * g, width - D - 2 * g).abs().max().item<float>(), 0.f);
+  EXPECT_EQ(f.k.narrow(3, D + 2 * g, width - D - 2 * g).abs().max().item<float>(), 0.f);
+  // Each key's indicator columns: one 1 among the row columns, one among the column columns.
+  EXPECT_TRUE(at::equal(f.k.narrow(3, D, g).sum(-1), at::ones({B, H, N})));
+  EXPECT_TRUE(at::equal(f.k.narrow(3, D + g, g).sum(-1), at::ones({B, H, N})));
+  EXPECT_THROW(mk::FoldRelPosQK(q, k, mk::ReversedRelPosTables(Rh, Rw), g, scale, D + 2 * g - 8), c10::Error);
+}
+
 // SAM's windowed block, both ways: zero-padded windows of the normalised tokens through qkv, then
 // attention per window and the unpartition (the original), against qkv on the raster tokens and
 // RelPosWindowAttentionFromTables (a padded key/value is the bias). Image sizes that do and do not

@@ -210,6 +210,42 @@ TEST(kernels_fusion_gpu, RelPosAttentionMakesTheTermsInTheKernel) {
   EXPECT_THROW(mk::RelPosAttentionFromTables(q, q, q, Randn({13, 64}, 2, at::kBFloat16), 4, 4, 1.0), c10::Error);
 }
 
+// The folded operands' kernel against their LibTorch reference (RelPosTables + concatenations) on
+// vit_b's and vit_h's global shapes and a smaller grid, q and k strided views of one qkv tensor: the
+// q * scale and k columns and the indicator and padding columns bit-identical, the rel-pos terms
+// within one rounding of T (the same fp32 products, summed in another order).
+TEST(kernels_fusion_gpu, FoldRelPosQKMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t B, H, g, D, width;
+  };
+  uint64_t seed = 900;
+  for (const Case& c : std::vector<Case>{{2, 12, 64, 64, 192}, {2, 16, 64, 80, 208}, {3, 2, 16, 64, 104}}) {
+    SCOPED_TRACE(std::to_string(c.B) + "x" + std::to_string(c.H) + " grid " + std::to_string(c.g) + " D " +
+                 std::to_string(c.D) + " width " + std::to_string(c.width));
+    const int64_t N = c.g * c.g;
+    for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+      const at::Tensor qkv = Randn({c.B, N, 3, c.H, c.D}, ++seed, t);
+      const at::Tensor q = qkv.permute({2, 0, 3, 1, 4})[0], k = qkv.permute({2, 0, 3, 1, 4})[1];
+      const at::Tensor rev = Randn({2 * (2 * c.g - 1), c.D}, ++seed, t, 0.3);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+      const mk::FoldedQK ref = mk::FoldRelPosQKReference(q, k, rev, c.g, scale, c.width);
+      Poison(2 * c.B * c.H * N * c.width * 2 + (1 << 20));
+      const mk::FoldedQK out = mk::FoldRelPosQK(q, k, rev, c.g, scale, c.width);
+      ASSERT_EQ(out.q.sizes(), ref.q.sizes());
+      ASSERT_TRUE(out.q.isfinite().all().item<bool>() && out.k.isfinite().all().item<bool>());
+      EXPECT_TRUE(at::equal(out.k, ref.k));
+      EXPECT_TRUE(at::equal(out.q.narrow(3, 0, c.D), ref.q.narrow(3, 0, c.D)));
+      EXPECT_TRUE(at::equal(out.q.narrow(3, c.D + 2 * c.g, c.width - c.D - 2 * c.g),
+                            ref.q.narrow(3, c.D + 2 * c.g, c.width - c.D - 2 * c.g)));
+      // One rounding of T of |terms| up to ~8: bf16 ulp 2^-5 at 4..8, fp16 2^-8.
+      const Err e = Compare(out.q.narrow(3, c.D, 2 * c.g), ref.q.narrow(3, c.D, 2 * c.g));
+      EXPECT_LE(e.max_abs, t == at::kBFloat16 ? 3.2e-2 : 4e-3) << c10::toString(t);
+      EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 2e-3 : 3e-4) << c10::toString(t);
+    }
+  }
+}
+
 // The windows made in the kernel from raster tokens against the padded-window path the fused encoder
 // ran before (WindowPartition of the tokens, qkv on the padded grid, the kernel per window,
 // WindowUnpartition), and against the fp32 reference: SAM's 64 x 64 grid in 14 x 14 windows with

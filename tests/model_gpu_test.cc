@@ -230,7 +230,8 @@ TEST(EngineCuda, CudaGraphsAndGpuPreprocessingChangeNothing) {
 
 // The start-up choice of the global blocks' attention: timed by default (and logged as an
 // optimisation), and the folded way, forced at every size (MASKD_GLOBAL_ATTENTION), captured in the
-// encoder's graphs and giving the fused kernel's embeddings to bf16 rounding.
+// encoder's graphs, no further from fp32 arithmetic than the fused kernel's embeddings (run 55: the
+// two bf16 ways 1.07e-2 apart, each ~1.3e-2 from fp32).
 TEST(EngineCuda, GlobalAttentionChoiceRunsInTheGraphs) {
   REQUIRE_CUDA();
   EngineOptions o = RandomVitBOptions(Precision::kBFloat16, FastPathOptions::Fast());
@@ -255,6 +256,10 @@ TEST(EngineCuda, GlobalAttentionChoiceRunsInTheGraphs) {
     return std::find(opts.begin(), opts.end(), name) != opts.end();
   };
   ::unsetenv("MASKD_GLOBAL_ATTENTION");
+  auto fp32 = MakeEngine(RandomVitBOptions(Precision::kFloat32));
+  ASSERT_TRUE(fp32);
+  const auto want = encode(*fp32);
+  fp32.reset();
   auto timed = MakeEngine(o);
   ASSERT_TRUE(timed);
   EXPECT_TRUE(has(*timed, "global-attention-timed"));
@@ -275,7 +280,14 @@ TEST(EngineCuda, GlobalAttentionChoiceRunsInTheGraphs) {
   const auto got = encode(*folded);
   ASSERT_EQ(got.size(), 3u);
   ASSERT_EQ(ref.size(), 3u);
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_LT(RelL2(got[i], ref[i]), 1e-2) << "image " << i;
+  ASSERT_EQ(want.size(), 3u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e_fused = RelL2(ref[i], want[i]), e_folded = RelL2(got[i], want[i]);
+    std::printf("image %zu: rel L2 vs fp32 fused %.3e folded %.3e; folded vs fused %.3e\n", i, e_fused, e_folded,
+                RelL2(got[i], ref[i]));
+    EXPECT_LE(e_folded, 1.5 * e_fused + 1e-3) << "image " << i;
+    EXPECT_LT(RelL2(got[i], ref[i]), 2e-2) << "image " << i;
+  }
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("MASKD_GLOBAL_ATTENTION=sideways"), std::string::npos)
       << bad.status().ToString();
