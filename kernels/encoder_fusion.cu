@@ -263,13 +263,20 @@ __global__ void __launch_bounds__(kFoldThreads) FoldRelPosKernel(const FoldRelPo
   __syncthreads();
   {
     const int x0 = tid / 16, k0 = tid % 16;
+    // Tokens and columns past a grid smaller than 64 read row g - 1 (in bounds) and are not written.
+    int xr[4], kr[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      xr[i] = min(x0 + 16 * i, g - 1);
+      kr[i] = min(k0 + 16 * i, g - 1);
+    }
     float acc_h[4][4] = {}, acc_w[4][4] = {};
     for (int c = 0; c < D; ++c) {
       float qv[4], hv[4], wv[7];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) qv[i] = qs[(x0 + 16 * i) * P + c];
+      for (int i = 0; i < 4; ++i) qv[i] = qs[xr[i] * P + c];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) hv[j] = rh[(k0 + 16 * j) * P + c];
+      for (int j = 0; j < 4; ++j) hv[j] = rh[kr[j] * P + c];
       // rel_w[x][kw] uses rev_w[g - 1 - x + kw]: with x = x0 + 16 i and kw = k0 + 16 j that is row
       // g - 1 - x0 + k0 + 16 (j - i), seven rows for the 16 pairs.
 #pragma unroll
@@ -333,12 +340,10 @@ __global__ void __launch_bounds__(kFoldThreads) FoldRelPosKernel(const FoldRelPo
 template <typename T, int D>
 cudaError_t LaunchFold(const FoldRelPosArgs& a, cudaStream_t stream) {
   const int smem = FoldSmemBytes<D>(a.grid);
-  static bool configured = false;  // the attribute once per instantiation (the max size: grid 64)
-  if (!configured) {
-    const cudaError_t e = cudaFuncSetAttribute(FoldRelPosKernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               FoldSmemBytes<D>(kFoldMaxGrid));
+  // Set at each launch (the attribute is per device; legal in a capture), as ImageToTokenUpdate does.
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(FoldRelPosKernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
-    configured = true;
   }
   const dim3 grid(a.grid, a.heads, a.batch);
   FoldRelPosKernel<T, D><<<grid, kFoldThreads, smem, stream>>>(a);
