@@ -160,8 +160,19 @@ RelPosTerms RelPosTables(const at::Tensor& q, const at::Tensor& rev_tables, int6
   return t;
 }
 
+at::Tensor FoldedKeyIndicators(int64_t grid, int64_t extra, const at::TensorOptions& options) {
+  TORCH_CHECK(grid > 0 && extra >= 2 * grid, "FoldedKeyIndicators: ", extra, " columns cannot hold 2 x ", grid);
+  // Key j = (row, col): indicator columns e_row (the first grid) and e_col (the next grid).
+  const int64_t n = grid * grid;
+  at::Tensor onehot = at::zeros({n, extra}, options);
+  const at::Tensor j = at::arange(n, options.dtype(at::kLong));
+  onehot.index_put_({j, j.div(grid, "floor")}, 1);
+  onehot.index_put_({j, grid + j.remainder(grid)}, 1);
+  return onehot;
+}
+
 FoldedQK FoldRelPosQKReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& rev_tables,
-                               int64_t grid, double scale, int64_t width) {
+                               int64_t grid, double scale, int64_t width, const at::Tensor& key_indicators) {
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
   const RelPosTerms t = RelPosTables(q, rev_tables, grid, grid);
   std::vector<at::Tensor> qs = {(q * scale).reshape({B, H, grid, grid, D}), t.rel_h.to(q.scalar_type()),
@@ -170,11 +181,10 @@ FoldedQK FoldRelPosQKReference(const at::Tensor& q, const at::Tensor& k, const a
   if (pad > 0) qs.push_back(at::zeros({B, H, grid, grid, pad}, q.options()));
   FoldedQK f;
   f.q = at::cat(qs, -1).view({B, H, N, width});
-  // Key j = (row, col): indicator columns e_row (the first grid) and e_col (the next grid).
-  at::Tensor onehot = at::zeros({N, width - D}, k.options());
-  const at::Tensor j = at::arange(N, k.options().dtype(at::kLong));
-  onehot.index_put_({j, j.div(grid, "floor")}, 1);
-  onehot.index_put_({j, grid + j.remainder(grid)}, 1);
+  const at::Tensor onehot = key_indicators.defined() ? key_indicators.to(k.scalar_type())
+                                                     : FoldedKeyIndicators(grid, width - D, k.options());
+  TORCH_CHECK(onehot.dim() == 2 && onehot.size(0) == N && onehot.size(1) == width - D,
+              "FoldRelPosQKReference: key_indicators: expected [", N, ", ", width - D, "], got ", Describe(onehot));
   f.k = at::cat({k, onehot.expand({B, H, N, width - D})}, -1);
   return f;
 }

@@ -77,8 +77,12 @@ struct FoldedQK {
 };
 FoldedQK FoldRelPosQK(const at::Tensor& q, const at::Tensor& k, const at::Tensor& rev_tables, int64_t grid,
                       double scale, int64_t width, Stream stream = nullptr);
+// key_indicators: k's extra columns [N, width - D] (e_row, e_col, zeros), when the caller keeps them;
+// else they are built for the call.
 FoldedQK FoldRelPosQKReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& rev_tables,
-                               int64_t grid, double scale, int64_t width);
+                               int64_t grid, double scale, int64_t width, const at::Tensor& key_indicators = {});
+// The indicator columns of k' for a grid x grid image: [grid^2, width - D] of `options`.
+at::Tensor FoldedKeyIndicators(int64_t grid, int64_t extra, const at::TensorOptions& options);
 
 // RelPosAttention with the rel-pos terms made inside the kernel from rev_tables (ReversedRelPosTables;
 // converted to q's dtype if it is not): each warp multiplies its 16 queries by the table entries

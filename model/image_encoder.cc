@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/kernels.h"
 #include "model/memory_scope.h"
@@ -148,8 +150,10 @@ void RelPosAttentionImpl::Prepare() {
   // Gathered once per dtype/device so the forward pass builds no index tensors on the host.
   Rh_ = GetRelPos(grid, grid, rel_pos_h.detach());
   Rw_ = GetRelPos(grid, grid, rel_pos_w.detach());
-  // kSdpaFolded's q' / k' width: head_dim + 2 grid indicator / term columns, a multiple of 8.
+  // kSdpaFolded's q' / k' width: head_dim + 2 grid indicator / term columns, a multiple of 8, and
+  // k's extra columns (built once here, not at every call).
   folded_width_ = (head_dim + 2 * grid + 7) / 8 * 8;
+  key_onehot_ = kernels::FoldedKeyIndicators(grid, folded_width_ - head_dim, rel_pos_h.options());
   rev_tables_ = kernels::ReversedRelPosTables(Rh_, Rw_);
 }
 
@@ -179,10 +183,17 @@ int64_t RelPosAttentionImpl::FoldedBytesPerImage(size_t element_size) const {
 at::Tensor RelPosAttentionImpl::FoldedChunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
   const int64_t B = q.size(0), N = q.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  // q' = [q * scale, rel_h, rel_w, 0...] and k' = [k, e_row, e_col, 0...]: one kernel on CUDA (run 55
-  // measured the LibTorch concatenations at ~0.12 ms a block for vit_b at batch 1, against 0.18 ms
-  // for cuDNN's attention itself).
-  const kernels::FoldedQK f = kernels::FoldRelPosQK(q, k, rev_tables_, grid, scale, folded_width_);
+  // q' = [q * scale, rel_h, rel_w, 0...] and k' = [k, e_row, e_col, 0...]. Run 55 (H100) measured the
+  // LibTorch concatenations at ~0.12 ms a block for vit_b at batch 1, against 0.18 ms for cuDNN's
+  // attention itself; kernels::FoldRelPosQK makes both in one kernel, but that kernel has not run on
+  // a GPU yet: opt-in (MASKD_FOLD_KERNEL=1) until a device run tests it.
+  static const bool fold_kernel = [] {
+    const char* v = std::getenv("MASKD_FOLD_KERNEL");
+    return v && std::string(v) == "1";
+  }();
+  const kernels::FoldedQK f =
+      fold_kernel ? kernels::FoldRelPosQK(q, k, rev_tables_, grid, scale, folded_width_)
+                  : kernels::FoldRelPosQKReference(q, k, rev_tables_, grid, scale, folded_width_, key_onehot_);
   const at::Tensor& qf = f.q;
   const at::Tensor& kf = f.k;
   if (q.is_cuda() && !fold_pad_v) {

@@ -116,6 +116,7 @@ struct RelPosAttentionImpl : torch::nn::Module {
   at::Tensor FoldedChunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
   at::Tensor Rh_, Rw_;       // [grid, grid, head_dim] in the module dtype
   at::Tensor rev_tables_;    // [(2 grid - 1) * 2, head_dim]: rel_pos_gemm, the fused kernel, kSdpaFolded
+  at::Tensor key_onehot_;    // [grid^2, folded width - head_dim]: k's indicator columns for kSdpaFolded
   int64_t folded_width_ = 0;
 };
 TORCH_MODULE(RelPosAttention);

@@ -298,6 +298,9 @@ TEST(kernels_fusion_cpu, FoldedOperandsGiveScoresPlusTheRelPosBias) {
   // Each key's indicator columns: one 1 among the row columns, one among the column columns.
   EXPECT_TRUE(at::equal(f.k.narrow(3, D, g).sum(-1), at::ones({B, H, N})));
   EXPECT_TRUE(at::equal(f.k.narrow(3, D + g, g).sum(-1), at::ones({B, H, N})));
+  // The indicators a caller keeps (the attention module builds them once) give the same k'.
+  const at::Tensor kept = mk::FoldedKeyIndicators(g, width - D, k.options());
+  EXPECT_TRUE(at::equal(mk::FoldRelPosQKReference(q, k, mk::ReversedRelPosTables(Rh, Rw), g, scale, width, kept).k, f.k));
   EXPECT_THROW(mk::FoldRelPosQK(q, k, mk::ReversedRelPosTables(Rh, Rw), g, scale, D + 2 * g - 8), c10::Error);
 }
 
