@@ -51,8 +51,8 @@ Status EngineImpl::CaptureEncoderGraphs() {
 }
 
 Status EngineImpl::ChooseGlobalAttention() {
+  // PrepareFastPath has cleared every block's folded_batches.
   auto& blocks = sam_->image_encoder->block_list;
-  for (auto& b : blocks) b->attn->folded_batches.clear();
   auto first = std::find_if(blocks.begin(), blocks.end(), [](const EncoderBlock& b) { return b->window_size == 0; });
   if (first == blocks.end() || (*first)->attn->impl != AttentionImpl::kFused) return Status::Ok();
   RelPosAttentionImpl& attn = *(*first)->attn;

@@ -175,9 +175,10 @@ AttentionImpl RelPosAttentionImpl::ImplFor(int64_t batch) const {
 }
 
 int64_t RelPosAttentionImpl::FoldedBytesPerImage(size_t element_size) const {
-  // q' and k' (folded width each), rel_h and rel_w (grid each) and q * scale (head_dim), per head and token.
+  // q' and k' (folded width each), RelPosTables' product (2 (2 grid - 1) columns) and q * scale
+  // (head_dim), per head and token: what the LibTorch path holds at once.
   const int64_t width = folded_width_ > 0 ? folded_width_ : (head_dim + 2 * grid + 7) / 8 * 8;
-  return num_heads * grid * grid * (2 * width + 2 * grid + head_dim) * static_cast<int64_t>(element_size);
+  return num_heads * grid * grid * (2 * width + 2 * (2 * grid - 1) + head_dim) * static_cast<int64_t>(element_size);
 }
 
 at::Tensor RelPosAttentionImpl::FoldedChunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {

@@ -80,7 +80,7 @@ struct RelPosAttentionImpl : torch::nn::Module {
   at::Tensor Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, AttentionImpl use) const;
   // impl, except that with impl kFused a batch size listed in folded_batches runs kSdpaFolded.
   AttentionImpl ImplFor(int64_t batch) const;
-  // The workspace one image of kSdpaFolded needs (q', k' and the rel-pos terms), in bytes.
+  // The workspace one image of kSdpaFolded needs (q', k', the rel-pos terms' product, q * scale), in bytes.
   int64_t FoldedBytesPerImage(size_t element_size) const;
 
   torch::nn::Linear qkv{nullptr}, proj{nullptr};

@@ -98,8 +98,8 @@ TEST(Blocks, FoldedAttentionRunsInChunksAndWhereTheTimingChoseIt) {
   attn->rel_pos_w.normal_();
   attn->Prepare();
   const at::Tensor x = torch::randn({3, 4, 4, 16});
-  // 2 heads x 16 tokens x (2 x 16 (q', k': 8 + 2 x 4 wide) + 2 x 4 + 8) x 4 bytes.
-  EXPECT_EQ(attn->FoldedBytesPerImage(4), 2 * 16 * (2 * 16 + 2 * 4 + 8) * 4);
+  // 2 heads x 16 tokens x (2 x 16 (q', k': 8 + 2 x 4 wide) + 2 x 7 (the terms' product) + 8) x 4 bytes.
+  EXPECT_EQ(attn->FoldedBytesPerImage(4), 2 * 16 * (2 * 16 + 2 * 7 + 8) * 4);
   attn->impl = AttentionImpl::kSdpaFolded;
   const at::Tensor whole = attn->forward(x);
   EXPECT_LT(MaxAbs(whole, ExplicitRelPosAttention(*attn, x)), 2e-5);
