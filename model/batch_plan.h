@@ -32,7 +32,7 @@ inline constexpr double kFlatPerImageCost = 0.03;
 bool PerImageCostFlat(const EncoderBatchCost& smaller, const EncoderBatchCost& larger);
 
 // The global blocks' attention choice at one encoder batch size (EngineImpl::ChooseGlobalAttention):
-// the folded way (cuDNN, rel-pos terms rounded to bf16) only where it was measured at least 3 %
+// the folded way (cuDNN, rel-pos terms rounded to the model's 16-bit type) only where it was measured at least 3 %
 // faster than the fused kernel (rel-pos terms in fp32); a folded time <= 0 means it did not run.
 bool PreferFolded(double fused_ms, double folded_ms);
 

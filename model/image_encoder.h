@@ -96,7 +96,7 @@ struct RelPosAttentionImpl : torch::nn::Module {
   std::vector<int64_t> folded_batches;
   // kSdpaFolded builds q' and k' (head_dim + 2 grid wide) and the rel-pos terms: the batch runs in
   // chunks of images whose workspace stays under this many bytes (vit_h at batch 32 would need
-  // ~2.6 GB in one piece; the memory target for it is 4 GiB in all).
+  // ~3 GB in one piece; the memory target for it is 4 GiB in all).
   int64_t folded_max_bytes = int64_t{256} << 20;
   // kFused: the rel-pos terms as one matmul read through skewed views (kernels::RelPosTables)
   // instead of two einsums over gathered tables.

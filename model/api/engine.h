@@ -116,7 +116,7 @@ struct FastPathOptions {
   // ways at start-up, the fused kernel against cuDNN's attention with the rel-pos terms folded into
   // q and k (AttentionImpl::kSdpaFolded, in chunks of <= 256 MiB of workspace), and the faster kept
   // for that size (the fused one unless the folded one is >= 3 % faster: the fused kernel keeps the
-  // rel-pos terms in fp32, the folded one rounds them to bf16). The table is logged; the sizes that
+  // rel-pos terms in fp32, the folded one rounds them to the model's bf16 / fp16). The table is logged; the sizes that
   // run folded are in GetInfo's optimisations ("global-attention-folded@1,2"). Not part of the
   // engine's identity: like the attention implementations, the two differ by bf16 rounding, and the
   // choice may differ between starts. MASKD_GLOBAL_ATTENTION=fused|folded (a benchmarking and test
