@@ -72,6 +72,8 @@ RelPosTerms RelPosTables(const at::Tensor& q, const at::Tensor& rev_tables, int6
 // RelPosTables' terms rounded to q's dtype. On CUDA (bf16/fp16, D 64 or 80, grid <= 64 and a multiple
 // of 8, 16-byte aligned rows) one kernel reads q and k in place and writes both; elsewhere
 // RelPosTables and concatenations (the same values up to the fp32 summation order of the terms).
+// The kernel has not run on a GPU yet (seventh session): the encoder takes it only with
+// MASKD_FOLD_KERNEL=1, and FoldRelPosQKReference otherwise.
 struct FoldedQK {
   at::Tensor q, k;
 };
