@@ -150,10 +150,8 @@ void RelPosAttentionImpl::Prepare() {
   // Gathered once per dtype/device so the forward pass builds no index tensors on the host.
   Rh_ = GetRelPos(grid, grid, rel_pos_h.detach());
   Rw_ = GetRelPos(grid, grid, rel_pos_w.detach());
-  // kSdpaFolded's q' / k' width: head_dim + 2 grid indicator / term columns, a multiple of 8, and
-  // k's extra columns (built once here, not at every call).
-  folded_width_ = (head_dim + 2 * grid + 7) / 8 * 8;
-  key_onehot_ = kernels::FoldedKeyIndicators(grid, folded_width_ - head_dim, rel_pos_h.options());
+  // k's extra columns for kSdpaFolded, built once here, not at every call.
+  key_onehot_ = kernels::FoldedKeyIndicators(grid, FoldedWidth() - head_dim, rel_pos_h.options());
   rev_tables_ = kernels::ReversedRelPosTables(Rh_, Rw_);
 }
 
@@ -177,7 +175,7 @@ AttentionImpl RelPosAttentionImpl::ImplFor(int64_t batch) const {
 int64_t RelPosAttentionImpl::FoldedBytesPerImage(size_t element_size) const {
   // q' and k' (folded width each), RelPosTables' product (2 (2 grid - 1) columns) and q * scale
   // (head_dim), per head and token: what the LibTorch path holds at once.
-  const int64_t width = folded_width_ > 0 ? folded_width_ : (head_dim + 2 * grid + 7) / 8 * 8;
+  const int64_t width = FoldedWidth();
   return num_heads * grid * grid * (2 * width + 2 * (2 * grid - 1) + head_dim) * static_cast<int64_t>(element_size);
 }
 
@@ -193,8 +191,8 @@ at::Tensor RelPosAttentionImpl::FoldedChunk(const at::Tensor& q, const at::Tenso
     return v && std::string(v) == "1";
   }();
   const kernels::FoldedQK f =
-      fold_kernel ? kernels::FoldRelPosQK(q, k, rev_tables_, grid, scale, folded_width_)
-                  : kernels::FoldRelPosQKReference(q, k, rev_tables_, grid, scale, folded_width_, key_onehot_);
+      fold_kernel ? kernels::FoldRelPosQK(q, k, rev_tables_, grid, scale, FoldedWidth())
+                  : kernels::FoldRelPosQKReference(q, k, rev_tables_, grid, scale, FoldedWidth(), key_onehot_);
   const at::Tensor& qf = f.q;
   const at::Tensor& kf = f.k;
   if (q.is_cuda() && !fold_pad_v) {
@@ -204,7 +202,7 @@ at::Tensor RelPosAttentionImpl::FoldedChunk(const at::Tensor& q, const at::Tenso
                                                                false, 1.0));
   }
   at::Tensor vf = v;
-  if (fold_pad_v) vf = at::cat({v, at::zeros({B, num_heads, N, folded_width_ - head_dim}, v.options())}, -1);
+  if (fold_pad_v) vf = at::cat({v, at::zeros({B, num_heads, N, FoldedWidth() - head_dim}, v.options())}, -1);
   at::Tensor o = at::scaled_dot_product_attention(qf, kf, vf, std::nullopt, 0.0, false, 1.0);
   return fold_pad_v ? o.narrow(-1, 0, head_dim) : o;
 }

@@ -114,10 +114,11 @@ struct RelPosAttentionImpl : torch::nn::Module {
   void RelTables(const at::Tensor& q, at::Tensor* rel_h, at::Tensor* rel_w) const;
   // kSdpaFolded on the images of q, k, v ([b, heads, N, hd]) -> [b, heads, N, hd] (any strides).
   at::Tensor FoldedChunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+  // kSdpaFolded's q' / k' width: head_dim + 2 grid term / indicator columns, a multiple of 8.
+  int64_t FoldedWidth() const { return (head_dim + 2 * grid + 7) / 8 * 8; }
   at::Tensor Rh_, Rw_;       // [grid, grid, head_dim] in the module dtype
   at::Tensor rev_tables_;    // [(2 grid - 1) * 2, head_dim]: rel_pos_gemm, the fused kernel, kSdpaFolded
   at::Tensor key_onehot_;    // [grid^2, folded width - head_dim]: k's indicator columns for kSdpaFolded
-  int64_t folded_width_ = 0;
 };
 TORCH_MODULE(RelPosAttention);
 
