@@ -190,7 +190,7 @@ FoldedQK FoldRelPosQKReference(const at::Tensor& q, const at::Tensor& k, const a
 }
 
 FoldedQK FoldRelPosQK(const at::Tensor& q, const at::Tensor& k, const at::Tensor& rev_tables, int64_t grid,
-                      double scale, int64_t width, Stream stream) {
+                      double scale, int64_t width, const at::Tensor& key_indicators, Stream stream) {
   CheckDim(q, "q", 4);
   CheckDim(k, "k", 4);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
@@ -235,7 +235,7 @@ FoldedQK FoldRelPosQK(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   }
 #endif
   (void)stream;
-  return FoldRelPosQKReference(q, k, rev_tables, grid, scale, width);
+  return FoldRelPosQKReference(q, k, rev_tables, grid, scale, width, key_indicators);
 }
 
 }  // namespace maskd::kernels
