@@ -1,7 +1,9 @@
 // ATen side of the encoder's fused element-wise kernels (encoder_fusion.cu) and of the rel-pos
 // tables as one matrix product; the LibTorch references double as the CPU path.
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "kernels/internal.h"
@@ -229,6 +231,11 @@ FoldedQK FoldRelPosQK(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     a.head_dim = static_cast<int>(D);
     a.width = static_cast<int>(width);
     a.scale = static_cast<float>(scale);
+    // The tensor-core variant is opt-in until a device run tests it (eighth session). Read at each
+    // call (the encoder calls this while capturing its graphs, not at replay) so that one test
+    // process can check both variants.
+    const char* mma = std::getenv("MASKD_FOLD_MMA");
+    a.tensor_cores = mma != nullptr && std::string(mma) == "1";
     internal::CheckLaunch(detail::LaunchFoldRelPos(a, internal::ToDType(q.scalar_type(), "q"), scope.get()),
                           "FoldRelPosKernel");
     return f;

@@ -13,6 +13,7 @@
 
 #include "kernels/float_convert.cuh"
 #include "kernels/launchers.h"
+#include "kernels/mma_sync.cuh"
 #include "kernels/vec_load.cuh"
 
 namespace maskd::kernels::detail {
@@ -337,15 +338,160 @@ __global__ void __launch_bounds__(kFoldThreads) FoldRelPosKernel(const FoldRelPo
   }
 }
 
+// The same operands with the terms on the tensor cores (FoldRelPosArgs::tensor_cores). Run 57 put the
+// kernel above at ~0.053 ms a block (vit_b bs1), bound by shared-memory loads (15 fp32 registers
+// delivered per channel for 32 FMAs). Here a CTA still owns one grid row y of one (image, head):
+//   1. cp.async brings the row's q (64 rows, zero past g), its R_h rows rev_h[g - 1 - y + kh] and all
+//      of rev_w (128 rows, zero past 2g - 1) into shared memory as T, rows of D + 8 (ldmatrix reads 8
+//      rows at a 16-byte offset each: conflict-free for D 64 and 80);
+//   2. C = q [64 x D] . [R_h rows; rev_w]^T [D x 192] with mma.m16n8k16 (fp32 accumulators; T x T
+//      products are exact in fp32, so only the summation order differs from RelPosTables' matmul):
+//      warp w takes m-tile w % 4 and half w / 4 of the 24 n-tiles; C rounded once to T, the R_h
+//      part straight into rel's rel_h columns, the rev_w part into a staging tile;
+//   3. rel_w[x][kw] = staged[x][g - 1 - x + kw] gathered into rel's rel_w columns;
+//   4. the row's q' and k' written as in FoldRelPosKernel.
+constexpr int kFoldMmaRows = 64, kFoldMmaRevW = 128, kFoldMmaCols = kFoldMmaRows + kFoldMmaRevW;
+
+template <int D>
+__host__ __device__ constexpr int FoldMmaPitch() { return D + 8; }
+constexpr int kFoldStagePitch = kFoldMmaRevW + 8;
+
+template <int D>
+int FoldMmaSmemBytes(int grid) {
+  return (2 * kFoldMmaRows + kFoldMmaRevW) * FoldMmaPitch<D>() * 2 + kFoldMmaRows * kFoldStagePitch * 2 +
+         grid * 2 * grid * 2;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kFoldThreads) FoldRelPosMmaKernel(const FoldRelPosArgs a) {
+  extern __shared__ __align__(16) unsigned char fold_smem[];
+  const int g = a.grid, y = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  constexpr int P = FoldMmaPitch<D>();
+  T* qs = reinterpret_cast<T*>(fold_smem);     // [64][P]
+  T* tb = qs + kFoldMmaRows * P;               // [192][P]: R_h rows (64), then rev_w (128)
+  T* stage = tb + kFoldMmaCols * P;            // [64][kFoldStagePitch]: q . rev_w^T
+  T* rel = stage + kFoldMmaRows * kFoldStagePitch;  // [g][2g]: rel_h | rel_w per token
+  const T* q = static_cast<const T*>(a.q) + b * a.q_stride[0] + h * a.q_stride[1] +
+               static_cast<int64_t>(y) * g * a.q_stride[2];
+  const T* k = static_cast<const T*>(a.k) + b * a.k_stride[0] + h * a.k_stride[1] +
+               static_cast<int64_t>(y) * g * a.k_stride[2];
+  const T* rev = static_cast<const T*>(a.rev);
+  constexpr int C8 = D / 8;  // 16-byte chunks of a D row
+  for (int i = tid; i < (kFoldMmaRows + kFoldMmaCols) * C8; i += kFoldThreads) {
+    const int r = i / C8, c = (i % C8) * 8;
+    const T* src = rev;
+    bool valid = false;
+    if (r < kFoldMmaRows) {  // q rows
+      valid = r < g;
+      src = q + static_cast<int64_t>(valid ? r : 0) * a.q_stride[2] + c;
+    } else if (r < 2 * kFoldMmaRows) {  // R_h rows: rev_h[g - 1 - y + kh]
+      const int kh = r - kFoldMmaRows;
+      valid = kh < g;
+      src = rev + static_cast<int64_t>(valid ? g - 1 - y + kh : 0) * D + c;
+    } else {  // rev_w rows: rev[2g - 1 + j]
+      const int j = r - 2 * kFoldMmaRows;
+      valid = j < 2 * g - 1;
+      src = rev + static_cast<int64_t>(valid ? 2 * g - 1 + j : 0) * D + c;
+    }
+    CpAsync16(SmemAddr(qs + r * P + c), src, valid);
+  }
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  __syncthreads();
+  {
+    const int warp = tid / 32, lane = tid % 32;
+    const int m0 = (warp % 4) * 16, nt0 = (warp / 4) * 12;  // n-tiles nt0 .. nt0 + 11 of 24
+    constexpr int KS = D / 16;
+    uint32_t af[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+      LdMatrixX4(af[ks], SmemAddr(qs + (m0 + (lane % 8) + 8 * ((lane / 8) % 2)) * P + ks * 16 + 8 * (lane / 16)));
+    const int gr = lane / 4, tc = 2 * (lane % 4);
+#pragma unroll
+    for (int p = 0; p < 6; ++p) {  // pairs of n-tiles
+      const int n0 = (nt0 + 2 * p) * 8;
+      float acc[2][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        // Matrices: (n-tile 2p, k 0-7), (2p, k 8-15), (2p + 1, k 0-7), (2p + 1, k 8-15).
+        uint32_t bf[4];
+        LdMatrixX4(bf, SmemAddr(tb + (n0 + 8 * (lane / 16) + (lane % 8)) * P + ks * 16 + 8 * ((lane / 8) % 2)));
+        Mma<T>::Run(acc[0], af[ks], bf[0], bf[1]);
+        Mma<T>::Run(acc[1], af[ks], bf[2], bf[3]);
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = n0 + 8 * e + tc;  // of the 192: < 64 R_h, else rev_w row col - 64
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int x = m0 + gr + 8 * half;
+          const uint32_t v = Mma<T>::Pack(acc[e][2 * half], acc[e][2 * half + 1]);
+          if (col < kFoldMmaRows) {
+            if (x < g && col < g) *reinterpret_cast<uint32_t*>(rel + x * 2 * g + col) = v;
+          } else {
+            *reinterpret_cast<uint32_t*>(stage + x * kFoldStagePitch + (col - kFoldMmaRows)) = v;
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+  // rel_w[x][kw] = q_x . rev_w[g - 1 - x + kw].
+  for (int i = tid; i < g * g; i += kFoldThreads) {
+    const int x = i / g, kw = i % g;
+    rel[x * 2 * g + g + kw] = stage[x * kFoldStagePitch + g - 1 - x + kw];
+  }
+  __syncthreads();
+  const int W8 = a.width / 8, rel8 = 2 * g / 8;
+  const int64_t out0 = ((static_cast<int64_t>(b) * a.heads + h) * g * g + static_cast<int64_t>(y) * g) * a.width;
+  uint4* qf = reinterpret_cast<uint4*>(static_cast<T*>(a.qf) + out0);
+  uint4* kf = reinterpret_cast<uint4*>(static_cast<T*>(a.kf) + out0);
+  for (int i = tid; i < g * W8; i += kFoldThreads) {
+    const int x = i / W8, c8 = i % W8;
+    uint4 qo = make_uint4(0, 0, 0, 0), ko = make_uint4(0, 0, 0, 0);
+    if (c8 < C8) {
+      float v[8];
+      LoadWidened<T, 8>(qs + x * P + 8 * c8, v);
+      __align__(16) T o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = FromFloat<T>(v[e] * a.scale);
+      qo = *reinterpret_cast<const uint4*>(o);
+      ko = *reinterpret_cast<const uint4*>(k + x * a.k_stride[2] + 8 * c8);
+    } else if (c8 < C8 + rel8) {
+      qo = *reinterpret_cast<const uint4*>(rel + x * 2 * g + 8 * (c8 - C8));
+      const int col0 = 8 * (c8 - C8);
+      __align__(16) T o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int col = col0 + e;
+        o[e] = FromFloat<T>((col == y || col == g + x) ? 1.f : 0.f);
+      }
+      ko = *reinterpret_cast<const uint4*>(o);
+    }
+    qf[static_cast<int64_t>(x) * W8 + c8] = qo;
+    kf[static_cast<int64_t>(x) * W8 + c8] = ko;
+  }
+}
+
 template <typename T, int D>
 cudaError_t LaunchFold(const FoldRelPosArgs& a, cudaStream_t stream) {
+  const dim3 grid(a.grid, a.heads, a.batch);
+  if (a.tensor_cores) {
+    const int smem = FoldMmaSmemBytes<D>(a.grid);
+    if (smem > 48 * 1024) {
+      const cudaError_t e =
+          cudaFuncSetAttribute(FoldRelPosMmaKernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return e;
+    }
+    FoldRelPosMmaKernel<T, D><<<grid, kFoldThreads, smem, stream>>>(a);
+    return cudaGetLastError();
+  }
   const int smem = FoldSmemBytes<D>(a.grid);
   // Set at each launch (the attribute is per device; legal in a capture), as ImageToTokenUpdate does.
   if (smem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(FoldRelPosKernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
   }
-  const dim3 grid(a.grid, a.heads, a.batch);
   FoldRelPosKernel<T, D><<<grid, kFoldThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }

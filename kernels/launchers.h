@@ -98,6 +98,7 @@ struct FoldRelPosArgs {
   void* kf = nullptr;         // [B, H, N, width] contiguous
   int batch = 0, heads = 0, grid = 0, head_dim = 0, width = 0;
   float scale = 1.0f;
+  bool tensor_cores = false;  // the rel-pos terms by mma.sync (FoldRelPosMmaKernel), else fp32 FMAs
 };
 // Whether the kernel is compiled for this shape (D 64 or 80, grid <= 64 and a multiple of 8, width
 // a multiple of 8 and >= D + 2 grid).

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -213,16 +214,22 @@ TEST(kernels_fusion_gpu, RelPosAttentionMakesTheTermsInTheKernel) {
 // The folded operands' kernel against their LibTorch reference (RelPosTables + concatenations) on
 // vit_b's and vit_h's global shapes and a smaller grid, q and k strided views of one qkv tensor: the
 // q * scale and k columns and the indicator and padding columns bit-identical, the rel-pos terms
-// within one rounding of T (the same fp32 products, summed in another order).
+// within one rounding of T (the same fp32 products, summed in another order). Both kernels: fp32 FMAs
+// and, with MASKD_FOLD_MMA=1, mma.sync.
 TEST(kernels_fusion_gpu, FoldRelPosQKMatchesTheReference) {
   SKIP_WITHOUT_GPU();
   struct Case {
     int64_t B, H, g, D, width;
   };
-  uint64_t seed = 900;
-  for (const Case& c : std::vector<Case>{{2, 12, 64, 64, 192}, {2, 16, 64, 80, 208}, {3, 2, 16, 64, 104}}) {
-    SCOPED_TRACE(std::to_string(c.B) + "x" + std::to_string(c.H) + " grid " + std::to_string(c.g) + " D " +
-                 std::to_string(c.D) + " width " + std::to_string(c.width));
+  const char* saved = std::getenv("MASKD_FOLD_MMA");
+  const std::string restore = saved ? saved : "";
+  for (const char* mma : {"0", "1"})
+  for (const Case& c : std::vector<Case>{{2, 12, 64, 64, 192}, {2, 16, 64, 80, 208}, {3, 2, 16, 64, 104},
+                                         {1, 3, 40, 80, 168}}) {
+    uint64_t seed = 900 + 10 * c.g + c.D;
+    setenv("MASKD_FOLD_MMA", mma, 1);
+    SCOPED_TRACE(std::string("MASKD_FOLD_MMA=") + mma + ": " + std::to_string(c.B) + "x" + std::to_string(c.H) +
+                 " grid " + std::to_string(c.g) + " D " + std::to_string(c.D) + " width " + std::to_string(c.width));
     const int64_t N = c.g * c.g;
     for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
       const at::Tensor qkv = Randn({c.B, N, 3, c.H, c.D}, ++seed, t);
@@ -247,6 +254,8 @@ TEST(kernels_fusion_gpu, FoldRelPosQKMatchesTheReference) {
       EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 2e-3 : 3e-4) << c10::toString(t);
     }
   }
+  if (saved) setenv("MASKD_FOLD_MMA", restore.c_str(), 1);
+  else unsetenv("MASKD_FOLD_MMA");
 }
 
 // The windows made in the kernel from raster tokens against the padded-window path the fused encoder
