@@ -44,10 +44,14 @@ grep -E "^vit" "$d/bench.log" | cut -c1-200 >> "$out/perf.log"
 grep -hE "^===|kernel total|^attention  |^other  " "$d/profiles.txt" | cut -c1-150 >> "$out/perf.log"
 rm -f "$d"/trace-*.json
 t vit_h-folded
-if [ "$(left)" -gt 250 ]; then  # #13's in-process decoder rows
-  timeout 80 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 --rows "global attention" \
+if [ "$(left)" -gt 250 ]; then  # #13's in-process decoder rows, profiled (traces of the jagged case kept)
+  mkdir -p "$out/prof-decoder"
+  timeout 90 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 --rows "global attention" \
+    --profile "$out/prof-decoder" --profile-rows "global attention" \
     --json "$out/bench-bs1.json" > "$out/bench-bs1.log" 2>&1
-  grep -E "decoder shared-image" "$out/bench-bs1.log" | cut -c1-220 >> "$out/perf.log"
+  grep -E "decoder shared-image" "$out/bench-bs1.log" | cut -c1-250 >> "$out/perf.log"
+  grep -hE "^===.*shared-image|kernel total" "$out/prof-decoder/profiles.txt" | cut -c1-150 >> "$out/perf.log"
+  find "$out/prof-decoder" -name 'trace-*.json' ! -name '*shared-image*decode64x16*' ! -name '*shared-image*decode1.json' -delete
   t decoder
 fi
 if [ "$(left)" -gt 80 ]; then
