@@ -74,7 +74,8 @@ RelPosTerms RelPosTables(const at::Tensor& q, const at::Tensor& rev_tables, int6
 // RelPosTables and concatenations (the same values up to the fp32 summation order of the terms),
 // with key_indicators as FoldRelPosQKReference takes them. Run 57 (H100) tested the kernel and measured
 // it at ~0.05 ms a block for vit_b at batch 1 against ~0.12 for the LibTorch way; the encoder uses it
-// unless MASKD_FOLD_KERNEL=0.
+// unless MASKD_FOLD_KERNEL=0. MASKD_FOLD_MMA=1 (read at each call) makes the terms on the tensor
+// cores instead of with fp32 FMAs; that variant is opt-in until a device run tests it.
 struct FoldedQK {
   at::Tensor q, k;
 };
