@@ -237,7 +237,7 @@ FoldedQK FoldRelPosQK(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     const char* mma = std::getenv("MASKD_FOLD_MMA");
     a.tensor_cores = mma != nullptr && std::string(mma) == "1";
     internal::CheckLaunch(detail::LaunchFoldRelPos(a, internal::ToDType(q.scalar_type(), "q"), scope.get()),
-                          "FoldRelPosKernel");
+                          a.tensor_cores ? "FoldRelPosMmaKernel" : "FoldRelPosKernel");
     return f;
   }
 #endif

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -223,10 +224,13 @@ TEST(kernels_fusion_gpu, FoldRelPosQKMatchesTheReference) {
   };
   const char* saved = std::getenv("MASKD_FOLD_MMA");
   const std::string restore = saved ? saved : "";
+  std::vector<std::pair<const char*, Case>> runs;
   for (const char* mma : {"0", "1"})
-  for (const Case& c : std::vector<Case>{{2, 12, 64, 64, 192}, {2, 16, 64, 80, 208}, {3, 2, 16, 64, 104},
-                                         {1, 3, 40, 80, 168}}) {
-    uint64_t seed = 900 + 10 * c.g + c.D;
+    for (const Case& c : {Case{2, 12, 64, 64, 192}, Case{2, 16, 64, 80, 208}, Case{3, 2, 16, 64, 104},
+                          Case{1, 3, 40, 80, 168}})
+      runs.emplace_back(mma, c);
+  for (const auto& [mma, c] : runs) {
+    uint64_t seed = 900 + 10 * c.g + c.D;  // the same inputs for both kernels
     setenv("MASKD_FOLD_MMA", mma, 1);
     SCOPED_TRACE(std::string("MASKD_FOLD_MMA=") + mma + ": " + std::to_string(c.B) + "x" + std::to_string(c.H) +
                  " grid " + std::to_string(c.g) + " D " + std::to_string(c.D) + " width " + std::to_string(c.width));
