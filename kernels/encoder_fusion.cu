@@ -230,6 +230,47 @@ int FoldSmemBytes(int grid) {
   return FoldFloats<D>(grid) * 4 + grid * 2 * grid * 2;
 }
 
+// The grid row's q' and k' rows (g x width elements each, contiguous in the outputs) as 16-byte chunks:
+// q' = [q * scale, the staged terms rel[x][0, 2g), 0...], k' = [k, e_row, e_col, 0...]. `qrows` is
+// row x = 0 of the row's q (global memory or a shared-memory copy) with `q_pitch` elements between
+// rows; k is read from global memory. Shared by both fold kernels.
+template <typename T, int D>
+__device__ __forceinline__ void WriteFoldedRow(const FoldRelPosArgs& a, int y, int h, int b, const T* qrows,
+                                               int64_t q_pitch, const T* k, const T* rel) {
+  constexpr int C8 = D / 8;
+  const int g = a.grid, tid = threadIdx.x;
+  const int W8 = a.width / 8, rel8 = 2 * g / 8;
+  const int64_t out0 = ((static_cast<int64_t>(b) * a.heads + h) * g * g + static_cast<int64_t>(y) * g) * a.width;
+  uint4* qf = reinterpret_cast<uint4*>(static_cast<T*>(a.qf) + out0);
+  uint4* kf = reinterpret_cast<uint4*>(static_cast<T*>(a.kf) + out0);
+  for (int i = tid; i < g * W8; i += kFoldThreads) {
+    const int x = i / W8, c8 = i % W8;
+    uint4 qo = make_uint4(0, 0, 0, 0), ko = make_uint4(0, 0, 0, 0);
+    if (c8 < C8) {
+      float v[8];
+      LoadWidened<T, 8>(qrows + x * q_pitch + 8 * c8, v);
+      __align__(16) T o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = FromFloat<T>(v[e] * a.scale);
+      qo = *reinterpret_cast<const uint4*>(o);
+      ko = *reinterpret_cast<const uint4*>(k + x * a.k_stride[2] + 8 * c8);
+    } else if (c8 < C8 + rel8) {
+      qo = *reinterpret_cast<const uint4*>(rel + x * 2 * g + 8 * (c8 - C8));
+      // k': 1 at column D + y (the key's row) and at D + g + x (its column).
+      const int col0 = 8 * (c8 - C8);
+      __align__(16) T o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int col = col0 + e;
+        o[e] = FromFloat<T>((col == y || col == g + x) ? 1.f : 0.f);
+      }
+      ko = *reinterpret_cast<const uint4*>(o);
+    }
+    qf[static_cast<int64_t>(x) * W8 + c8] = qo;
+    kf[static_cast<int64_t>(x) * W8 + c8] = ko;
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kFoldThreads) FoldRelPosKernel(const FoldRelPosArgs a) {
   extern __shared__ __align__(16) unsigned char fold_smem[];
@@ -305,37 +346,7 @@ __global__ void __launch_bounds__(kFoldThreads) FoldRelPosKernel(const FoldRelPo
       }
   }
   __syncthreads();
-  // The row's q' and k' rows: g x width elements each, contiguous, as 16-byte chunks.
-  const int W8 = a.width / 8, rel8 = 2 * g / 8;
-  const int64_t out0 = ((static_cast<int64_t>(b) * a.heads + h) * g * g + static_cast<int64_t>(y) * g) * a.width;
-  uint4* qf = reinterpret_cast<uint4*>(static_cast<T*>(a.qf) + out0);
-  uint4* kf = reinterpret_cast<uint4*>(static_cast<T*>(a.kf) + out0);
-  for (int i = tid; i < g * W8; i += kFoldThreads) {
-    const int x = i / W8, c8 = i % W8;
-    uint4 qo = make_uint4(0, 0, 0, 0), ko = make_uint4(0, 0, 0, 0);
-    if (c8 < C8) {
-      float v[8];
-      LoadWidened<T, 8>(q + x * a.q_stride[2] + 8 * c8, v);
-      __align__(16) T o[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = FromFloat<T>(v[e] * a.scale);
-      qo = *reinterpret_cast<const uint4*>(o);
-      ko = *reinterpret_cast<const uint4*>(k + x * a.k_stride[2] + 8 * c8);
-    } else if (c8 < C8 + rel8) {
-      qo = *reinterpret_cast<const uint4*>(rel + x * 2 * g + 8 * (c8 - C8));
-      // k': 1 at column D + y (the key's row) and at D + g + x (its column).
-      const int col0 = 8 * (c8 - C8);
-      __align__(16) T o[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int col = col0 + e;
-        o[e] = FromFloat<T>((col == y || col == g + x) ? 1.f : 0.f);
-      }
-      ko = *reinterpret_cast<const uint4*>(o);
-    }
-    qf[static_cast<int64_t>(x) * W8 + c8] = qo;
-    kf[static_cast<int64_t>(x) * W8 + c8] = ko;
-  }
+  WriteFoldedRow<T, D>(a, y, h, b, q, a.q_stride[2], k, rel);
 }
 
 // The same operands with the terms on the tensor cores (FoldRelPosArgs::tensor_cores). Run 57 put the
@@ -349,7 +360,7 @@ __global__ void __launch_bounds__(kFoldThreads) FoldRelPosKernel(const FoldRelPo
 //      warp w takes m-tile w % 4 and half w / 4 of the 24 n-tiles; C rounded once to T, the R_h
 //      part straight into rel's rel_h columns, the rev_w part into a staging tile;
 //   3. rel_w[x][kw] = staged[x][g - 1 - x + kw] gathered into rel's rel_w columns;
-//   4. the row's q' and k' written as in FoldRelPosKernel.
+//   4. the row's q' and k' written by WriteFoldedRow, q read back from shared memory.
 constexpr int kFoldMmaRows = 64, kFoldMmaRevW = 128, kFoldMmaCols = kFoldMmaRows + kFoldMmaRevW;
 
 template <int D>
@@ -442,35 +453,7 @@ __global__ void __launch_bounds__(kFoldThreads) FoldRelPosMmaKernel(const FoldRe
     rel[x * 2 * g + g + kw] = stage[x * kFoldStagePitch + g - 1 - x + kw];
   }
   __syncthreads();
-  const int W8 = a.width / 8, rel8 = 2 * g / 8;
-  const int64_t out0 = ((static_cast<int64_t>(b) * a.heads + h) * g * g + static_cast<int64_t>(y) * g) * a.width;
-  uint4* qf = reinterpret_cast<uint4*>(static_cast<T*>(a.qf) + out0);
-  uint4* kf = reinterpret_cast<uint4*>(static_cast<T*>(a.kf) + out0);
-  for (int i = tid; i < g * W8; i += kFoldThreads) {
-    const int x = i / W8, c8 = i % W8;
-    uint4 qo = make_uint4(0, 0, 0, 0), ko = make_uint4(0, 0, 0, 0);
-    if (c8 < C8) {
-      float v[8];
-      LoadWidened<T, 8>(qs + x * P + 8 * c8, v);
-      __align__(16) T o[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = FromFloat<T>(v[e] * a.scale);
-      qo = *reinterpret_cast<const uint4*>(o);
-      ko = *reinterpret_cast<const uint4*>(k + x * a.k_stride[2] + 8 * c8);
-    } else if (c8 < C8 + rel8) {
-      qo = *reinterpret_cast<const uint4*>(rel + x * 2 * g + 8 * (c8 - C8));
-      const int col0 = 8 * (c8 - C8);
-      __align__(16) T o[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int col = col0 + e;
-        o[e] = FromFloat<T>((col == y || col == g + x) ? 1.f : 0.f);
-      }
-      ko = *reinterpret_cast<const uint4*>(o);
-    }
-    qf[static_cast<int64_t>(x) * W8 + c8] = qo;
-    kf[static_cast<int64_t>(x) * W8 + c8] = ko;
-  }
+  WriteFoldedRow<T, D>(a, y, h, b, qs, P, k, rel);
 }
 
 template <typename T, int D>
