@@ -230,6 +230,13 @@ int FoldSmemBytes(int grid) {
   return FoldFloats<D>(grid) * 4 + grid * 2 * grid * 2;
 }
 
+// The first token of grid row y of image b, head h in a [B, H, N, D] view with element strides.
+template <typename T>
+__device__ __forceinline__ const T* GridRowStart(const void* base, const int64_t (&stride)[3], int b, int h, int y,
+                                                 int g) {
+  return static_cast<const T*>(base) + b * stride[0] + h * stride[1] + static_cast<int64_t>(y) * g * stride[2];
+}
+
 // The grid row's q' and k' rows (g x width elements each, contiguous in the outputs) as 16-byte chunks:
 // q' = [q * scale, the staged terms rel[x][0, 2g), 0...], k' = [k, e_row, e_col, 0...]. `qrows` is
 // row x = 0 of the row's q (global memory or a shared-memory copy) with `q_pitch` elements between
@@ -280,10 +287,8 @@ __global__ void __launch_bounds__(kFoldThreads) FoldRelPosKernel(const FoldRelPo
   float* rh = qs + g * P;                            // [g][P]: rev_h[g - 1 - y + kh]
   float* rw = rh + g * P;                            // [2g - 1][P]: rev_w
   T* rel = reinterpret_cast<T*>(qs + FoldFloats<D>(g));  // [g][2g]: rel_h | rel_w per token
-  const T* q = static_cast<const T*>(a.q) + b * a.q_stride[0] + h * a.q_stride[1] +
-               static_cast<int64_t>(y) * g * a.q_stride[2];
-  const T* k = static_cast<const T*>(a.k) + b * a.k_stride[0] + h * a.k_stride[1] +
-               static_cast<int64_t>(y) * g * a.k_stride[2];
+  const T* q = GridRowStart<T>(a.q, a.q_stride, b, h, y, g);
+  const T* k = GridRowStart<T>(a.k, a.k_stride, b, h, y, g);
   const T* rev = static_cast<const T*>(a.rev);
   constexpr int C8 = D / 8;  // 16-byte chunks of a D row
   for (int i = tid; i < g * C8; i += kFoldThreads) {
@@ -382,10 +387,8 @@ __global__ void __launch_bounds__(kFoldThreads) FoldRelPosMmaKernel(const FoldRe
   T* tb = qs + kFoldMmaRows * P;               // [192][P]: R_h rows (64), then rev_w (128)
   T* stage = tb + kFoldMmaCols * P;            // [64][kFoldStagePitch]: q . rev_w^T
   T* rel = stage + kFoldMmaRows * kFoldStagePitch;  // [g][2g]: rel_h | rel_w per token
-  const T* q = static_cast<const T*>(a.q) + b * a.q_stride[0] + h * a.q_stride[1] +
-               static_cast<int64_t>(y) * g * a.q_stride[2];
-  const T* k = static_cast<const T*>(a.k) + b * a.k_stride[0] + h * a.k_stride[1] +
-               static_cast<int64_t>(y) * g * a.k_stride[2];
+  const T* q = GridRowStart<T>(a.q, a.q_stride, b, h, y, g);
+  const T* k = GridRowStart<T>(a.k, a.k_stride, b, h, y, g);
   const T* rev = static_cast<const T*>(a.rev);
   constexpr int C8 = D / 8;  // 16-byte chunks of a D row
   for (int i = tid; i < (kFoldMmaRows + kFoldMmaCols) * C8; i += kFoldThreads) {
