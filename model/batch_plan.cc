@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 namespace maskd {
 
@@ -68,6 +69,32 @@ void ExtrapolateFlatEncoderCosts(std::vector<EncoderBatchCost>& costs, size_t me
     costs[i].seconds = per_image * costs[i].batch_size;
     costs[i].extrapolated = true;
   }
+}
+
+std::vector<std::vector<size_t>> SplitDecodePasses(const std::vector<size_t>& prompts,
+                                                   const std::vector<int64_t>& image_of, size_t limit) {
+  std::vector<std::vector<size_t>> passes;
+  if (prompts.empty()) return passes;
+  const size_t per_pass = limit > 0 ? limit : prompts.size();
+  const size_t n_passes = (prompts.size() + per_pass - 1) / per_pass;
+  std::vector<size_t> order = prompts;
+  if (n_passes > 1 && image_of.size() == prompts.size()) {
+    // Each prompt's image rank (by first appearance), then a stable sort on it.
+    std::map<int64_t, size_t> rank;
+    std::vector<size_t> rank_of(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) rank_of[i] = rank.emplace(image_of[i], rank.size()).first->second;
+    std::vector<size_t> pos(prompts.size());
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = i;
+    std::stable_sort(pos.begin(), pos.end(), [&](size_t a, size_t b) { return rank_of[a] < rank_of[b]; });
+    for (size_t i = 0; i < pos.size(); ++i) order[i] = prompts[pos[i]];
+  }
+  for (size_t k = 0, begin = 0; k < n_passes; ++k) {
+    const size_t end = order.size() * (k + 1) / n_passes;
+    passes.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(begin),
+                        order.begin() + static_cast<std::ptrdiff_t>(end));
+    begin = end;
+  }
+  return passes;
 }
 
 }  // namespace maskd

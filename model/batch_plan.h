@@ -8,6 +8,8 @@
 // fewest passes, then the least padding).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "model/api/engine.h"  // EncoderBatchCost
@@ -39,5 +41,19 @@ bool PreferFolded(double fused_ms, double folded_ms);
 // Sets costs[measured..] (ascending sizes, costs[measured - 1] measured) to costs[measured - 1]'s
 // per-image cost times their batch size, marked extrapolated. No-op when measured is 0 or past the end.
 void ExtrapolateFlatEncoderCosts(std::vector<EncoderBatchCost>& costs, size_t measured);
+
+// The decoder's passes over one token-count bucket (EngineImpl::DecodeEach): `prompts` (item indices,
+// in the caller's order) in the fewest passes of at most `limit` prompts (0: one pass), of equal size
+// to within one. image_of[i] names prompts[i]'s embedding (any value; equal values = one image); an
+// image_of of another length than prompts leaves the order as given.
+//
+// When it takes more than one pass, the prompts are ordered by image first (stably, images in the order
+// of their first prompt), so that each pass holds as few images as it can: the shared-image decoder's
+// first block runs once per image of a pass (its keys, their projection and the token->image
+// attention), so 256 prompts over 32 images (8 each) given image by image in turn — maskbench's jagged
+// case, and a server's batch of many clients — cost 4 passes x 32 images of that work before, and
+// about 32 + 3 with the grouping. Within an image the caller's order is kept.
+std::vector<std::vector<size_t>> SplitDecodePasses(const std::vector<size_t>& prompts,
+                                                   const std::vector<int64_t>& image_of, size_t limit);
 
 }  // namespace maskd

@@ -5,7 +5,12 @@
 // own status and the others still decode.
 #include "model/engine_impl.h"
 
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
 #include "kernels/kernels.h"
+#include "model/batch_plan.h"
 #include "model/memory_scope.h"
 
 namespace maskd {
@@ -237,18 +242,23 @@ StatusOr<std::vector<StatusOr<DecodedPrompt>>> EngineImpl::DecodeEach(const std:
       at::Tensor masks;   // [G, 4, 256, 256]
       std::vector<size_t> idx;
     };
-    // Each bucket in passes of equal size, at most decoder_max_pass_prompts each.
+    // Each bucket in passes of equal size, at most decoder_max_pass_prompts each, with the prompts of
+    // one image together where it takes several passes (SplitDecodePasses).
+    // MASKD_DECODE_GROUP_PASSES=0 keeps the items' order instead (a same-binary comparison on the GPU host).
+    static const bool group_passes = [] {
+      const char* v = std::getenv("MASKD_DECODE_GROUP_PASSES");
+      return !(v && std::string(v) == "0");
+    }();
     std::vector<std::pair<int64_t, std::vector<size_t>>> passes;
+    const size_t limit = options_.decoder_max_pass_prompts > 0 ? static_cast<size_t>(options_.decoder_max_pass_prompts) : 0;
     for (auto& [T, all] : buckets) {
-      const size_t limit = options_.decoder_max_pass_prompts > 0 ? static_cast<size_t>(options_.decoder_max_pass_prompts)
-                                                                  : all.size();
-      const size_t n_passes = (all.size() + limit - 1) / limit;
-      for (size_t k = 0, begin = 0; k < n_passes; ++k) {
-        const size_t end = all.size() * (k + 1) / n_passes;
-        passes.emplace_back(T, std::vector<size_t>(all.begin() + static_cast<std::ptrdiff_t>(begin),
-                                                   all.begin() + static_cast<std::ptrdiff_t>(end)));
-        begin = end;
-      }
+      std::vector<int64_t> image_of;
+      image_of.reserve(all.size());
+      if (group_passes)
+        for (size_t i : all)
+          image_of.push_back(
+              static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(PayloadOf(*items[i].embedding).tensor.data_ptr())));
+      for (auto& pass : SplitDecodePasses(all, image_of, limit)) passes.emplace_back(T, std::move(pass));
     }
     std::vector<Pending> pending;
     for (auto& [T, idx] : passes) {

@@ -1,9 +1,11 @@
 // The encoder's batch planning (model/batch_plan.h): the cheapest cover of n images by the prepared
-// batch sizes under a cost table, and the old "next size up" rule when no costs are known.
+// batch sizes under a cost table, and the old "next size up" rule when no costs are known; and the
+// decoder's passes over a token-count bucket.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 #include <vector>
 
 #include "model/batch_plan.h"
@@ -119,6 +121,52 @@ TEST(BatchPlan, TheFoldedAttentionOnlyWhereItIsThreePercentFaster) {
 TEST(BatchPlan, NothingToPlan) {
   EXPECT_TRUE(PlanEncoderBatches(0, Costs({1, 2}, {})).empty());
   EXPECT_TRUE(PlanEncoderBatches(4, {}).empty());
+}
+
+TEST(DecodePasses, OnePassKeepsTheCallersOrder) {
+  const std::vector<size_t> prompts = {4, 0, 7, 2};
+  const std::vector<int64_t> image_of = {1, 2, 1, 2};
+  EXPECT_EQ(SplitDecodePasses(prompts, image_of, 0), (std::vector<std::vector<size_t>>{{4, 0, 7, 2}}));
+  EXPECT_EQ(SplitDecodePasses(prompts, image_of, 4), (std::vector<std::vector<size_t>>{{4, 0, 7, 2}}));
+  EXPECT_TRUE(SplitDecodePasses({}, {}, 3).empty());
+}
+
+TEST(DecodePasses, SeveralPassesHoldThePromptsOfAnImageTogether) {
+  // 256 prompts over 32 images given image by image in turn (maskbench's jagged case): passes of 64
+  // hold 8 images each instead of all 32.
+  std::vector<size_t> prompts;
+  std::vector<int64_t> image_of;
+  for (size_t k = 0; k < 256; ++k) {
+    prompts.push_back(k);
+    image_of.push_back(static_cast<int64_t>(1000 + 7 * (k % 32)));
+  }
+  const auto passes = SplitDecodePasses(prompts, image_of, 64);
+  ASSERT_EQ(passes.size(), 4u);
+  std::vector<size_t> seen;
+  for (const auto& p : passes) {
+    EXPECT_EQ(p.size(), 64u);
+    std::set<int64_t> images;
+    for (size_t i : p) images.insert(image_of[i]);
+    EXPECT_EQ(images.size(), 8u);
+    seen.insert(seen.end(), p.begin(), p.end());
+  }
+  // Every prompt once; within an image in the caller's order; images in the order of their first prompt.
+  std::vector<size_t> sorted = seen;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, prompts);
+  EXPECT_EQ((std::vector<size_t>(seen.begin(), seen.begin() + 9)),
+            (std::vector<size_t>{0, 32, 64, 96, 128, 160, 192, 224, 1}));
+}
+
+TEST(DecodePasses, PassesOfEqualSizeToWithinOne) {
+  // 11 prompts over two images, at most 3 a pass: 4 passes of 2 or 3, image 5's prompts first.
+  const std::vector<size_t> prompts = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  const std::vector<int64_t> image_of = {5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5};
+  const auto passes = SplitDecodePasses(prompts, image_of, 3);
+  EXPECT_EQ(passes, (std::vector<std::vector<size_t>>{{10, 12}, {14, 16, 18}, {20, 11, 13}, {15, 17, 19}}));
+  // An image_of that does not match: the caller's order.
+  EXPECT_EQ(SplitDecodePasses(prompts, {1, 2}, 3),
+            (std::vector<std::vector<size_t>>{{10, 11}, {12, 13, 14}, {15, 16, 17}, {18, 19, 20}}));
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 #      default) and with MASKD_FOLD_MMA=1 (the start-up timing tables in bench*.err)
 #   3. vit_h bs32 with the folded way forced (MASKD_GLOBAL_ATTENTION=folded) and the mma variant,
 #      profiled: what the fold kernel and cuDNN cost at D 80, where the timing keeps the fused kernel
-#   4. #13's in-process decoder rows (vit_b bs1 with latency)
+#   4. #13's in-process decoder rows (vit_b bs1 with latency), and again with MASKD_DECODE_GROUP_PASSES=0
+#      (the jagged case's passes in the items' order, as before SplitDecodePasses)
 #   5. the seed: run.sh quick and its vit_h bs32 row
 # If the mma variant passes and is faster, make it the default (kernels/encoder_fusion.cc).
 #   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=540 timeout 560 bash bench/results/next/next-call-58.sh
@@ -54,6 +55,13 @@ if [ "$(left)" -gt 100 ]; then  # #13's in-process decoder rows, profiled (trace
   find "$out/prof-decoder" -name 'trace-*.json' ! -name '*shared-image*decode64x16*' ! -name '*shared-image*decode1.json' -delete
   t decoder
 fi
+if [ "$(left)" -gt 70 ]; then  # the same decoder rows with the passes in the items' order (before SplitDecodePasses)
+  MASKD_DECODE_GROUP_PASSES=0 timeout 60 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 \
+    --rows "global attention" > "$out/bench-bs1-nogroup.log" 2>&1
+  echo "--- MASKD_DECODE_GROUP_PASSES=0: rc=$?" >> "$out/perf.log"
+  grep -E "decoder shared-image" "$out/bench-bs1-nogroup.log" | cut -c1-250 >> "$out/perf.log"
+  t decoder-nogroup
+fi
 if [ "$(left)" -gt 80 ]; then
   bash scripts/gpu-host/seed-row.sh "$out/anchors" fast_vit_h_bs32 $(( $(left) > 110 ? 100 : $(left) - 10 )) \
     offline --impl fast --model vit_h --batch 32
@@ -71,5 +79,5 @@ if [ "$(left)" -gt 40 ]; then  # vit_h bs32 with the folded way forced and the m
 fi
 grep -h RESULT "$out"/anchors/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$out/perf.log" 2>&1
-pack $(cd "$out" && ls -d prof-* 2>/dev/null) bench-bs1.json bench-bs1.log anchors tests.log misc.tar.gz
+pack $(cd "$out" && ls -d prof-* 2>/dev/null) bench-bs1.json bench-bs1.log bench-bs1-nogroup.log anchors tests.log misc.tar.gz
 ls "$out"
