@@ -10,6 +10,8 @@
 #   4. #13's in-process decoder rows (vit_b bs1 with latency), and again with MASKD_DECODE_GROUP_PASSES=0
 #      (the jagged case's passes in the items' order, as before SplitDecodePasses)
 #   5. the seed: run.sh quick and its vit_h bs32 row
+#   6. (ninth session) UpscaleHyper's GELU table (MASKD_GELU_TABLE=1, opt-in): its GPU test (step 1), and
+#      the decoder rows with it after the seed's vit_h row, time allowing
 # If the mma variant passes and is faster, make it the default (kernels/encoder_fusion.cc).
 #   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=540 timeout 560 bash bench/results/next/next-call-58.sh
 set -uo pipefail
@@ -17,8 +19,8 @@ cd "$(dirname "$0")/../../.."
 export BUILD_TARGETS=${BUILD_TARGETS:-"maskbench model_gpu_test kernels_fusion_gpu_test model_fusion_gpu_test"}
 source scripts/gpu-host/call-prelude.sh
 left() { echo $(( ${CALL_LIMIT:-540} - ($(date +%s) - S) )); }
-timeout 40 "$B/tests/kernels_fusion_gpu_test" --gtest_filter='*Fold*' > "$out/tests.log" 2>&1
-echo "kernels_fusion_gpu_test (both fold kernels) rc=$?" >> "$out/perf.log"
+timeout 60 "$B/tests/kernels_fusion_gpu_test" --gtest_filter='*Fold*:*UpscaleHyper*' > "$out/tests.log" 2>&1
+echo "kernels_fusion_gpu_test (both fold kernels, UpscaleHyper with and without the GELU table) rc=$?" >> "$out/perf.log"
 MASKD_FOLD_MMA=1 timeout 40 "$B/tests/model_fusion_gpu_test" --gtest_filter='*Folded*' >> "$out/tests.log" 2>&1
 echo "model_fusion_gpu_test (MASKD_FOLD_MMA=1) rc=$?" >> "$out/perf.log"
 MASKD_FOLD_MMA=1 timeout 40 "$B/tests/model_gpu_test" --gtest_filter='*GlobalAttention*' >> "$out/tests.log" 2>&1
@@ -77,7 +79,14 @@ if [ "$(left)" -gt 40 ]; then  # vit_h bs32 with the folded way forced and the m
   rm -f "$d"/trace-*.json
   t vit_h-folded
 fi
+if [ "$(left)" -gt 70 ]; then  # the decoder rows with UpscaleHyper's GELU table
+  MASKD_GELU_TABLE=1 timeout 60 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 \
+    --rows "global attention" > "$out/bench-bs1-gelutable.log" 2>&1
+  echo "--- MASKD_GELU_TABLE=1: rc=$?" >> "$out/perf.log"
+  grep -E "decoder shared-image" "$out/bench-bs1-gelutable.log" | cut -c1-250 >> "$out/perf.log"
+  t decoder-gelutable
+fi
 grep -h RESULT "$out"/anchors/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$out/perf.log" 2>&1
-pack $(cd "$out" && ls -d prof-* 2>/dev/null) bench-bs1.json bench-bs1.log bench-bs1-nogroup.log anchors tests.log misc.tar.gz
+pack $(cd "$out" && ls -d prof-* 2>/dev/null) bench-bs1.json bench-bs1.log bench-bs1-nogroup.log bench-bs1-gelutable.log anchors tests.log misc.tar.gz
 ls "$out"
