@@ -216,7 +216,7 @@ TEST(kernels_fusion_gpu, RelPosAttentionMakesTheTermsInTheKernel) {
 // vit_b's and vit_h's global shapes and a smaller grid, q and k strided views of one qkv tensor: the
 // q * scale and k columns and the indicator and padding columns bit-identical, the rel-pos terms
 // within one rounding of T (the same fp32 products, summed in another order). Both kernels: fp32 FMAs
-// and, with MASKD_FOLD_MMA=1, mma.sync.
+// (MASKD_FOLD_MMA=0) and mma.sync (=1, the default).
 TEST(kernels_fusion_gpu, FoldRelPosQKMatchesTheReference) {
   SKIP_WITHOUT_GPU();
   struct Case {
