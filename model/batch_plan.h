@@ -1,5 +1,6 @@
 // Which encoder batch sizes run a batch of n images: the cheapest cover by the prepared (captured)
-// sizes, by a cost table. Torch-free so that its unit test stays small.
+// sizes, by a cost table; and how the decoder splits a large bucket of prompts into passes. Torch-free
+// so that its unit test stays small.
 //
 // Why not "the next size up": with graphs for 1, 2, 4 and 8, five images could run as one 8-graph
 // (three rows of padding) or as 4 + 1; which is faster depends on the device and the model, so the
