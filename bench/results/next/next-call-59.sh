@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 59 (written 2026-12-07, ninth session; any card; ~4 minutes fresh on an H100, ~7 on an H200).
+# Run 59 (written 2026-12-07, ninth session; any card; ~6 minutes fresh on an H100, ~9 on an H200).
 # Main now makes the fold's terms on the tensor cores by default (run 58) and groups a jagged bucket's
 # passes by image. This call:
 #   1. the fold kernels' and UpscaleHyper's GPU tests, and the folded way's module and engine tests
@@ -10,10 +10,12 @@
 #   3. maskbench's default rows (vit_b / vit_h, bs1 and bs32), profiled: the new default as shipped
 #   4. on an H200 only, time allowing: the seed's quick set and its vit_h bs32 row (issue #12's vit_h
 #      1.6x is an H200 target; no H200 has been lent since run 40)
-#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=520 timeout 540 bash bench/results/next/next-call-59.sh
+#   5. time allowing: #13's served clicks, vit_b at 1, 16 and 256 clients (last measured in runs 51/53,
+#      before the batched hypernetworks and this wave's decoder changes)
+#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=540 timeout 560 bash bench/results/next/next-call-59.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-export BUILD_TARGETS=${BUILD_TARGETS:-"maskbench model_gpu_test kernels_fusion_gpu_test model_fusion_gpu_test"}
+export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench model_gpu_test kernels_fusion_gpu_test model_fusion_gpu_test"}
 source scripts/gpu-host/call-prelude.sh
 left() { echo $(( ${CALL_LIMIT:-540} - ($(date +%s) - S) )); }
 timeout 60 "$B/tests/kernels_fusion_gpu_test" --gtest_filter='*Fold*:*UpscaleHyper*' > "$out/tests.log" 2>&1
@@ -60,7 +62,14 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
     t seed-vit_h
   fi
 fi
+if [ "$(left)" -gt 75 ]; then
+  OUT=$out/served SERVED_DURATION=10 timeout $(( $(left) - 10 )) bash scripts/gpu-host/served-bench.sh \
+    vit_b:bf16::interactive:1 vit_b:bf16::interactive:16 vit_b:bf16::interactive:256 > "$out/served.log" 2>&1
+  grep -E "rc=" "$out/served.log" | cut -c1-300 >> "$out/perf.log"
+  grep -h -B1 -A2 "server per call" "$out"/served/maskload-*.log 2>/dev/null | cut -c1-200 >> "$out/perf.log"
+  t served
+fi
 grep -h RESULT "$out"/anchors/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$out/perf.log" 2>&1
-pack $(cd "$out" && ls -d prof-* 2>/dev/null) anchors tests.log misc.tar.gz
+pack $(cd "$out" && ls -d prof-* 2>/dev/null) anchors served served.log tests.log misc.tar.gz
 ls "$out"
