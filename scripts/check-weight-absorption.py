@@ -119,27 +119,22 @@ def main():
     pe = torch.randn(1, n, 256) * 0.5    # the dense positional encoding
     q_tok = torch.randn(b, t, 256)       # tokens + their pe
     k_tok = torch.randn(b, t, 256)
+    def check(name, current, absorbed, *args):
+        """Both forms in fp32 (the algebra) and in bf16 (the rounding), each against current's fp32."""
+        ref, alg = current(*args, torch.float32), absorbed(*args, torch.float32)
+        cur, new = current(*args, torch.bfloat16), absorbed(*args, torch.bfloat16)
+        e_alg, e_cur, e_new = rel_l2(alg, ref), rel_l2(cur, ref), rel_l2(new, ref)
+        print(f"{name}: fp32 absorbed vs projected {e_alg:.2e}; bf16 against fp32: projected {e_cur:.3e}, "
+              f"absorbed {e_new:.3e}")
+        return e_alg > 1e-4 or e_new > 1.5 * e_cur
+
     failed = False
     with torch.no_grad():
         for name, attn in (("block 1 token->image", tr.layers[1].cross_attn_token_to_image),
                            ("final token->image", tr.final_attn_token_to_image)):
-            ref = t2i_module(attn, q_tok, x, pe, torch.float32)
-            alg = t2i_absorbed(attn, q_tok, x, pe, torch.float32)
-            cur = t2i_module(attn, q_tok, x, pe, torch.bfloat16)
-            new = t2i_absorbed(attn, q_tok, x, pe, torch.bfloat16)
-            e_alg, e_cur, e_new = rel_l2(alg, ref), rel_l2(cur, ref), rel_l2(new, ref)
-            print(f"{name}: fp32 absorbed vs module {e_alg:.2e}; bf16 against fp32: module {e_cur:.3e}, "
-                  f"absorbed {e_new:.3e}")
-            failed |= e_alg > 1e-4 or e_new > 1.5 * e_cur
-        attn = tr.layers[1].cross_attn_image_to_token
-        ref = i2t_probs_module(attn, x, pe, k_tok, torch.float32)
-        alg = i2t_probs_absorbed(attn, x, pe, k_tok, torch.float32)
-        cur = i2t_probs_module(attn, x, pe, k_tok, torch.bfloat16)
-        new = i2t_probs_absorbed(attn, x, pe, k_tok, torch.bfloat16)
-        e_alg, e_cur, e_new = rel_l2(alg, ref), rel_l2(cur, ref), rel_l2(new, ref)
-        print(f"block 1 image->token probabilities: fp32 absorbed vs projected {e_alg:.2e}; bf16 against "
-              f"fp32: projected {e_cur:.3e}, absorbed {e_new:.3e}")
-        failed |= e_alg > 1e-4 or e_new > 1.5 * e_cur
+            failed |= check(name, t2i_module, t2i_absorbed, attn, q_tok, x, pe)
+        failed |= check("block 1 image->token probabilities", i2t_probs_module, i2t_probs_absorbed,
+                        tr.layers[1].cross_attn_image_to_token, x, pe, k_tok)
     print("FAILED" if failed else "ok")
     return 1 if failed else 0
 
