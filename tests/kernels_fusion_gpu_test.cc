@@ -15,8 +15,10 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "tests/scoped_env.h"
 
 namespace mk = maskd::kernels;
+namespace mt = maskd::testing;
 
 namespace {
 
@@ -222,8 +224,6 @@ TEST(kernels_fusion_gpu, FoldRelPosQKMatchesTheReference) {
   struct Case {
     int64_t B, H, g, D, width;
   };
-  const char* saved = std::getenv("MASKD_FOLD_MMA");
-  const std::string restore = saved ? saved : "";
   std::vector<std::pair<const char*, Case>> runs;
   for (const char* mma : {"0", "1"})
     for (const Case& c : {Case{2, 12, 64, 64, 192}, Case{2, 16, 64, 80, 208}, Case{3, 2, 16, 64, 104},
@@ -231,7 +231,7 @@ TEST(kernels_fusion_gpu, FoldRelPosQKMatchesTheReference) {
       runs.emplace_back(mma, c);
   for (const auto& [mma, c] : runs) {
     uint64_t seed = 900 + 10 * c.g + c.D;  // the same inputs for both kernels
-    setenv("MASKD_FOLD_MMA", mma, 1);
+    const mt::ScopedEnv env("MASKD_FOLD_MMA", mma);
     SCOPED_TRACE(std::string("MASKD_FOLD_MMA=") + mma + ": " + std::to_string(c.B) + "x" + std::to_string(c.H) +
                  " grid " + std::to_string(c.g) + " D " + std::to_string(c.D) + " width " + std::to_string(c.width));
     const int64_t N = c.g * c.g;
@@ -258,8 +258,6 @@ TEST(kernels_fusion_gpu, FoldRelPosQKMatchesTheReference) {
       EXPECT_LE(e.rel_l2, t == at::kBFloat16 ? 2e-3 : 3e-4) << c10::toString(t);
     }
   }
-  if (saved) setenv("MASKD_FOLD_MMA", restore.c_str(), 1);
-  else unsetenv("MASKD_FOLD_MMA");
 }
 
 // The windows made in the kernel from raster tokens against the padded-window path the fused encoder
@@ -630,8 +628,6 @@ TEST(kernels_fusion_gpu, UpscaleHyperMatchesTheUnfusedPathAndFp32) {
 // table's range, values below it (|v| < 2^-10) and above it (|v| >= 8), where the expression runs.
 TEST(kernels_fusion_gpu, UpscaleHyperGeluTableGivesTheExpressionsBits) {
   SKIP_WITHOUT_GPU();
-  const char* saved = std::getenv("MASKD_GELU_TABLE");
-  const std::string restore = saved ? saved : "";
   uint64_t seed = 700;
   const int64_t B = 16, h = 64, w = 64, rows = B * h * w * 4;
   const at::Device dev(at::kCUDA, 0);
@@ -648,7 +644,7 @@ TEST(kernels_fusion_gpu, UpscaleHyperGeluTableGivesTheExpressionsBits) {
                  above = (v >= 8.0).to(at::kFloat).mean().item<double>();
     std::vector<at::Tensor> outs;
     for (const char* on : {"0", "1"}) {
-      setenv("MASKD_GELU_TABLE", on, 1);
+      const mt::ScopedEnv env("MASKD_GELU_TABLE", on);
       EXPECT_EQ(mk::UpscaleHyperGeluTable(at::kBFloat16, rows, dev), std::string(on) == "1") << name;
       Poison(static_cast<size_t>(B) * 4 * 256 * 256 * 2 + (1 << 20));
       outs.push_back(mk::UpscaleHyper(x, wt, bt, hy, h, w));
@@ -661,11 +657,9 @@ TEST(kernels_fusion_gpu, UpscaleHyperGeluTableGivesTheExpressionsBits) {
     EXPECT_GT(below, 0.0) << name << ": the inputs should reach below the table";
   }
   // A click's launch (512 tiles) and fp16 keep the expression.
-  setenv("MASKD_GELU_TABLE", "1", 1);
+  const mt::ScopedEnv env("MASKD_GELU_TABLE", "1");
   EXPECT_FALSE(mk::UpscaleHyperGeluTable(at::kBFloat16, 64 * 64 * 4, dev));
   EXPECT_FALSE(mk::UpscaleHyperGeluTable(at::kHalf, rows, dev));
-  if (saved) setenv("MASKD_GELU_TABLE", restore.c_str(), 1);
-  else unsetenv("MASKD_GELU_TABLE");
 }
 
 TEST(kernels_fusion_gpu, CopySlicesEqualsPerSliceClonesAndOwnsItsMemory) {

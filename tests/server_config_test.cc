@@ -11,6 +11,7 @@
 
 #include "server/config.h"
 #include "server/malloc_tuning.h"
+#include "tests/scoped_env.h"
 
 namespace maskd::server {
 namespace {
@@ -24,25 +25,7 @@ ConfigParseResult Parse(std::vector<std::string> args) {
   return ParseConfig(static_cast<int>(argv.size()), argv.data());
 }
 
-// Sets an environment variable for one test.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using maskd::testing::ScopedEnv;
 
 fs::path TempDir(const std::string& name) {
   fs::path p = fs::temp_directory_path() / ("maskd_config_test_" + name + "_" + std::to_string(getpid()));
