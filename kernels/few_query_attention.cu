@@ -177,14 +177,6 @@ constexpr int kTile = kKeys * kPitch;     // one staged [32 keys, 16] tile (elem
 constexpr int kStages = 2;
 constexpr float kNegInf = -__builtin_huge_valf();
 
-// Two 16-bit values as one .b32 (the low half the lower column), zero past the queries.
-template <typename T>
-__device__ __forceinline__ uint32_t QueryPair(const T* q, int64_t row_stride, int row, int col, int rows) {
-  if (row >= rows) return 0u;
-  const T x = q[row * row_stride + col], y = q[row * row_stride + col + 1];
-  return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&x)) |
-         (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&y)) << 16);
-}
 }  // namespace fqm
 
 // One block per (split, head, batch) as FewQueryAttentionKernel, 4 warps. Warp w takes keys
@@ -212,9 +204,9 @@ __global__ void __launch_bounds__(kFqThreads) FewQueryMmaKernel(const FewQueryAt
   const T* bb = a.k_bias ? static_cast<const T*>(a.k_bias) + h * kC : nullptr;
   // Q as the A fragment (rows g, g + 8; channels 2t.., 2t + 8..), unscaled: the scale is applied to
   // the fp32 scores.
-  const uint32_t qa[4] = {fqm::QueryPair(qb, a.q_stride[2], g, 2 * t, L), fqm::QueryPair(qb, a.q_stride[2], g + 8, 2 * t, L),
-                          fqm::QueryPair(qb, a.q_stride[2], g, 2 * t + 8, L),
-                          fqm::QueryPair(qb, a.q_stride[2], g + 8, 2 * t + 8, L)};
+  const uint32_t qa[4] = {RowPair(qb, a.q_stride[2], g, 2 * t, L), RowPair(qb, a.q_stride[2], g + 8, 2 * t, L),
+                          RowPair(qb, a.q_stride[2], g, 2 * t + 8, L),
+                          RowPair(qb, a.q_stride[2], g + 8, 2 * t + 8, L)};
   const int64_t begin = static_cast<int64_t>(split) * a.chunks_per_split * kFqChunk;
   const int64_t end = min(static_cast<int64_t>(a.keys), begin + static_cast<int64_t>(a.chunks_per_split) * kFqChunk);
   // Stage the warp's 32 keys from key0: lane = key, two 16-byte pieces of each row; keys past the end

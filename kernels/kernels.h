@@ -232,6 +232,24 @@ at::Tensor FewQueryAttentionBiased(const at::Tensor& q, const at::Tensor& k, con
                                    const at::Tensor& kv_rows, const at::Tensor& k_bias, const at::Tensor& v_bias,
                                    double scale, Stream stream = nullptr);
 at::Tensor FewQueryAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+// The decoder's token->image attention over each prompt's own keys with the key and value
+// projections absorbed (kernels/NOTES.md, "Weight absorption"): for batch n, head h and query l,
+//   z[n, l, h, :] = sum_j p_j x[n, j, :],  p = softmax_j(scale (qa[n, h, l, :] . x[n, j, :]
+//                                                        + q[n, h, l, :] . k_bias[j, h C : (h + 1) C]))
+// qa [N, H, L, D] (Wk_h^T q), q [N, H, L, C], x [N, S, D] (the keys, which are also the values),
+// k_bias [S, H * C] (the key projection's positional share and bias) or undefined; any strides with
+// the last dimension contiguous, one dtype and device. Returns z [N, L, H, D] contiguous in x's dtype;
+// the caller applies Wv_h and the output projection to it. CUDA kernel (absorbed_attention.cu) when
+// AbsorbedAttentionFits (bf16 / fp16, H = 8, C = 16, D = 256, L <= 8, 16-byte aligned rows), else
+// AbsorbedAttentionReference (fp32 products and softmax, rounded once).
+bool AbsorbedAttentionFits(const at::Tensor& qa, const at::Tensor& q, const at::Tensor& x, const at::Tensor& k_bias);
+// The shapes the kernel covers, before any tensor exists (the decoder picks its path with it).
+bool AbsorbedAttentionShapeSupported(int64_t heads, int64_t head_dim, int64_t dim, int64_t queries,
+                                     at::ScalarType dtype, const at::Device& device);
+at::Tensor AbsorbedAttention(const at::Tensor& qa, const at::Tensor& q, const at::Tensor& x, const at::Tensor& k_bias,
+                             double scale, Stream stream = nullptr);
+at::Tensor AbsorbedAttentionReference(const at::Tensor& qa, const at::Tensor& q, const at::Tensor& x,
+                                      const at::Tensor& k_bias, double scale);
 // The shared decoder's image side of a batch of embeddings, written into `out` [N, HW, C] (N >=
 // images.size(), contiguous; rows past the images are left as they are): out[i] = (images[i] +
 // channel_bias) as [HW, C], images[i] [C, h, w] (or [1, C, h, w]) with HW = h * w, channel_bias C

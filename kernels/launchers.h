@@ -222,6 +222,39 @@ bool FewQueryAttentionSupported(int queries, int head_dim, DType dtype);  // hea
 int FewQueryChunkKeys();
 cudaError_t LaunchFewQueryAttention(const FewQueryAttentionArgs& args, DType dtype, cudaStream_t stream);
 cudaError_t LaunchFewQueryCombine(const FewQueryAttentionArgs& args, DType dtype, cudaStream_t stream);
+// The decoder's token->image attention over a prompt's own keys with the key and value projections
+// absorbed (absorbed_attention.cu; kernels/NOTES.md, "Weight absorption"): for batch n, head h < 8
+// and query l < queries <= 8, over keys j of x[n] (256 channels),
+//   z[n, l, h, :] = sum_j p_j x[n, j, :],  p = softmax_j(scale (qa[n, h, l, :] . x[n, j, :]
+//                                                        + q[n, h, l, :] . k_bias[j, 16 h : 16 h + 16]))
+// (qa = Wk_h^T q: the key projection moved onto the query; the value projection is the caller's,
+// applied to z). Split over the keys as FewQueryAttention: with splits == 1 the kernel writes `out`,
+// else fp32 partials that LaunchAbsorbedCombine merges into `out`.
+constexpr int kAbsorbedHeads = 8, kAbsorbedHeadDim = 16, kAbsorbedDim = 256, kAbsorbedMaxQueries = 8;
+struct AbsorbedAttentionArgs {
+  // Strides in elements; the last dimension contiguous. qa and x rows 16-byte aligned (base and
+  // strides multiples of 8); q is read element-wise.
+  const void* qa = nullptr;  // [N, 8, queries, 256]: strides (n, h, l)
+  int64_t qa_stride[3] = {0, 0, 0};
+  const void* q = nullptr;   // [N, 8, queries, 16]: strides (n, h, l)
+  int64_t q_stride[3] = {0, 0, 0};
+  const void* x = nullptr;   // [N, keys, 256]: strides (n, key)
+  int64_t x_stride[2] = {0, 0};
+  // [keys, 128] shared by every batch (row stride a multiple of 8, 16-byte aligned), or null.
+  const void* k_bias = nullptr;
+  int64_t k_bias_row_stride = 0;
+  void* out = nullptr;          // [N, queries, 8, 256] contiguous, x's dtype
+  float* partial = nullptr;     // splits > 1: [N, splits, 64, 256] (row 8 h + l) accumulators
+  float* partial_md = nullptr;  // splits > 1: [N, splits, 64, 2] (running max, sum)
+  int batch = 0, queries = 0, keys = 0;
+  // Split s takes keys [s, s + 1) * keys_per_split, a multiple of AbsorbedAttentionKeyStep(); every
+  // split has keys.
+  int splits = 1, keys_per_split = 0;
+  float scale = 1.f;
+};
+int AbsorbedAttentionKeyStep();
+cudaError_t LaunchAbsorbedAttention(const AbsorbedAttentionArgs& args, DType dtype, cudaStream_t stream);
+cudaError_t LaunchAbsorbedCombine(const AbsorbedAttentionArgs& args, DType dtype, cudaStream_t stream);
 // table: `items` rows of {dst address, src address, bytes} on the device; every address 16-byte
 // aligned and every size a multiple of 16; max_bytes the largest size (sizes the grid).
 cudaError_t LaunchCopySlices(const int64_t* table, int64_t items, int64_t max_bytes, cudaStream_t stream);

@@ -50,6 +50,16 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr)
                : "r"(addr));
 }
 
+// q[row, col] and q[row, col + 1] (16-bit) as one .b32, the lower column in the low half; zero for
+// row >= rows: an A-fragment register read straight from global memory (a few query rows).
+template <typename T>
+__device__ __forceinline__ uint32_t RowPair(const T* q, int64_t row_stride, int row, int col, int rows) {
+  if (row >= rows) return 0u;
+  const T x = q[row * row_stride + col], y = q[row * row_stride + col + 1];
+  return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&x)) |
+         (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&y)) << 16);
+}
+
 template <typename T>
 struct Mma;
 template <>

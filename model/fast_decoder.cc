@@ -4,6 +4,8 @@
 #include <torch/types.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/kernels.h"
 
@@ -45,6 +47,7 @@ SharedImageDecoder::SharedImageDecoder(MaskDecoderImpl& decoder, const at::Tenso
     const auto dt = t2i.k_proj->weight.scalar_type();
     BlockTables t;
     t.w = at::cat({t2i.k_proj->weight, t2i.v_proj->weight, i2t.q_proj->weight}, 0).contiguous();
+    t.w_q = t.w.narrow(0, 2 * internal_, internal_);
     t.pe_bias = at::cat({PeTerm(pe, t2i.k_proj), t2i.v_proj->bias.to(at::kFloat).unsqueeze(0).expand({hw, internal_}),
                          PeTerm(pe, i2t.q_proj)},
                         1)
@@ -58,6 +61,13 @@ SharedImageDecoder::SharedImageDecoder(MaskDecoderImpl& decoder, const at::Tenso
   auto& fin = *tr.final_attn_token_to_image;
   final_.w = at::cat({fin.k_proj->weight, fin.v_proj->weight}, 0).contiguous();
   final_.k_bias = PeTerm(pe, fin.k_proj).to(fin.k_proj->weight.scalar_type()).contiguous();
+  // Opt-in until a GPU run has timed it against the projected path (kernels/NOTES.md).
+  const char* absorb = std::getenv("MASKD_DECODER_ABSORB");
+  absorb_ = absorb != nullptr && std::strcmp(absorb, "1") == 0;
+  if (absorb_) {
+    for (auto& blk : tr.layer_list) absorbed_blocks_.push_back(Absorb(*blk->cross_attn_token_to_image));
+    absorbed_final_ = Absorb(fin);
+  }
 
   const auto conv1 = dec_.output_upscaling->ptr<torch::nn::ConvTranspose2dImpl>(0);
   const auto conv2 = dec_.output_upscaling->ptr<torch::nn::ConvTranspose2dImpl>(3);
@@ -85,6 +95,47 @@ SharedImageDecoder::SharedImageDecoder(MaskDecoderImpl& decoder, const at::Tenso
     hyper_w_.push_back(at::stack(w, 0).contiguous());
     hyper_b_.push_back(at::stack(b, 0).contiguous());
   }
+}
+
+SharedImageDecoder::AbsorbedTables SharedImageDecoder::Absorb(const DecoderAttentionImpl& attn) {
+  const at::Tensor& wk = attn.k_proj->weight;  // [I, D]
+  const int64_t heads = attn.num_heads, internal = wk.size(0), dim = wk.size(1), c = internal / heads;
+  const auto dt = wk.scalar_type();
+  const at::Tensor wo = attn.out_proj->weight.to(at::kFloat);  // [Dout, I], columns (head, channel)
+  const at::Tensor wv = attn.v_proj->weight.to(at::kFloat);    // [I, D], rows (head, channel)
+  TORCH_CHECK(wv.size(1) == dim && wo.size(1) == internal, "absorbed attention: k_proj and v_proj read different widths");
+  const int64_t dout = wo.size(0);
+  AbsorbedTables a;
+  a.wk_heads = wk.view({heads, c, dim}).contiguous();
+  // Products in fp32, rounded once to the decoder's dtype.
+  a.w_out = at::bmm(wo.view({dout, heads, c}).permute({1, 0, 2}), wv.view({heads, c, dim}))  // [H, Dout, D]
+                .permute({1, 0, 2})
+                .reshape({dout, heads * dim})
+                .to(dt)
+                .contiguous();
+  a.b_out = (at::mv(wo, attn.v_proj->bias.to(at::kFloat)) + attn.out_proj->bias.to(at::kFloat)).to(dt);
+  return a;
+}
+
+bool SharedImageDecoder::Absorbs(const at::Tensor& x, int64_t tokens) const {
+  if (!absorb_) return false;
+  return !x.is_cuda() || kernels::AbsorbedAttentionShapeSupported(heads_, internal_ / heads_, dim_, tokens,
+                                                                  x.scalar_type(), x.device());
+}
+
+at::Tensor SharedImageDecoder::AbsorbedTokenToImage(const DecoderAttentionImpl& attn, const AbsorbedTables& a,
+                                                    const at::Tensor& q_tokens, const at::Tensor& x,
+                                                    const at::Tensor& k_bias) const {
+  // q·(Wk_h x_j + k_bias_j,h) = (Wk_h^T q)·x_j + q·k_bias_j,h, and sum_j p_j (Wv_h x_j + bv_h) =
+  // Wv_h (sum_j p_j x_j) + bv_h (a softmax row sums to 1): the attention runs on x itself.
+  const int64_t n = q_tokens.size(0), l = q_tokens.size(1), c = internal_ / heads_;
+  const at::Tensor q = Lin(attn.q_proj, q_tokens);  // [N, L, I]
+  const at::Tensor qa = at::bmm(q.reshape({n * l, heads_, c}).transpose(0, 1), a.wk_heads)  // [H, N L, D]
+                            .view({heads_, n, l, dim_})
+                            .permute({1, 0, 2, 3});
+  const at::Tensor z = kernels::AbsorbedAttention(qa, q.view({n, l, heads_, c}).transpose(1, 2), x, k_bias,
+                                                  1.0 / std::sqrt(static_cast<double>(c)));  // [N, L, H, D]
+  return at::linear(z.view({n, l, heads_ * dim_}), a.w_out, a.b_out);
 }
 
 at::Tensor SharedImageDecoder::Hypernetworks(const at::Tensor& mask_tokens) const {
@@ -188,11 +239,14 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
     queries = Norm(blk.norm1, queries);
     const bool group_level = !keys.defined();
     const at::Tensor& x = group_level ? group_keys : keys;
+    // The prompts' own keys with MASKD_DECODER_ABSORB=1: the token->image attention runs on x
+    // (AbsorbedTokenToImage) and the GEMM makes only the image->token q.
+    const bool absorbed = !group_level && Absorbs(x, tt);
     // token->image k, v and image->token q of this block from one GEMM. Their positional shares and
     // biases (the table): added to the group's few rows here; for the prompts' own keys (B x 4096
     // rows) the kernels that read k, v and q add them as they load (FewQueryAttentionBiased,
     // ImageToTokenUpdate's q_bias), which saves a read and a write of the [B, HW, 3I] projection.
-    at::Tensor y = at::linear(x, t.w);  // [N, HW, 3I]
+    at::Tensor y = at::linear(x, absorbed ? t.w_q : t.w);  // [N, HW, 3I] ([N, HW, I] absorbed)
     at::Tensor k_bias, v_bias, q_bias;
     if (group_level) {
       kernels::AddRowsBroadcast(y, t.pe_bias);
@@ -201,15 +255,18 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
       v_bias = blk.cross_attn_token_to_image->v_proj->bias;
       q_bias = t.pe_bias.narrow(1, 2 * internal_, internal_);
     }
-    at::Tensor k = y.narrow(2, 0, internal_), v = y.narrow(2, internal_, internal_),
-               q_img = y.narrow(2, 2 * internal_, internal_);
+    const at::Tensor q_img = absorbed ? y : y.narrow(2, 2 * internal_, internal_);
     const at::Tensor q_tokens = queries + query_pe;
     at::Tensor attn;
-    if (group_level && g == 1) {
+    if (absorbed) {
+      attn = AbsorbedTokenToImage(*blk.cross_attn_token_to_image, absorbed_blocks_[i], q_tokens, x, k_bias);
+    } else if (group_level && g == 1) {
+      const at::Tensor k = y.narrow(2, 0, internal_), v = y.narrow(2, internal_, internal_);
       // Every prompt's tokens are queries of one attention over the image's keys.
       attn = TokenToImage(*blk.cross_attn_token_to_image, q_tokens.reshape({1, b * tt, dim_}), k, v)
                  .view({b, tt, dim_});
     } else {
+      const at::Tensor k = y.narrow(2, 0, internal_), v = y.narrow(2, internal_, internal_);
       attn = TokenToImage(*blk.cross_attn_token_to_image, q_tokens, k, v, group_level ? group_of : at::Tensor(),
                           k_bias, v_bias);
     }
@@ -223,10 +280,14 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
   {
     // The prompts' own keys: the positional share and the bias added by the attention kernel.
     auto& fin = *tr.final_attn_token_to_image;
-    const at::Tensor y = at::linear(keys, final_.w);  // [B, HW, 2I]
-    const at::Tensor attn = TokenToImage(fin, queries + query_pe, y.narrow(2, 0, internal_),
-                                         y.narrow(2, internal_, internal_), at::Tensor(),
-                                         final_.k_bias, fin.v_proj->bias);
+    at::Tensor attn;
+    if (Absorbs(keys, tt)) {
+      attn = AbsorbedTokenToImage(fin, absorbed_final_, queries + query_pe, keys, final_.k_bias);
+    } else {
+      const at::Tensor y = at::linear(keys, final_.w);  // [B, HW, 2I]
+      attn = TokenToImage(fin, queries + query_pe, y.narrow(2, 0, internal_), y.narrow(2, internal_, internal_),
+                          at::Tensor(), final_.k_bias, fin.v_proj->bias);
+    }
     queries = Norm(tr.norm_final_attn, queries + attn);
   }
   const int64_t m = dec_.num_mask_tokens;

@@ -62,6 +62,7 @@ class SharedImageDecoder {
  private:
   struct BlockTables {
     at::Tensor w;        // [3I, D]: token->image k_proj, v_proj, image->token q_proj weights
+    at::Tensor w_q;      // [I, D]: rows 2I.. of w (image->token q_proj), for the absorbed form
     at::Tensor pe_bias;  // [HW, 3I]: pe·W^T + bias for k and q, the v bias for v
     at::Tensor wo_heads; // [H, I/H, D]: image->token out_proj, split by head
     at::Tensor wo_bias;  // [D]: image->token out_proj bias
@@ -70,6 +71,15 @@ class SharedImageDecoder {
     at::Tensor w;       // [2I, D]: final token->image k_proj, v_proj
     at::Tensor k_bias;  // [HW, I]: pe·Wk^T + bk (the v bias is v_proj's, added by the attention)
   };
+  // A token->image attention over the prompts' own keys with its key and value projections absorbed
+  // (kernels::AbsorbedAttention): scores qa·x with qa = Wk_h^T q per head, and the output
+  // out_proj(v_proj applied to z) = sum_h (Wo_h Wv_h) z_h + (Wo bv + bo) as one linear.
+  struct AbsorbedTables {
+    at::Tensor wk_heads;  // [H, I/H, D]: k_proj's weight by head
+    at::Tensor w_out;     // [D, H * D]: Wo_h Wv_h side by side, h = 0..H-1
+    at::Tensor b_out;     // [D]
+  };
+  static AbsorbedTables Absorb(const DecoderAttentionImpl& attn);
   // q_img and residual: [1, HW, .] (one image for every prompt), [B, HW, .], or the groups'
   // [G, HW, .] with q_rows / residual_rows [B] (int64) naming each prompt's group.
   // q_bias [HW, I]: q_img's positional share when q_img lacks it (the prompts' own keys), else undefined.
@@ -79,6 +89,12 @@ class SharedImageDecoder {
   at::Tensor TokenToImage(const DecoderAttentionImpl& attn, const at::Tensor& q_tokens, const at::Tensor& k,
                           const at::Tensor& v, const at::Tensor& kv_rows = at::Tensor(),
                           const at::Tensor& k_bias = at::Tensor(), const at::Tensor& v_bias = at::Tensor()) const;
+  // TokenToImage over the prompts' own keys x [B, HW, D] with the absorbed tables; k_bias [HW, I].
+  at::Tensor AbsorbedTokenToImage(const DecoderAttentionImpl& attn, const AbsorbedTables& a,
+                                  const at::Tensor& q_tokens, const at::Tensor& x, const at::Tensor& k_bias) const;
+  // Whether the attentions over the prompts' own keys take the absorbed form for `tokens` tokens a
+  // prompt on x's device and dtype (MASKD_DECODER_ABSORB=1, and on CUDA the kernel's shapes).
+  bool Absorbs(const at::Tensor& x, int64_t tokens) const;
   at::Tensor Upscale(const at::Tensor& keys, const at::Tensor& hyper_in) const;
   // The mask tokens' hypernetwork MLPs, one per mask token, as one batched GEMM per layer:
   // mask_tokens [B, M, D] -> [B, M, out].
@@ -88,6 +104,10 @@ class SharedImageDecoder {
   int64_t h_ = 0, w_ = 0, dim_ = 0, internal_ = 0, heads_ = 0;
   std::vector<BlockTables> blocks_;
   FinalTables final_;
+  // MASKD_DECODER_ABSORB=1 (read at construction): blocks 1.. and the final attention absorbed.
+  bool absorb_ = false;
+  std::vector<AbsorbedTables> absorbed_blocks_;  // per block (block 0's unused: it reads the image side)
+  AbsorbedTables absorbed_final_;
   at::Tensor up1_w_, up1_b_, up2_w_, up2_b_;  // channels-last transposed-convolution GEMM operands
   // Per layer of the hypernetwork MLPs: the M tokens' weights stacked [M, in, out] and biases [M, 1, out].
   std::vector<at::Tensor> hyper_w_, hyper_b_;

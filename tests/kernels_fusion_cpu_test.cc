@@ -149,6 +149,44 @@ TEST(kernels_fusion_cpu, FewQueryAttentionIsSdpaInTheOutProjLayout) {
 
 // The shared decoder's image side: out[i][y * w + x][c] = image_i[c][y][x] + bias[c], element by
 // element; rows of out past the images are left alone; mismatched shapes are refused.
+// AbsorbedAttention's CPU path (its reference) against the projected attention it replaces, written
+// with other ops: k = x Wk^T + k_bias and v = x Wv^T per head, SDPA, then the per-head value
+// projection moved after the sum (z_h Wv_h^T). qa = Wk_h^T q strided as the decoder makes it.
+TEST(kernels_fusion_cpu, AbsorbedAttentionIsTheProjectedAttentionOnTheKeysThemselves) {
+  const int64_t N = 3, H = 8, L = 5, S = 70, C = 16, D = 256, I = H * C;
+  const at::Tensor x = Randn({N, S, D}, 41);
+  const at::Tensor wk = Randn({I, D}, 42) * 0.1, wv = Randn({I, D}, 43) * 0.1;
+  const at::Tensor table = Randn({S, 3 * I}, 44);  // the decoder's [HW, 3I] positional table
+  const at::Tensor k_bias = table.narrow(1, 0, I);
+  const at::Tensor q = Randn({N, L, H, C}, 45).transpose(1, 2);  // [N, H, L, C], strided
+  const double scale = 1.0 / std::sqrt(static_cast<double>(C));
+  const at::Tensor k = (at::matmul(x, wk.t()) + k_bias).view({N, S, H, C}).transpose(1, 2);
+  const at::Tensor v = at::matmul(x, wv.t()).view({N, S, H, C}).transpose(1, 2);
+  const at::Tensor projected = at::scaled_dot_product_attention(q, k, v).transpose(1, 2);  // [N, L, H, C]
+  const at::Tensor qa = at::matmul(q.transpose(0, 1).reshape({H, N * L, C}), wk.view({H, C, D}))
+                            .view({H, N, L, D})
+                            .permute({1, 0, 2, 3});
+  const at::Tensor z = mk::AbsorbedAttention(qa, q, x, k_bias, scale);  // [N, L, H, D]
+  ASSERT_EQ(z.sizes(), (std::vector<int64_t>{N, L, H, D}));
+  EXPECT_TRUE(z.is_contiguous());
+  const at::Tensor absorbed = at::einsum("nlhd,hcd->nlhc", {z, wv.view({H, C, D})});
+  EXPECT_LT(MaxAbs(absorbed, projected), 2e-5);
+  // Without the key bias: the keys' own share only; and the bias changes the answer.
+  const at::Tensor k0 = at::matmul(x, wk.t()).view({N, S, H, C}).transpose(1, 2);
+  const at::Tensor z0 = mk::AbsorbedAttention(qa, q, x, at::Tensor(), scale);
+  EXPECT_LT(MaxAbs(at::einsum("nlhd,hcd->nlhc", {z0, wv.view({H, C, D})}),
+                   at::scaled_dot_product_attention(q, k0, v).transpose(1, 2)),
+            2e-5);
+  EXPECT_GT(MaxAbs(z0, z), 1e-3);
+  EXPECT_FALSE(mk::AbsorbedAttentionFits(qa, q, x, k_bias));  // no kernel on the CPU
+  EXPECT_FALSE(mk::AbsorbedAttentionShapeSupported(H, C, D, L, at::kBFloat16, at::Device(at::kCPU)));
+  // Mismatched arguments are refused with a message, not read out of bounds.
+  EXPECT_THROW(mk::AbsorbedAttention(qa, q, x.narrow(2, 0, 128), k_bias, scale), c10::Error);
+  EXPECT_THROW(mk::AbsorbedAttention(qa, q.narrow(2, 0, 2), x, k_bias, scale), c10::Error);
+  EXPECT_THROW(mk::AbsorbedAttention(qa, q, x, k_bias.narrow(0, 0, S - 1), scale), c10::Error);
+  EXPECT_THROW(mk::AbsorbedAttention(qa, q, x.narrow(0, 0, 2), k_bias, scale), c10::Error);
+}
+
 TEST(kernels_fusion_cpu, ImageSideKeysIsBiasedChannelsLastPerImage) {
   const int64_t C = 6, h = 3, w = 5, N = 2;
   const std::vector<at::Tensor> images = {Randn({C, h, w}, 61), Randn({1, C, h, w}, 62)};

@@ -7,7 +7,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <tuple>
@@ -559,6 +561,56 @@ TEST(kernels_fusion_gpu, FewQueryAttentionBiasedEqualsAttendingToBiasedKeysAndVa
 // embedding then the transposing copy (both round the fp32 sum once); SAM's [256, 64, 64] for 1, 16
 // and 70 images (two launches of at most 64), a shape that ends mid-tile, fp32 (ATen's path); rows
 // of out past the images untouched.
+// The absorbed token->image attention (the key and value projections moved onto the query and the
+// output): the kernel against its fp32 reference on the same 16-bit inputs, with the tolerances of the
+// few-query kernels (P is rounded to the 16-bit type before its product with x, as the projected
+// path's kernel does not; the bound holds with room). A click (32 key splits and the combine kernel),
+// 64 prompts (4 splits), a key count that ends mid-step and mid-split with 8 queries, many prompts in
+// one split (the kernel writes the output itself) over 33 keys, no key bias; qa strided as the
+// decoder's per-head product leaves it, the bias a strided slice of the [HW, 3I] table.
+TEST(kernels_fusion_gpu, AbsorbedAttentionMatchesItsReference) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t N, L, S;
+    bool bias;
+  };
+  const int64_t H = 8, C = 16, D = 256;
+  uint64_t seed = 1700;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+    for (const Case& c : {Case{1, 7, 4096, true}, Case{64, 7, 4096, true}, Case{3, 8, 1000, true},
+                          Case{300, 1, 33, false}, Case{2, 8, 4096, false}}) {
+      const std::string name = c10::toString(t) + std::string(" N ") + std::to_string(c.N) + " L " +
+                               std::to_string(c.L) + " S " + std::to_string(c.S) + (c.bias ? " bias" : "");
+      const at::Tensor x = Randn({c.N, c.S, D}, seed++, t);
+      const at::Tensor qa = Randn({H, c.N, c.L, D}, seed++, t, 0.4).permute({1, 0, 2, 3});
+      const at::Tensor q = Randn({c.N, c.L, H, C}, seed++, t).transpose(1, 2);
+      const at::Tensor k_bias = c.bias ? Randn({c.S, 3 * H * C}, seed++, t, 2.0).narrow(1, 0, H * C) : at::Tensor();
+      const double scale = 0.25;
+      ASSERT_TRUE(mk::AbsorbedAttentionFits(qa, q, x, k_bias)) << name;
+      Poison(c.N * c.L * H * D * 2 + std::min<int64_t>(32 * c.N, 256) * 64 * (D + 2) * 4);  // out, partials
+      const at::Tensor out = mk::AbsorbedAttention(qa, q, x, k_bias, scale);
+      const at::Tensor ref = mk::AbsorbedAttentionReference(qa, q, x, k_bias, scale);
+      ASSERT_EQ(out.sizes(), ref.sizes()) << name;
+      ASSERT_EQ(out.scalar_type(), t) << name;
+      const Err e = Compare(out, ref);
+      std::printf("%s: rel L2 %.3e max abs %.3e\n", name.c_str(), e.rel_l2, e.max_abs);
+      ExpectFewQueryClose(out, ref, t, name);
+      if (c.bias) {  // the bias is read: without it the answer moves
+        EXPECT_GT(Compare(mk::AbsorbedAttentionReference(qa, q, x, at::Tensor(), scale), ref).rel_l2, 0.05) << name;
+      }
+    }
+  }
+  // Outside the kernel's shapes (9 queries) it is the reference, not a wrong answer.
+  const at::Tensor x = Randn({2, 64, D}, 1790, at::kBFloat16);
+  const at::Tensor qa = Randn({2, H, 9, D}, 1791, at::kBFloat16, 0.4);
+  const at::Tensor q = Randn({2, H, 9, C}, 1792, at::kBFloat16);
+  EXPECT_FALSE(mk::AbsorbedAttentionFits(qa, q, x, at::Tensor()));
+  EXPECT_LE(Compare(mk::AbsorbedAttention(qa, q, x, at::Tensor(), 0.25),
+                    mk::AbsorbedAttentionReference(qa, q, x, at::Tensor(), 0.25))
+                .max_abs,
+            0.0);
+}
+
 TEST(kernels_fusion_gpu, ImageSideKeysEqualsAddThenTranspose) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 1500;

@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "model/api/engine.h"
 #include "model/fast_decoder.h"
 #include "model/mask_decoder.h"
 #include "model/sam.h"
 #include "model/sam_config.h"
+#include "tests/scoped_env.h"
 
 namespace maskd {
 namespace {
@@ -67,6 +69,30 @@ TEST(SharedImageDecoder, JaggedGroupsEqualTheOriginalPerPrompt) {
   const at::Tensor single = torch::arange(6, torch::kLong);
   const at::Tensor per_prompt = groups.index_select(0, group_of);
   ExpectSame(shared.forward(per_prompt, single, sparse), ref, "one group per prompt");
+}
+
+// MASKD_DECODER_ABSORB=1: blocks 1.. and the final attention run on the prompts' keys themselves
+// (kernels::AbsorbedAttention, whose CPU path is its reference). The same function as the original
+// up to fp32 reassociation, for one image and for jagged groups, with 8 tokens a prompt (the kernel's
+// limit on CUDA) and with 12; and not the projected path's bits, so the absorbed form did run.
+TEST(SharedImageDecoder, AbsorbedAttentionsEqualTheOriginal) {
+  torch::NoGradGuard no_grad;
+  Fixture f(35);
+  const at::Tensor groups = torch::randn({3, 256, 64, 64});
+  const at::Tensor group_of = torch::tensor({2, 0, 1, 0, 2}, torch::kLong);
+  SharedImageDecoder projected(*f.dec, f.pos);
+  const testing::ScopedEnv absorb("MASKD_DECODER_ABSORB", "1");
+  SharedImageDecoder absorbed(*f.dec, f.pos);
+  for (int64_t tokens : {3, 7}) {
+    const at::Tensor sparse = torch::randn({5, tokens, 256});
+    const std::string what = std::to_string(5 + tokens) + " tokens";
+    const auto ref = f.dec->forward(groups.index_select(0, group_of), f.pos, sparse);
+    const auto got = absorbed.forward(groups, group_of, sparse);
+    ExpectSame(got, ref, (what + ", 3 groups").c_str());
+    EXPECT_FALSE(at::equal(got.masks, projected.forward(groups, group_of, sparse).masks)) << what;
+    const auto one_ref = f.dec->forward(groups.slice(0, 0, 1).expand({5, -1, -1, -1}), f.pos, sparse);
+    ExpectSame(absorbed.forward(groups.slice(0, 0, 1), at::Tensor(), sparse), one_ref, (what + ", one image").c_str());
+  }
 }
 
 TEST(SharedImageDecoder, RowsAreIndependentOfTheirBatch) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run 59 (written 2026-12-07, ninth session; any card; ~6 minutes fresh on an H100, ~9 on an H200).
+# Run 59 (written 2026-12-07, ninth session, extended in the tenth; any card; ~7 minutes fresh on an
+# H100, ~9 on an H200).
 # Main now makes the fold's terms on the tensor cores by default (run 58) and groups a jagged bucket's
 # passes by image. This call:
 #   1. the fold kernels' and UpscaleHyper's GPU tests, and the folded way's module and engine tests
@@ -7,6 +8,9 @@
 #   2. UpscaleHyper's GELU table (MASKD_GELU_TABLE=1, opt-in) against the expression, A-B-A-B, each
 #      with the decoder rows profiled: run 58 timed it once, unprofiled, at the end of the call, when
 #      the post-processing (which it does not touch) had also slowed by 16 %, so it showed nothing
+#   2b. the absorbed token->image attentions (MASKD_DECODER_ABSORB=1, opt-in, tenth session; never run
+#      on a GPU before): AbsorbedAttention's kernel test and the decoder's bf16 test with it, then the
+#      decoder rows in the same A-B order (base, GELU table, absorbed, twice)
 #   3. maskbench's default rows (vit_b / vit_h, bs1 and bs32), profiled: the new default as shipped
 #   4. on an H200 only, time allowing: the seed's quick set and its vit_h bs32 row (issue #12's vit_h
 #      1.6x is an H200 target; no H200 has been lent since run 40)
@@ -15,29 +19,33 @@
 #   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=540 timeout 560 bash bench/results/next/next-call-59.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench model_gpu_test kernels_fusion_gpu_test model_fusion_gpu_test"}
+export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench model_gpu_test kernels_fusion_gpu_test model_fusion_gpu_test model_fast_decoder_gpu_test"}
 source scripts/gpu-host/call-prelude.sh
 left() { echo $(( ${CALL_LIMIT:-540} - ($(date +%s) - S) )); }
-timeout 60 "$B/tests/kernels_fusion_gpu_test" --gtest_filter='*Fold*:*UpscaleHyper*' > "$out/tests.log" 2>&1
-echo "kernels_fusion_gpu_test (fold kernels, UpscaleHyper) rc=$?" >> "$out/perf.log"
+timeout 60 "$B/tests/kernels_fusion_gpu_test" --gtest_filter='*Fold*:*UpscaleHyper*:*Absorbed*:*FewQuery*' > "$out/tests.log" 2>&1
+echo "kernels_fusion_gpu_test (fold kernels, UpscaleHyper, AbsorbedAttention, FewQuery) rc=$?" >> "$out/perf.log"
+timeout 60 "$B/tests/model_fast_decoder_gpu_test" --gtest_filter='*Bf16Error*' >> "$out/tests.log" 2>&1
+echo "model_fast_decoder_gpu_test (bf16 error, with the absorbed attentions) rc=$?" >> "$out/perf.log"
 timeout 40 "$B/tests/model_fusion_gpu_test" --gtest_filter='*Folded*' >> "$out/tests.log" 2>&1
 echo "model_fusion_gpu_test (default fold kernel) rc=$?" >> "$out/perf.log"
 timeout 40 "$B/tests/model_gpu_test" --gtest_filter='*GlobalAttention*' >> "$out/tests.log" 2>&1
 echo "model_gpu_test (default fold kernel) rc=$?" >> "$out/perf.log"
-grep -E "^\[  (PASSED|FAILED) |^\[ +FAILED |Failure|Expected|Which is|rel L2" "$out/tests.log" | cut -c1-240 | head -40 >> "$out/perf.log"
+grep -E "^\[  (PASSED|FAILED) |^\[ +FAILED |Failure|Expected|Which is|rel L2|absorbed|projected" "$out/tests.log" | cut -c1-240 | head -60 >> "$out/perf.log"
 t tests
-decoder() {  # decoder VALUE TAG: the vit_b decoder rows with MASKD_GELU_TABLE=VALUE, profiled
-  local d="$out/prof-gelu$1-$2"; mkdir -p "$d"
-  MASKD_GELU_TABLE=$1 timeout 60 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 --rows "global attention" \
+decoder() {  # decoder NAME TAG [VAR=VALUE]: the vit_b decoder rows with the variable set, profiled
+  local d="$out/prof-$1-$2"; mkdir -p "$d"
+  env ${3:-MASKD_NONE=0} timeout 60 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 --rows "global attention" \
     --profile "$d" --profile-rows "global attention" > "$d/bench.log" 2>&1
-  echo "--- MASKD_GELU_TABLE=$1 ($2): rc=$?" >> "$out/perf.log"
+  echo "--- $1 (${3:-defaults}, $2): rc=$?" >> "$out/perf.log"
   grep -E "decoder shared-image" "$d/bench.log" | cut -c1-250 >> "$out/perf.log"
-  grep -hE "^===.*shared-image|UpscaleHyper|kernel total" "$d/profiles.txt" | grep -v "encoder, batch" | cut -c1-150 >> "$out/perf.log"
+  grep -hE "^===.*shared-image|UpscaleHyper|Absorbed|FewQuery|^gemm  |kernel total" "$d/profiles.txt" | grep -v "encoder, batch" | cut -c1-150 >> "$out/perf.log"
   rm -f "$d"/trace-*.json
-  t "decoder gelu=$1 $2"
+  t "decoder $1 $2"
 }
-for step in "0 a" "1 a" "0 b" "1 b"; do
-  [ "$(left)" -gt 45 ] && decoder $step
+for tag in a b; do
+  [ "$(left)" -gt 45 ] && decoder base $tag
+  [ "$(left)" -gt 45 ] && decoder gelu $tag MASKD_GELU_TABLE=1
+  [ "$(left)" -gt 45 ] && decoder absorb $tag MASKD_DECODER_ABSORB=1
 done
 if [ "$(left)" -gt 80 ]; then
   d="$out/prof-default"; mkdir -p "$d"
