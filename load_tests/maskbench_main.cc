@@ -411,6 +411,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"threshold", "rle"}))->capture_default_str();
   app.add_option("--latency-iters", latency_iters, "Iterations of the one-click latency measurement")->capture_default_str();
   app.add_flag("!--no-latency", latency, "Skip the decoder latency table");
+  std::vector<std::string> decode_cases_arg;
+  app.add_option("--decode-cases", decode_cases_arg,
+                 "Extra rows of the shared-image decoder's latency table, thresholded masks: PROMPTS/IMAGES per call "
+                 "(e.g. 16/1,16/16; images <= 32, prompts >= images)")
+      ->delimiter(',');
   app.add_option("--golden", golden, "Golden folder: also run verify-golden (tiny model) with each row's options");
   app.add_option("--json", json_path, "Write every number as JSON");
   std::string profile_dir;
@@ -437,6 +442,17 @@ int main(int argc, char** argv) {
   app.add_flag("--generate-only", generate_only,
                "Only the --generate cases (bf16, the server's default fast path): no waterfall, no latency table");
   CLI11_PARSE(app, argc, argv);
+  std::vector<std::pair<int, int>> decode_cases;  // (prompts, images)
+  for (const std::string& c : decode_cases_arg) {
+    int p = 0, i = 0;
+    char tail = 0;
+    if (std::sscanf(c.c_str(), "%d/%d%c", &p, &i, &tail) != 2 || i < 1 || i > 32 || p < i || p > 4096) {
+      std::fprintf(stderr, "--decode-cases: '%s' is not PROMPTS/IMAGES with 1 <= IMAGES <= 32 and IMAGES <= PROMPTS <= 4096\n",
+                   c.c_str());
+      return 2;
+    }
+    decode_cases.emplace_back(p, i);
+  }
   if (generate_only && generate_iters <= 0) generate_iters = 10;
 
   const auto enc = output == "rle" ? maskd::MaskEncoding::kRle : maskd::MaskEncoding::kNone;
@@ -629,8 +645,10 @@ int main(int argc, char** argv) {
         std::vector<std::pair<Case, maskd::MaskEncoding>> cases = {
             {Case{1, 1}, maskd::MaskEncoding::kRle}, {Case{64, 1}, maskd::MaskEncoding::kRle},
             {Case{256, 32}, maskd::MaskEncoding::kRle}};
-        if (shared)
+        if (shared) {
           for (Case c : {Case{1, 1}, Case{64, 1}, Case{256, 32}}) cases.push_back({c, maskd::MaskEncoding::kNone});
+          for (const auto& [p, i] : decode_cases) cases.push_back({Case{p, i}, maskd::MaskEncoding::kNone});
+        }
         for (auto [cs, out_enc] : cases) {
           const char* enc_name = out_enc == maskd::MaskEncoding::kRle ? "rle" : "none";
           if (cs.images > static_cast<int>(embs.size())) continue;

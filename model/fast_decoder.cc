@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "kernels/kernels.h"
 
@@ -61,10 +62,13 @@ SharedImageDecoder::SharedImageDecoder(MaskDecoderImpl& decoder, const at::Tenso
   auto& fin = *tr.final_attn_token_to_image;
   final_.w = at::cat({fin.k_proj->weight, fin.v_proj->weight}, 0).contiguous();
   final_.k_bias = PeTerm(pe, fin.k_proj).to(fin.k_proj->weight.scalar_type()).contiguous();
-  // Opt-in until a GPU run has timed it against the projected path (kernels/NOTES.md).
+  // MASKD_DECODER_ABSORB: "1" every pass, "0" none, unset: passes of kAbsorbMinPrompts prompts or
+  // more (kernels/NOTES.md has the runs that chose it).
   const char* absorb = std::getenv("MASKD_DECODER_ABSORB");
-  absorb_ = absorb != nullptr && std::strcmp(absorb, "1") == 0;
-  if (absorb_) {
+  absorb_min_prompts_ = absorb == nullptr ? kAbsorbMinPrompts
+                        : std::strcmp(absorb, "1") == 0 ? 1
+                        : std::numeric_limits<int64_t>::max();
+  if (absorb_min_prompts_ != std::numeric_limits<int64_t>::max()) {
     for (auto& blk : tr.layer_list) absorbed_blocks_.push_back(Absorb(*blk->cross_attn_token_to_image));
     absorbed_final_ = Absorb(fin);
   }
@@ -118,7 +122,7 @@ SharedImageDecoder::AbsorbedTables SharedImageDecoder::Absorb(const DecoderAtten
 }
 
 bool SharedImageDecoder::Absorbs(const at::Tensor& x, int64_t tokens) const {
-  if (!absorb_) return false;
+  if (x.size(0) < absorb_min_prompts_) return false;
   return !x.is_cuda() || kernels::AbsorbedAttentionShapeSupported(heads_, internal_ / heads_, dim_, tokens,
                                                                   x.scalar_type(), x.device());
 }

@@ -32,6 +32,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "model/mask_decoder.h"
@@ -92,8 +94,8 @@ class SharedImageDecoder {
   // TokenToImage over the prompts' own keys x [B, HW, D] with the absorbed tables; k_bias [HW, I].
   at::Tensor AbsorbedTokenToImage(const DecoderAttentionImpl& attn, const AbsorbedTables& a,
                                   const at::Tensor& q_tokens, const at::Tensor& x, const at::Tensor& k_bias) const;
-  // Whether the attentions over the prompts' own keys take the absorbed form for `tokens` tokens a
-  // prompt on x's device and dtype (MASKD_DECODER_ABSORB=1, and on CUDA the kernel's shapes).
+  // Whether the attentions over the prompts' own keys x [B, HW, D] take the absorbed form for
+  // `tokens` tokens a prompt (B >= absorb_min_prompts_, and on CUDA the kernel's shapes and dtypes).
   bool Absorbs(const at::Tensor& x, int64_t tokens) const;
   at::Tensor Upscale(const at::Tensor& keys, const at::Tensor& hyper_in) const;
   // The mask tokens' hypernetwork MLPs, one per mask token, as one batched GEMM per layer:
@@ -104,8 +106,10 @@ class SharedImageDecoder {
   int64_t h_ = 0, w_ = 0, dim_ = 0, internal_ = 0, heads_ = 0;
   std::vector<BlockTables> blocks_;
   FinalTables final_;
-  // MASKD_DECODER_ABSORB=1 (read at construction): blocks 1.. and the final attention absorbed.
-  bool absorb_ = false;
+  // The absorbed form from this many prompts a pass (MASKD_DECODER_ABSORB, read at construction:
+  // "1" -> 1, "0" -> never, unset -> kAbsorbMinPrompts).
+  static constexpr int64_t kAbsorbMinPrompts = std::numeric_limits<int64_t>::max();
+  int64_t absorb_min_prompts_ = kAbsorbMinPrompts;
   std::vector<AbsorbedTables> absorbed_blocks_;  // per block (block 0's unused: it reads the image side)
   AbsorbedTables absorbed_final_;
   at::Tensor up1_w_, up1_b_, up2_w_, up2_b_;  // channels-last transposed-convolution GEMM operands
