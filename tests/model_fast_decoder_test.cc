@@ -95,6 +95,29 @@ TEST(SharedImageDecoder, AbsorbedAttentionsEqualTheOriginal) {
   }
 }
 
+// Without MASKD_DECODER_ABSORB the absorbed form serves passes of 8 prompts or more (run 60's
+// crossover) and "0" none: below the threshold the default decoder gives the projected path's bits,
+// from it not.
+TEST(SharedImageDecoder, AbsorbedAttentionsFromEightPromptsByDefault) {
+  torch::NoGradGuard no_grad;
+  Fixture f(36);
+  const at::Tensor src = torch::randn({1, 256, 64, 64});
+  at::Tensor projected_small, projected_large;
+  const at::Tensor small = torch::randn({7, 2, 256}), large = torch::randn({8, 2, 256});
+  {
+    const testing::ScopedEnv off("MASKD_DECODER_ABSORB", "0");
+    SharedImageDecoder projected(*f.dec, f.pos);
+    projected_small = projected.forward(src, at::Tensor(), small).masks;
+    projected_large = projected.forward(src, at::Tensor(), large).masks;
+  }
+  const testing::ScopedEnv unset("MASKD_DECODER_ABSORB", nullptr);
+  SharedImageDecoder by_default(*f.dec, f.pos);
+  EXPECT_TRUE(at::equal(by_default.forward(src, at::Tensor(), small).masks, projected_small));
+  const at::Tensor large_default = by_default.forward(src, at::Tensor(), large).masks;
+  EXPECT_FALSE(at::equal(large_default, projected_large));
+  EXPECT_LT(RelMax(large_default, projected_large), 2e-5);
+}
+
 TEST(SharedImageDecoder, RowsAreIndependentOfTheirBatch) {
   torch::NoGradGuard no_grad;
   Fixture f(33);

@@ -11,9 +11,14 @@ namespace maskd::testing {
 
 class ScopedEnv {
  public:
+  // value nullptr: the variable unset for the scope.
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
   }
   ~ScopedEnv() {
     if (old_) {
