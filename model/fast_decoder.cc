@@ -62,12 +62,12 @@ SharedImageDecoder::SharedImageDecoder(MaskDecoderImpl& decoder, const at::Tenso
   auto& fin = *tr.final_attn_token_to_image;
   final_.w = at::cat({fin.k_proj->weight, fin.v_proj->weight}, 0).contiguous();
   final_.k_bias = PeTerm(pe, fin.k_proj).to(fin.k_proj->weight.scalar_type()).contiguous();
-  // MASKD_DECODER_ABSORB: "1" every pass, "0" none, unset: passes of kAbsorbMinPrompts prompts or
-  // more (kernels/NOTES.md has the runs that chose it).
+  // MASKD_DECODER_ABSORB (a same-binary comparison knob): "1" every pass, "0" none, unset or any
+  // other value: passes of kAbsorbMinPrompts prompts or more (kernels/NOTES.md has the runs).
   const char* absorb = std::getenv("MASKD_DECODER_ABSORB");
-  absorb_min_prompts_ = absorb == nullptr ? kAbsorbMinPrompts
-                        : std::strcmp(absorb, "1") == 0 ? 1
-                        : std::numeric_limits<int64_t>::max();
+  absorb_min_prompts_ = absorb != nullptr && std::strcmp(absorb, "1") == 0   ? 1
+                        : absorb != nullptr && std::strcmp(absorb, "0") == 0 ? std::numeric_limits<int64_t>::max()
+                                                                              : kAbsorbMinPrompts;
   if (absorb_min_prompts_ != std::numeric_limits<int64_t>::max()) {
     for (auto& blk : tr.layer_list) absorbed_blocks_.push_back(Absorb(*blk->cross_attn_token_to_image));
     absorbed_final_ = Absorb(fin);
@@ -243,8 +243,8 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
     queries = Norm(blk.norm1, queries);
     const bool group_level = !keys.defined();
     const at::Tensor& x = group_level ? group_keys : keys;
-    // The prompts' own keys with MASKD_DECODER_ABSORB=1: the token->image attention runs on x
-    // (AbsorbedTokenToImage) and the GEMM makes only the image->token q.
+    // The prompts' own keys, in a pass of enough prompts (Absorbs): the token->image attention runs on
+    // x itself (AbsorbedTokenToImage) and the GEMM makes only the image->token q.
     const bool absorbed = !group_level && Absorbs(x, tt);
     // token->image k, v and image->token q of this block from one GEMM. Their positional shares and
     // biases (the table): added to the group's few rows here; for the prompts' own keys (B x 4096
@@ -260,17 +260,17 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
       q_bias = t.pe_bias.narrow(1, 2 * internal_, internal_);
     }
     const at::Tensor q_img = absorbed ? y : y.narrow(2, 2 * internal_, internal_);
+    const at::Tensor k = absorbed ? at::Tensor() : y.narrow(2, 0, internal_),
+                     v = absorbed ? at::Tensor() : y.narrow(2, internal_, internal_);
     const at::Tensor q_tokens = queries + query_pe;
     at::Tensor attn;
     if (absorbed) {
       attn = AbsorbedTokenToImage(*blk.cross_attn_token_to_image, absorbed_blocks_[i], q_tokens, x, k_bias);
     } else if (group_level && g == 1) {
-      const at::Tensor k = y.narrow(2, 0, internal_), v = y.narrow(2, internal_, internal_);
       // Every prompt's tokens are queries of one attention over the image's keys.
       attn = TokenToImage(*blk.cross_attn_token_to_image, q_tokens.reshape({1, b * tt, dim_}), k, v)
                  .view({b, tt, dim_});
     } else {
-      const at::Tensor k = y.narrow(2, 0, internal_), v = y.narrow(2, internal_, internal_);
       attn = TokenToImage(*blk.cross_attn_token_to_image, q_tokens, k, v, group_level ? group_of : at::Tensor(),
                           k_bias, v_bias);
     }

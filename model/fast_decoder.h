@@ -20,6 +20,10 @@
 //    [4096, heads x T] matrix per prompt, and the value and output projections are folded into one
 //    [heads x T, D] matrix per prompt (out_proj(P·V) = P·(V·Wo_h^T) head by head), so the update of
 //    the keys is one batched GEMM with the residual as its accumulator, then the LayerNorm.
+//  - From 8 prompts a pass, the token->image attentions over the prompts' own keys (block 1's and
+//    the final one) run with their key and value projections absorbed (kernels::AbsorbedAttention):
+//    q·(Wk_h x + b) = (Wk_h^T q)·x + q·b, and the value projection is applied after the weighted
+//    sum, so the [B x 4096, 256] keys are not projected for them (run 60: ahead from 16 prompts).
 //  - The upscaling keeps the channels-last transposed convolutions as GEMMs and defers their pixel
 //    shuffles to the final [B, masks, 256, 256] logits (the LayerNorm, GELUs and the hypernetwork
 //    product do not care about the order of pixels), so no full-resolution activation is permuted.
@@ -107,7 +111,7 @@ class SharedImageDecoder {
   std::vector<BlockTables> blocks_;
   FinalTables final_;
   // The absorbed form from this many prompts a pass (MASKD_DECODER_ABSORB, read at construction:
-  // "1" -> 1, "0" -> never, unset -> kAbsorbMinPrompts). Run 60 (H100, same binary, A-B-A-B): decode
+  // "1" -> 1, "0" -> never, otherwise kAbsorbMinPrompts). Run 60 (H100, same binary, A-B-A-B): decode
   // p50 of 1 / 2 / 4 prompts +0.01 ms absorbed, 8 equal, 16 -0.03, 32 -0.07, 64 -0.15, 256 over 32
   // images -0.6 ms.
   static constexpr int64_t kAbsorbMinPrompts = 8;
