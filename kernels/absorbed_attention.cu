@@ -158,38 +158,7 @@ __global__ void __launch_bounds__(absd::kThreads, 2) AbsorbedAttentionKernel(con
         }
       }
     }
-    float mx[2] = {kNegInf, kNegInf};
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool valid = key0 + 8 * nt + 2 * t + (e % 2) < end;
-        s[nt][e] = valid ? s[nt][e] * a.scale : kNegInf;
-        mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);    // finite: key0 is a key of the range
-      const float alpha = __expf(m[r] - m_new);  // 0 on the first step (m = -inf)
-      m[r] = m_new;
-      d[r] *= alpha;
-#pragma unroll
-      for (int ct = 0; ct < kD / 8; ++ct) {
-        o[ct][2 * r] *= alpha;
-        o[ct][2 * r + 1] *= alpha;
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = __expf(s[nt][e] - m[e / 2]);  // 0 for the masked keys
-        d[e / 2] += s[nt][e];
-      }
-    }
+    OnlineSoftmaxStep(s, key0, end, t, a.scale, m, d, o);
     // O += P X over two k-steps of 16 keys; the C fragment of S for keys 16 ks .. 16 ks + 15 is the
     // A fragment of P for that k-step.
 #pragma unroll

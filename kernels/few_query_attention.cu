@@ -256,38 +256,7 @@ __global__ void __launch_bounds__(kFqThreads) FewQueryMmaKernel(const FewQueryAt
         Mma<T>::Run(s[2 * half + 1], qa, f[2], f[3]);
       }
     }
-    float mx[2] = {fqm::kNegInf, fqm::kNegInf};
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool valid = key0 + 8 * nt + 2 * t + (e % 2) < end;
-        s[nt][e] = valid ? s[nt][e] * a.scale : fqm::kNegInf;
-        mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);  // finite: key0 itself is a key of the range
-      const float alpha = __expf(m[r] - m_new);  // 0 on the warp's first step (m = -inf)
-      m[r] = m_new;
-      d[r] *= alpha;
-#pragma unroll
-      for (int ct = 0; ct < 2; ++ct) {
-        o[ct][2 * r] *= alpha;
-        o[ct][2 * r + 1] *= alpha;
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = __expf(s[nt][e] - m[e / 2]);  // 0 for the masked keys
-        d[e / 2] += s[nt][e];
-      }
-    }
+    OnlineSoftmaxStep(s, key0, end, t, a.scale, m, d, o);
     // O += P V over two k-steps of 16 keys; P (fp32) as hi + lo 16-bit halves. The C fragment of S
     // for keys 16 ks.. 16 ks + 15 is the A fragment of P for that k-step.
     const T* vt = kt + 2 * kTile;

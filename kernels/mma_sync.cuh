@@ -60,6 +60,49 @@ __device__ __forceinline__ uint32_t RowPair(const T* q, int64_t row_stride, int 
          (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&y)) << 16);
 }
 
+// One step of the online softmax (FlashAttention) over a warp's scores for 16 rows x 32 keys,
+// s[n-tile][register] in the C layout (rows g and g + 8; keys key0 + 8 nt + 2t, + 1): the scores
+// scaled and the keys at or past `end` masked; each row's running max m (over the quad's four lanes)
+// and sum d, and its output accumulators o (OT n-tiles of the same rows), rescaled by the change of
+// the max; s replaced by the unnormalised probabilities exp(s - m), 0 for the masked keys. key0 must
+// be a key of the range (so that the new max is finite); m = -inf, d = 0 and o = 0 before the first.
+template <int OT>
+__device__ __forceinline__ void OnlineSoftmaxStep(float (&s)[4][4], int64_t key0, int64_t end, int t, float scale,
+                                                  float (&m)[2], float (&d)[2], float (&o)[OT][4]) {
+  float mx[2] = {-__builtin_huge_valf(), -__builtin_huge_valf()};
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const bool valid = key0 + 8 * nt + 2 * t + (e % 2) < end;
+      s[nt][e] = valid ? s[nt][e] * scale : -__builtin_huge_valf();
+      mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float m_new = fmaxf(m[r], mx[r]);    // finite: key0 is a key of the range
+    const float alpha = __expf(m[r] - m_new);  // 0 on the first step (m = -inf)
+    m[r] = m_new;
+    d[r] *= alpha;
+#pragma unroll
+    for (int ct = 0; ct < OT; ++ct) {
+      o[ct][2 * r] *= alpha;
+      o[ct][2 * r + 1] *= alpha;
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[nt][e] = __expf(s[nt][e] - m[e / 2]);
+      d[e / 2] += s[nt][e];
+    }
+  }
+}
+
 template <typename T>
 struct Mma;
 template <>
