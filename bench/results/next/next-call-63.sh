@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Run 63 (written in the tenth session; any card, ~6 minutes fresh on an H100, ~8 on an H200).
+#   1. the few-query and absorbed kernels' tests and the decoder's GPU tests (5665deb moved their
+#      online-softmax step into mma_sync.cuh: same instruction counts, not yet run on a GPU)
+#   2. maskbench's default rows (vit_b / vit_h, bs1 and bs32) and the decoder rows, profiled
+#   3. on an H200: the seed's vit_h bs32 row (#12's vit_h 1.6x is an H200 target; none lent since run 40)
+#   4. #13's served clicks, vit_b at 1, 16 and 256 clients, then the seed's quick set
+# If an H200 comes, this is the call to make first; on an H100 it repeats run 59-61's figures.
+#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=540 timeout 560 bash bench/results/next/next-call-63.sh
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench kernels_fusion_gpu_test model_fast_decoder_gpu_test"}
+source scripts/gpu-host/call-prelude.sh
+left() { echo $(( ${CALL_LIMIT:-540} - ($(date +%s) - S) )); }
+timeout 60 "$B/tests/kernels_fusion_gpu_test" --gtest_filter='*FewQuery*:*Absorbed*' > "$out/tests.log" 2>&1
+echo "kernels_fusion_gpu_test (FewQuery, AbsorbedAttention) rc=$?" >> "$out/perf.log"
+timeout 120 "$B/tests/model_fast_decoder_gpu_test" >> "$out/tests.log" 2>&1
+echo "model_fast_decoder_gpu_test (all) rc=$?" >> "$out/perf.log"
+grep -E "^\[  (PASSED|FAILED) |^\[ +FAILED |Failure|Expected|Which is|rel L2|attentions" "$out/tests.log" | cut -c1-240 | head -50 >> "$out/perf.log"
+t tests
+if [ "$(left)" -gt 120 ]; then
+  d="$out/prof-default"; mkdir -p "$d"
+  timeout 110 "$B/load_tests/maskbench" --arch vit_b,vit_h --batch 1,32 --fp32-batch 1 --rows "global attention" \
+    --profile "$d" --profile-rows "global attention" --json "$d/bench.json" > "$d/bench.log" 2> "$d/bench.err"
+  echo "--- default: maskbench rc=$?" >> "$out/perf.log"
+  grep -E "^vit|^peak|decoder shared-image" "$d/bench.log" | cut -c1-220 >> "$out/perf.log"
+  grep -E "global attention per block" "$d/bench.err" | cut -c1-400 >> "$out/perf.log"
+  grep -hE "^===|kernel total" "$d/profiles.txt" | cut -c1-150 >> "$out/perf.log"
+  rm -f "$d"/trace-*.json
+  t default
+fi
+if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && [ "$(left)" -gt 90 ]; then
+  bash scripts/gpu-host/seed-row.sh "$out/anchors" fast_vit_h_bs32 $(( $(left) > 110 ? 100 : $(left) - 10 )) \
+    offline --impl fast --model vit_h --batch 32
+  t seed-vit_h
+fi
+if [ "$(left)" -gt 130 ]; then
+  OUT=$out/served SERVED_DURATION=10 timeout $(( $(left) - 70 )) bash scripts/gpu-host/served-bench.sh \
+    vit_b:bf16::interactive:1 vit_b:bf16::interactive:16 vit_b:bf16::interactive:256 > "$out/served.log" 2>&1
+  grep -E "rc=" "$out/served.log" | cut -c1-300 >> "$out/perf.log"
+  grep -h -B1 -A2 "server per call" "$out"/served/maskload-*.log 2>/dev/null | cut -c1-200 >> "$out/perf.log"
+  t served
+fi
+if [ "$(left)" -gt 65 ]; then
+  timeout $(( $(left) > 120 ? 110 : $(left) - 10 )) bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
+  t seed-quick
+fi
+grep -h RESULT "$out"/anchors/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$out/perf.log" 2>&1
+pack prof-default anchors served served.log tests.log misc.tar.gz
+ls "$out"
