@@ -30,7 +30,7 @@ if [ "$(left)" -gt 120 ]; then
   t default
 fi
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && [ "$(left)" -gt 90 ]; then
-  bash scripts/gpu-host/seed-row.sh "$out/anchors" fast_vit_h_bs32 $(( $(left) > 110 ? 100 : $(left) - 10 )) \
+  bash scripts/gpu-host/seed-row.sh "$out/anchors-vit_h" fast_vit_h_bs32 $(( $(left) > 110 ? 100 : $(left) - 10 )) \
     offline --impl fast --model vit_h --batch 32
   t seed-vit_h
 fi
@@ -45,7 +45,7 @@ if [ "$(left)" -gt 65 ]; then
   timeout $(( $(left) > 120 ? 110 : $(left) - 10 )) bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
   t seed-quick
 fi
-grep -h RESULT "$out"/anchors/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
+grep -h RESULT "$out"/anchors/RESULTS.txt "$out"/anchors-vit_h/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$out/perf.log" 2>&1
-pack prof-default anchors served served.log tests.log misc.tar.gz
+pack prof-default anchors anchors-vit_h served served.log tests.log misc.tar.gz
 ls "$out"
