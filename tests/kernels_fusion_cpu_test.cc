@@ -147,8 +147,6 @@ TEST(kernels_fusion_cpu, FewQueryAttentionIsSdpaInTheOutProjLayout) {
   EXPECT_THROW(mk::FewQueryAttentionBiased(q, k, v, {}, k_bias, v_bias.narrow(0, 0, 8), scale), c10::Error);
 }
 
-// The shared decoder's image side: out[i][y * w + x][c] = image_i[c][y][x] + bias[c], element by
-// element; rows of out past the images are left alone; mismatched shapes are refused.
 // AbsorbedAttention's CPU path (its reference) against the projected attention it replaces, written
 // with other ops: k = x Wk^T + k_bias and v = x Wv^T per head, SDPA, then the per-head value
 // projection moved after the sum (z_h Wv_h^T). qa = Wk_h^T q strided as the decoder makes it.
@@ -187,6 +185,8 @@ TEST(kernels_fusion_cpu, AbsorbedAttentionIsTheProjectedAttentionOnTheKeysThemse
   EXPECT_THROW(mk::AbsorbedAttention(qa, q, x.narrow(0, 0, 2), k_bias, scale), c10::Error);
 }
 
+// The shared decoder's image side: out[i][y * w + x][c] = image_i[c][y][x] + bias[c], element by
+// element; rows of out past the images are left alone; mismatched shapes are refused.
 TEST(kernels_fusion_cpu, ImageSideKeysIsBiasedChannelsLastPerImage) {
   const int64_t C = 6, h = 3, w = 5, N = 2;
   const std::vector<at::Tensor> images = {Randn({C, h, w}, 61), Randn({1, C, h, w}, 62)};

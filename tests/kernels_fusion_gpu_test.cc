@@ -557,10 +557,6 @@ TEST(kernels_fusion_gpu, FewQueryAttentionBiasedEqualsAttendingToBiasedKeysAndVa
   }
 }
 
-// The shared decoder's image side in one launch: bit-identical to ATen's add of the no-mask dense
-// embedding then the transposing copy (both round the fp32 sum once); SAM's [256, 64, 64] for 1, 16
-// and 70 images (two launches of at most 64), a shape that ends mid-tile, fp32 (ATen's path); rows
-// of out past the images untouched.
 // The absorbed token->image attention (the key and value projections moved onto the query and the
 // output): the kernel against its fp32 reference on the same 16-bit inputs, with the tolerances of the
 // few-query kernels (P is rounded to the 16-bit type before its product with x, as the projected
@@ -611,6 +607,10 @@ TEST(kernels_fusion_gpu, AbsorbedAttentionMatchesItsReference) {
             0.0);
 }
 
+// The shared decoder's image side in one launch: bit-identical to ATen's add of the no-mask dense
+// embedding then the transposing copy (both round the fp32 sum once); SAM's [256, 64, 64] for 1, 16
+// and 70 images (two launches of at most 64), a shape that ends mid-tile, fp32 (ATen's path); rows
+// of out past the images untouched.
 TEST(kernels_fusion_gpu, ImageSideKeysEqualsAddThenTranspose) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 1500;
