@@ -296,7 +296,7 @@ grpc::ServerUnaryReactor* MaskService::Segment(grpc::CallbackServerContext* cont
                               OutputSpecFrom(*request), call->control,
                               call->arrival, out.get(), nullptr,
                               [this, call, out, response, prompts, tag](Status s) {
-                                ToProto(*out, s, response);
+                                MoveToProto(*out, s, response);
                                 if (s.ok() && options_.startup) options_.startup->Mark(Milestone::kFirstMask);
                                 WarnIfOverDefaultReceiveLimit(*call->control, *response);
                                 call->Finish(s, 1, prompts, out->image.cached, tag);
@@ -357,7 +357,7 @@ grpc::ServerUnaryReactor* MaskService::GenerateMasks(grpc::CallbackServerContext
     auto out = std::make_shared<GenerateOutcome>();
     backend.pipeline->Generate(std::move(target), std::move(*spec), call->control, call->arrival,
                                out.get(), [call, out, response, tag](Status s) {
-                                 ToProto(*out, s, response);
+                                 MoveToProto(*out, s, response);
                                  WarnIfOverDefaultReceiveLimit(*call->control, *response);
                                  // The access log's "prompts" of a generation: its grid points.
                                  call->Finish(s, 1, out->stats.points, out->image.cached, tag);

@@ -277,7 +277,7 @@ void StreamSession::Dispatch(Message* m, ImageInput target, std::vector<PromptDr
 }
 
 void StreamSession::Complete(Message* m, const Status& status) {
-  if (m->dispatched) ToProto(m->outcome, status, &m->response);
+  if (m->dispatched) MoveToProto(m->outcome, status, &m->response);
   if (!status.ok()) {
     m->response.clear_results();
     v1::StreamError* e = m->response.mutable_error();

@@ -1,6 +1,7 @@
 #include "server/wire.h"
 
 #include <cmath>
+#include <utility>
 
 #include "model/io/image_codec.h"
 #include "model/io/image_id.h"
@@ -353,15 +354,15 @@ void ToProto(const ImageOutcome& o, v1::EmbedResponse* r) {
   }
 }
 
-void ToProto(const SegmentOutcome& o, const Status& status, v1::SegmentResponse* r) {
+void MoveToProto(SegmentOutcome& o, const Status& status, v1::SegmentResponse* r) {
   ImageOutcomeToProto(o.image, r);
   r->clear_results();
   if (!status.ok()) return;
-  for (const PromptResult& p : o.results) {
+  for (PromptResult& p : o.results) {
     v1::PromptResult* pr = r->add_results();
     pr->set_result_id(p.result_id);
     pr->set_best_index(p.best_index);
-    for (const MaskResult& m : p.masks) {
+    for (MaskResult& m : p.masks) {
       v1::MaskResult* mr = pr->add_masks();
       mr->set_score(m.score);
       mr->set_stability_score(m.stability_score);
@@ -376,11 +377,11 @@ void ToProto(const SegmentOutcome& o, const Status& status, v1::SegmentResponse*
           v1::CocoRle* rle = mr->mutable_rle();
           rle->add_size(static_cast<uint32_t>(o.image.height));
           rle->add_size(static_cast<uint32_t>(o.image.width));
-          rle->set_counts(m.rle_counts);
+          rle->set_counts(std::move(m.rle_counts));
           break;
         }
         case OutputFormat::kPng:
-          mr->set_png(m.png);
+          mr->set_png(std::move(m.png));
           break;
         case OutputFormat::kLowResLogits: {
           v1::LowResLogits* l = mr->mutable_low_res_logits();
@@ -395,7 +396,7 @@ void ToProto(const SegmentOutcome& o, const Status& status, v1::SegmentResponse*
   }
 }
 
-void ToProto(const GenerateOutcome& o, const Status& status, v1::GenerateMasksResponse* r) {
+void MoveToProto(GenerateOutcome& o, const Status& status, v1::GenerateMasksResponse* r) {
   ImageOutcomeToProto(o.image, r);
   r->clear_masks();
   if (!status.ok()) return;
@@ -411,16 +412,16 @@ void ToProto(const GenerateOutcome& o, const Status& status, v1::GenerateMasksRe
     out->set_height(static_cast<uint32_t>(b[3]));
   };
   r->mutable_masks()->Reserve(static_cast<int>(o.masks.size()));
-  for (const GeneratedMaskResult& m : o.masks) {
+  for (GeneratedMaskResult& m : o.masks) {
     v1::GeneratedMask* g = r->add_masks();
     switch (o.format) {
-      case OutputFormat::kPng: g->set_png(m.png); break;
+      case OutputFormat::kPng: g->set_png(std::move(m.png)); break;
       case OutputFormat::kPolygons: PolygonsToProto(m.polygons, g->mutable_polygons()); break;
       default: {
         v1::CocoRle* rle = g->mutable_rle();
         rle->add_size(static_cast<uint32_t>(o.image.height));
         rle->add_size(static_cast<uint32_t>(o.image.width));
-        rle->set_counts(m.rle_counts);
+        rle->set_counts(std::move(m.rle_counts));
       }
     }
     g->set_area(m.area);

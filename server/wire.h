@@ -52,8 +52,11 @@ OutputSpec OutputSpecFrom(const v1::SegmentRequest& request);
 
 // Values to responses. Results are written only when `status` is OK (a failed call has none).
 void ToProto(const ImageOutcome& outcome, v1::EmbedResponse* response);
-void ToProto(const SegmentOutcome& outcome, const Status& status, v1::SegmentResponse* response);
-void ToProto(const GenerateOutcome& outcome, const Status& status, v1::GenerateMasksResponse* response);
+// These two move each mask's encoded bytes (COCO RLE counts, PNG) from `outcome` into the response
+// instead of copying them (a click's three random-weight RLE masks are ~165 KB): the caller must be
+// done with those fields; the rest of `outcome` is left as it was.
+void MoveToProto(SegmentOutcome& outcome, const Status& status, v1::SegmentResponse* response);
+void MoveToProto(GenerateOutcome& outcome, const Status& status, v1::GenerateMasksResponse* response);
 // GetInfoResponse.limits.generation.
 void ToProto(const MaskGenerationLimits& limits, v1::GenerationLimits* out);
 
