@@ -116,10 +116,8 @@ __global__ void __launch_bounds__(absd::kThreads, 2) AbsorbedAttentionKernel(con
   // ldmatrix row/column of this lane (mma_sync.cuh): A (the warp's 16 query rows; matrices rows
   // 0-7 | 8-15 of k 0-7, then of k 8-15), B non-trans (keys 0-7: k 0-7 | 8-15, then keys 8-15),
   // B trans (P X: keys 0-7 | 8-15 of channels 0-7, then of channels 8-15).
-  const int a_row = 16 * warp + (lane % 8) + 8 * ((lane / 8) % 2), a_col = 8 * (lane / 16);
-  const int k_row = (lane % 8) + 8 * (lane / 16), k_col = 8 * ((lane / 8) % 2);
-  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2), v_col = 8 * (lane / 16);
-  const uint32_t qa_addr = SmemAddr(qa_s + a_row * kXPitch + a_col);
+  const LdmOffset rows_first = LdmRowsFirst(lane), cols_first = LdmColsFirst(lane);
+  const uint32_t qa_addr = SmemAddr(qa_s + (16 * warp + rows_first.row) * kXPitch + rows_first.col);
 
   int stage = 0;
   stage_keys(begin, 0);  // one group with the queries' copies
@@ -141,7 +139,7 @@ __global__ void __launch_bounds__(absd::kThreads, 2) AbsorbedAttentionKernel(con
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         uint32_t f[4];
-        LdMatrixX4(f, SmemAddr(xs + (16 * half + k_row) * kXPitch + 16 * ks + k_col));
+        LdMatrixX4(f, SmemAddr(xs + (16 * half + cols_first.row) * kXPitch + 16 * ks + cols_first.col));
         Mma<T>::Run(s[2 * half], af, f[0], f[1]);
         Mma<T>::Run(s[2 * half + 1], af, f[2], f[3]);
       }
@@ -152,7 +150,7 @@ __global__ void __launch_bounds__(absd::kThreads, 2) AbsorbedAttentionKernel(con
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           uint32_t f[4];
-          LdMatrixX4(f, SmemAddr(bs + (16 * half + k_row) * kBPitch + 32 * warp + 16 * kk + k_col));
+          LdMatrixX4(f, SmemAddr(bs + (16 * half + cols_first.row) * kBPitch + 32 * warp + 16 * kk + cols_first.col));
           Mma<T>::Run(s[2 * half], qbias[kk], f[0], f[1]);
           Mma<T>::Run(s[2 * half + 1], qbias[kk], f[2], f[3]);
         }
@@ -172,7 +170,7 @@ __global__ void __launch_bounds__(absd::kThreads, 2) AbsorbedAttentionKernel(con
 #pragma unroll
       for (int ct = 0; ct < kD / 16; ++ct) {
         uint32_t f[4];
-        LdMatrixX4Trans(f, SmemAddr(xs + (16 * ks + v_row) * kXPitch + 16 * ct + v_col));
+        LdMatrixX4Trans(f, SmemAddr(xs + (16 * ks + rows_first.row) * kXPitch + 16 * ct + rows_first.col));
         Mma<T>::Run(o[2 * ct], pa, f[0], f[1]);
         Mma<T>::Run(o[2 * ct + 1], pa, f[2], f[3]);
       }

@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(up::kThreads) UpscaleHyperKernel(const Upscale
     CpAsyncCommit();
   };
   const int rb = (warp / 2) * 16, cb = (warp % 2) * 64;
-  const int lr = lane % 16, lc = 8 * (lane / 16);  // ldmatrix row / column offsets of this lane
+  const LdmOffset ld = LdmRowsFirst(lane);
   int buf = 0;
   if (blockIdx.x < tiles) issue(blockIdx.x, 0);
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, buf ^= 1) {
@@ -248,11 +248,11 @@ __global__ void __launch_bounds__(up::kThreads) UpscaleHyperKernel(const Upscale
 #pragma unroll
     for (int kk = 0; kk < up::kK; kk += 16) {
       uint32_t af[4];
-      LdMatrixX4(af, SmemAddr(xs[buf] + (rb + lr) * up::kXs + kk + lc));
+      LdMatrixX4(af, SmemAddr(xs[buf] + (rb + ld.row) * up::kXs + kk + ld.col));
 #pragma unroll
       for (int j = 0; j < 8; j += 2) {
         uint32_t bf[4];
-        LdMatrixX4Trans(bf, SmemAddr(ws + (kk + lr) * up::kWs + cb + 8 * j + lc));
+        LdMatrixX4Trans(bf, SmemAddr(ws + (kk + ld.row) * up::kWs + cb + 8 * j + ld.col));
         Mma<T>::Run(acc[j], af, bf[0], bf[1]);
         Mma<T>::Run(acc[j + 1], af, bf[2], bf[3]);
       }
@@ -571,14 +571,14 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
         acc[j][3] = y.y;
       }
     }
-    const int lr = (lane % 8) + 8 * ((lane / 8) % 2), lc = 8 * (lane / 16);  // ldmatrix row / column of this lane
+    const LdmOffset ld = LdmRowsFirst(lane);
     for (int kk = 0; kk < kpad; kk += 16) {
       uint32_t af[4];
-      LdMatrixX4(af, SmemAddr(p_s + (rg * 16 + lr) * ppitch + kk + lc));
+      LdMatrixX4(af, SmemAddr(p_s + (rg * 16 + ld.row) * ppitch + kk + ld.col));
 #pragma unroll
       for (int j = 0; j < 16; j += 2) {
         uint32_t bf[4];
-        LdMatrixX4Trans(bf, SmemAddr(u_s + (kk + lr) * upd::kUPitch + half * (upd::kD / 2) + 8 * j + lc));
+        LdMatrixX4Trans(bf, SmemAddr(u_s + (kk + ld.row) * upd::kUPitch + half * (upd::kD / 2) + 8 * j + ld.col));
         Mma<T>::Run(acc[j], af, bf[0], bf[1]);
         Mma<T>::Run(acc[j + 1], af, bf[2], bf[3]);
       }

@@ -418,10 +418,11 @@ __global__ void __launch_bounds__(kFoldThreads) FoldRelPosMmaKernel(const FoldRe
     const int warp = tid / 32, lane = tid % 32;
     const int m0 = (warp % 4) * 16, nt0 = (warp / 4) * 12;  // n-tiles nt0 .. nt0 + 11 of 24
     constexpr int KS = D / 16;
+    const LdmOffset a_lane = LdmRowsFirst(lane), b_lane = LdmColsFirst(lane);
     uint32_t af[KS][4];
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks)
-      LdMatrixX4(af[ks], SmemAddr(qs + (m0 + (lane % 8) + 8 * ((lane / 8) % 2)) * P + ks * 16 + 8 * (lane / 16)));
+      LdMatrixX4(af[ks], SmemAddr(qs + (m0 + a_lane.row) * P + ks * 16 + a_lane.col));
     const int gr = lane / 4, tc = 2 * (lane % 4);
 #pragma unroll
     for (int p = 0; p < 6; ++p) {  // pairs of n-tiles
@@ -431,7 +432,7 @@ __global__ void __launch_bounds__(kFoldThreads) FoldRelPosMmaKernel(const FoldRe
       for (int ks = 0; ks < KS; ++ks) {
         // Matrices: (n-tile 2p, k 0-7), (2p, k 8-15), (2p + 1, k 0-7), (2p + 1, k 8-15).
         uint32_t bf[4];
-        LdMatrixX4(bf, SmemAddr(tb + (n0 + 8 * (lane / 16) + (lane % 8)) * P + ks * 16 + 8 * ((lane / 8) % 2)));
+        LdMatrixX4(bf, SmemAddr(tb + (n0 + b_lane.row) * P + ks * 16 + b_lane.col));
         Mma<T>::Run(acc[0], af[ks], bf[0], bf[1]);
         Mma<T>::Run(acc[1], af[ks], bf[2], bf[3]);
       }

@@ -229,8 +229,7 @@ __global__ void __launch_bounds__(kFqThreads) FewQueryMmaKernel(const FewQueryAt
   // ldmatrix addresses of this lane: non-trans (K, bias): matrices (keys 0-7 | 8-15) x (channels
   // 0-7 | 8-15) in the order b0, b1 of keys 0-7, then of keys 8-15; trans (V): keys 0-7 | 8-15 of
   // channels 0-7, then of channels 8-15.
-  const int k_row = (lane % 8) + 8 * (lane / 16), k_col = 8 * ((lane / 8) % 2);
-  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2), v_col = 8 * (lane / 16);
+  const LdmOffset k_lane = LdmColsFirst(lane), v_lane = LdmRowsFirst(lane);
   int stage = 0;
   const int64_t first = begin + warp * kKeys;
   if (first < end) stage_keys(first, 0);
@@ -247,11 +246,11 @@ __global__ void __launch_bounds__(kFqThreads) FewQueryMmaKernel(const FewQueryAt
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       uint32_t f[4];
-      LdMatrixX4(f, SmemAddr(kt + (16 * half + k_row) * kPitch + k_col));
+      LdMatrixX4(f, SmemAddr(kt + (16 * half + k_lane.row) * kPitch + k_lane.col));
       Mma<T>::Run(s[2 * half], qa, f[0], f[1]);
       Mma<T>::Run(s[2 * half + 1], qa, f[2], f[3]);
       if (bb) {  // Q (K + B)^T = Q K^T + Q B^T, both in the fp32 accumulators
-        LdMatrixX4(f, SmemAddr(kt + kTile + (16 * half + k_row) * kPitch + k_col));
+        LdMatrixX4(f, SmemAddr(kt + kTile + (16 * half + k_lane.row) * kPitch + k_lane.col));
         Mma<T>::Run(s[2 * half], qa, f[0], f[1]);
         Mma<T>::Run(s[2 * half + 1], qa, f[2], f[3]);
       }
@@ -271,7 +270,7 @@ __global__ void __launch_bounds__(kFqThreads) FewQueryMmaKernel(const FewQueryAt
         lo[i] = Mma<T>::Pack(pv[0] - h0, pv[1] - h1);
       }
       uint32_t f[4];
-      LdMatrixX4Trans(f, SmemAddr(vt + (16 * ks + v_row) * kPitch + v_col));
+      LdMatrixX4Trans(f, SmemAddr(vt + (16 * ks + v_lane.row) * kPitch + v_lane.col));
       Mma<T>::Run(o[0], hi, f[0], f[1]);
       Mma<T>::Run(o[0], lo, f[0], f[1]);
       Mma<T>::Run(o[1], hi, f[2], f[3]);

@@ -50,6 +50,20 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr)
                : "r"(addr));
 }
 
+// This lane's row and column in a 16 x 16 tile of 16-bit elements for ldmatrix.x4, by the order of
+// the four 8 x 8 matrices it loads:
+//   LdmRowsFirst: (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15,
+//     cols 8-15): from a row-major [m][k] tile the A fragment a0..a3; with .trans, from a [k][n] tile,
+//     the B fragments (b0, b1) of n-tile 0 (cols 0-7) and of n-tile 1 (cols 8-15).
+//   LdmColsFirst: (rows 0-7, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 0-7), (rows 8-15,
+//     cols 8-15): from an [n][k] tile (B stored by its columns, e.g. keys x channels) the B fragments
+//     (b0, b1) of n-tile 0 (rows 0-7) and of n-tile 1 (rows 8-15).
+struct LdmOffset {
+  int row, col;
+};
+__device__ __forceinline__ LdmOffset LdmRowsFirst(int lane) { return {lane % 16, 8 * (lane / 16)}; }
+__device__ __forceinline__ LdmOffset LdmColsFirst(int lane) { return {lane % 8 + 8 * (lane / 16), 8 * (lane / 8 % 2)}; }
+
 // q[row, col] and q[row, col + 1] (16-bit) as one .b32, the lower column in the low half; zero for
 // row >= rows: an A-fragment register read straight from global memory (a few query rows).
 template <typename T>
