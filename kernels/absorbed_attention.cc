@@ -11,18 +11,27 @@ namespace maskd::kernels {
 using internal::Describe;
 
 namespace {
+// The argument rules, as predicates for both the checks (which throw) and AbsorbedAttentionFits.
+bool ShapesAgree(const at::Tensor& qa, const at::Tensor& q, const at::Tensor& x) {
+  return qa.dim() == 4 && q.dim() == 4 && x.dim() == 3 && q.size(0) == qa.size(0) && q.size(1) == qa.size(1) &&
+         q.size(2) == qa.size(2) && x.size(0) == qa.size(0) && x.size(2) == qa.size(3) && x.size(1) > 0;
+}
+bool SameKind(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.device() == b.device();
+}
+// k_bias undefined, or [S, H * C] of x's dtype and device.
+bool BiasAgrees(const at::Tensor& k_bias, const at::Tensor& q, const at::Tensor& x) {
+  return !k_bias.defined() || (k_bias.dim() == 2 && k_bias.size(0) == x.size(1) &&
+                               k_bias.size(1) == q.size(1) * q.size(3) && SameKind(k_bias, x));
+}
+
 void CheckAbsorbedArgs(const at::Tensor& qa, const at::Tensor& q, const at::Tensor& x, const at::Tensor& k_bias) {
-  TORCH_CHECK(qa.dim() == 4 && q.dim() == 4 && x.dim() == 3 && q.size(0) == qa.size(0) && q.size(1) == qa.size(1) &&
-                  q.size(2) == qa.size(2) && x.size(0) == qa.size(0) && x.size(2) == qa.size(3) && x.size(1) > 0,
+  TORCH_CHECK(ShapesAgree(qa, q, x),
               "AbsorbedAttention: expected qa [N, H, L, D], q [N, H, L, C] and x [N, S, D] with S > 0, got ",
               Describe(qa), ", ", Describe(q), " and ", Describe(x));
-  TORCH_CHECK(qa.scalar_type() == x.scalar_type() && q.scalar_type() == x.scalar_type() && qa.device() == x.device() &&
-                  q.device() == x.device(),
-              "AbsorbedAttention: qa, q and x must share dtype and device");
-  const int64_t hc = q.size(1) * q.size(3);
-  TORCH_CHECK(!k_bias.defined() || (k_bias.dim() == 2 && k_bias.size(0) == x.size(1) && k_bias.size(1) == hc &&
-                                    k_bias.scalar_type() == x.scalar_type() && k_bias.device() == x.device()),
-              "AbsorbedAttention: expected k_bias [", x.size(1), ", ", hc, "] with x's dtype and device, got ",
+  TORCH_CHECK(SameKind(qa, x) && SameKind(q, x), "AbsorbedAttention: qa, q and x must share dtype and device");
+  TORCH_CHECK(BiasAgrees(k_bias, q, x), "AbsorbedAttention: expected k_bias [", x.size(1), ", ",
+              q.size(1) * q.size(3), "] with x's dtype and device, got ",
               k_bias.defined() ? Describe(k_bias) : std::string("none"));
 }
 }  // namespace
@@ -54,10 +63,8 @@ bool AbsorbedAttentionShapeSupported(int64_t heads, int64_t head_dim, int64_t di
 
 bool AbsorbedAttentionFits(const at::Tensor& qa, const at::Tensor& q, const at::Tensor& x, const at::Tensor& k_bias) {
 #ifdef MASKD_WITH_CUDA
-  if (qa.dim() != 4 || q.dim() != 4 || x.dim() != 3 || q.size(0) != qa.size(0) || q.size(1) != qa.size(1) ||
-      q.size(2) != qa.size(2) || x.size(0) != qa.size(0) || x.size(2) != qa.size(3) || x.size(1) < 1 ||
-      x.size(1) > (int64_t{1} << 30) || qa.size(0) > 65535 || q.scalar_type() != x.scalar_type() ||
-      qa.scalar_type() != x.scalar_type() || q.device() != x.device() || qa.device() != x.device())
+  if (!ShapesAgree(qa, q, x) || !SameKind(qa, x) || !SameKind(q, x) || !BiasAgrees(k_bias, q, x) ||
+      x.size(1) > (int64_t{1} << 30) || qa.size(0) > 65535)
     return false;
   if (!AbsorbedAttentionShapeSupported(qa.size(1), q.size(3), qa.size(3), qa.size(2), x.scalar_type(), x.device()))
     return false;
@@ -65,10 +72,8 @@ bool AbsorbedAttentionFits(const at::Tensor& qa, const at::Tensor& q, const at::
   const bool qa_ok = qa.stride(3) == 1 && qa.stride(0) % 8 == 0 && qa.stride(1) % 8 == 0 && qa.stride(2) % 8 == 0 &&
                      aligned(qa);
   const bool x_ok = x.stride(2) == 1 && x.stride(0) % 8 == 0 && x.stride(1) % 8 == 0 && aligned(x);
-  const bool bias_ok = !k_bias.defined() || (k_bias.dim() == 2 && k_bias.size(0) == x.size(1) &&
-                                             k_bias.size(1) == qa.size(1) * q.size(3) && k_bias.stride(1) == 1 &&
-                                             k_bias.stride(0) % 8 == 0 && aligned(k_bias) &&
-                                             k_bias.scalar_type() == x.scalar_type() && k_bias.device() == x.device());
+  const bool bias_ok =
+      !k_bias.defined() || (k_bias.stride(1) == 1 && k_bias.stride(0) % 8 == 0 && aligned(k_bias));
   return qa_ok && x_ok && bias_ok && q.stride(3) == 1;
 #else
   (void)qa, (void)q, (void)x, (void)k_bias;
