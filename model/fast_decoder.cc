@@ -69,7 +69,9 @@ SharedImageDecoder::SharedImageDecoder(MaskDecoderImpl& decoder, const at::Tenso
                         : absorb != nullptr && std::strcmp(absorb, "0") == 0 ? std::numeric_limits<int64_t>::max()
                                                                               : kAbsorbMinPrompts;
   if (absorb_min_prompts_ != std::numeric_limits<int64_t>::max()) {
-    for (auto& blk : tr.layer_list) absorbed_blocks_.push_back(Absorb(*blk->cross_attn_token_to_image));
+    // Block 0 reads the groups' image side (never the prompts' own keys): no tables for it.
+    for (size_t i = 0; i < tr.layer_list.size(); ++i)
+      absorbed_blocks_.push_back(i == 0 ? AbsorbedTables{} : Absorb(*tr.layer_list[i]->cross_attn_token_to_image));
     absorbed_final_ = Absorb(fin);
   }
 

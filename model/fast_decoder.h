@@ -116,7 +116,7 @@ class SharedImageDecoder {
   // images -0.6 ms.
   static constexpr int64_t kAbsorbMinPrompts = 8;
   int64_t absorb_min_prompts_ = kAbsorbMinPrompts;
-  std::vector<AbsorbedTables> absorbed_blocks_;  // per block (block 0's unused: it reads the image side)
+  std::vector<AbsorbedTables> absorbed_blocks_;  // per block (block 0's empty: it reads the image side)
   AbsorbedTables absorbed_final_;
   at::Tensor up1_w_, up1_b_, up2_w_, up2_b_;  // channels-last transposed-convolution GEMM operands
   // Per layer of the hypernetwork MLPs: the M tokens' weights stacked [M, in, out] and biases [M, 1, out].
