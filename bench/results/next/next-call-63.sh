@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run 63 (written in the tenth session; any card, ~6 minutes fresh on an H100, ~8 on an H200).
-#   1. the few-query and absorbed kernels' tests and the decoder's GPU tests (5665deb moved their
-#      online-softmax step into mma_sync.cuh: same instruction counts, not yet run on a GPU)
+#   1. the kernels' tests and the decoder's GPU tests: 5665deb moved the few-query and absorbed
+#      kernels' online-softmax step into mma_sync.cuh and eb29c86 their ldmatrix lane offsets, with
+#      UpscaleHyper's, the image->token update's and the fold kernel's (same float / mma instruction
+#      counts and registers; not yet run on a GPU)
 #   2. maskbench's default rows (vit_b / vit_h, bs1 and bs32) and the decoder rows, profiled
 #   3. on an H200: the seed's vit_h bs32 row (#12's vit_h 1.6x is an H200 target; none lent since run 40)
 #   4. #13's served clicks, vit_b at 1, 16 and 256 clients, then the seed's quick set
@@ -12,8 +14,8 @@ cd "$(dirname "$0")/../../.."
 export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench kernels_fusion_gpu_test model_fast_decoder_gpu_test"}
 source scripts/gpu-host/call-prelude.sh
 left() { echo $(( ${CALL_LIMIT:-540} - ($(date +%s) - S) )); }
-timeout 60 "$B/tests/kernels_fusion_gpu_test" --gtest_filter='*FewQuery*:*Absorbed*' > "$out/tests.log" 2>&1
-echo "kernels_fusion_gpu_test (FewQuery, AbsorbedAttention) rc=$?" >> "$out/perf.log"
+timeout 90 "$B/tests/kernels_fusion_gpu_test" --gtest_filter='*FewQuery*:*Absorbed*:*UpscaleHyper*:*ImageToToken*:*Fold*' > "$out/tests.log" 2>&1
+echo "kernels_fusion_gpu_test (FewQuery, AbsorbedAttention, UpscaleHyper, ImageToToken, Fold) rc=$?" >> "$out/perf.log"
 timeout 120 "$B/tests/model_fast_decoder_gpu_test" >> "$out/tests.log" 2>&1
 echo "model_fast_decoder_gpu_test (all) rc=$?" >> "$out/perf.log"
 grep -E "^\[  (PASSED|FAILED) |^\[ +FAILED |Failure|Expected|Which is|rel L2|attentions" "$out/tests.log" | cut -c1-240 | head -50 >> "$out/perf.log"
