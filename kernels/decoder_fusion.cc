@@ -230,19 +230,6 @@ at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const
   return masks.view({b, h, width, 2, 2, 2, 2, m}).permute({0, 7, 1, 3, 5, 2, 4, 6}).reshape({b, m, 4 * h, 4 * width});
 }
 
-bool UpscaleHyperGeluTable(at::ScalarType dtype, int64_t rows, const at::Device& device) {
-  // Opt-in until a device run tests it (ninth session). Read at each call (the decoder calls this
-  // while capturing its graphs, not at replay) so that one test process can check both ways.
-  const char* table = std::getenv("MASKD_GELU_TABLE");
-  if (table == nullptr || std::string(table) != "1" || dtype != at::kBFloat16) return false;
-#ifdef MASKD_WITH_CUDA
-  return device.is_cuda() && detail::UpscaleHyperTableWorthIt(rows, internal::MultiProcessors(device));
-#else
-  (void)rows, (void)device;
-  return false;
-#endif
-}
-
 at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& hyper,
                         int64_t h, int64_t width, const UpscaleInputNorm& norm, Stream stream) {
   TORCH_CHECK(hyper.dim() == 3 && w.dim() == 2 && w.size(1) % 4 == 0 && hyper.size(2) == w.size(1) / 4,
@@ -284,7 +271,6 @@ at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tens
           a.norm_bias = nb.data_ptr();
           a.norm_eps = static_cast<float>(norm.eps);
         }
-        a.gelu_table = UpscaleHyperGeluTable(x.scalar_type(), a.rows, x.device());
         internal::CheckLaunch(detail::LaunchUpscaleHyper(a, internal::ToDType(x.scalar_type(), "x"),
                                                          internal::MultiProcessors(x.device()), scope.get()),
                               "UpscaleHyperKernel");

@@ -136,30 +136,6 @@ __device__ __forceinline__ float GeluRounded(float v) {
   return RoundTo<T>(0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
 }
 
-// GeluRounded<bf16> as a table of its values, for UpscaleHyper: erff is ~27 FP32 instructions, and the
-// kernel evaluates it for every one of the [B, 65536, 32] activations (run 40: the kernel 0.40 ms at
-// 64 prompts, instruction-bound). A bf16 value is a sign, an fp32 exponent and 7 mantissa bits; the
-// table holds every bf16 value with |v| in [2^-10, 8) (13 exponents x 128 mantissas x 2 signs, 6.5
-// KB of shared memory), each entry computed by GeluRounded itself, so a lookup returns the bits the
-// expression would. Values outside the range (and NaN / inf) evaluate the expression.
-namespace gelu_table {
-constexpr uint32_t kExpMin = 117;  // 2^-10
-constexpr uint32_t kExps = 13;     // up to 2^2 inclusive: |v| < 8
-constexpr int kEntries = static_cast<int>(2 * kExps * 128);
-// The bf16 value of entry i (sign, exponent, mantissa from the index).
-__device__ __forceinline__ float Arg(int i) {
-  const uint32_t u = static_cast<uint32_t>(i);
-  const uint32_t sign = u / (kExps * 128), e = (u / 128) % kExps + kExpMin, m = u % 128;
-  return __uint_as_float((sign << 31) | (e << 23) | (m << 16));
-}
-__device__ __forceinline__ float Lookup(float v, const __nv_bfloat16* table) {
-  const uint32_t bits = __float_as_uint(v);
-  const uint32_t e = ((bits >> 23) & 0xffu) - kExpMin;  // wraps for exponents below the range
-  if (e < kExps) return __bfloat162float(table[((bits >> 31) * kExps + e) * 128 + ((bits >> 16) & 127u)]);
-  return GeluRounded<__nv_bfloat16>(v);
-}
-}  // namespace gelu_table
-
 namespace up {
 constexpr int kRows = 32;     // GEMM rows per tile: 8 embedding columns x (dy, dx)
 constexpr int kK = 64;        // input channels
@@ -183,11 +159,8 @@ constexpr int kThreads = 128; // 4 warps: rows 16 (warp / 2).., columns 64 (warp
 //      keeps mask t's two values;
 //   4. the tile's 512 mask values through shared memory into the [B, 4, 4h, 4w] pixel order, written
 //      as 16 rows of 32 contiguous pixels.
-//   kTable (bf16 only): step 3's GELU by gelu_table::Lookup, the table built once per block.
-template <typename T, bool kTable>
+template <typename T>
 __global__ void __launch_bounds__(up::kThreads) UpscaleHyperKernel(const UpscaleHyperArgs a) {
-  static_assert(!kTable || std::is_same_v<T, __nv_bfloat16>, "the GELU table is for bf16");
-  __shared__ __align__(16) T gtab[kTable ? gelu_table::kEntries : 1];
   __shared__ __align__(16) T ws[up::kK * up::kWs];
   __shared__ __align__(16) T xs[2][up::kRows * up::kXs];
   __shared__ float bias[up::kN];
@@ -201,10 +174,6 @@ __global__ void __launch_bounds__(up::kThreads) UpscaleHyperKernel(const Upscale
     *reinterpret_cast<uint4*>(ws + r * up::kWs + c) = reinterpret_cast<const uint4*>(wg)[i];
   }
   for (int i = tid; i < up::kN; i += up::kThreads) bias[i] = ToFloat(static_cast<const T*>(a.bias)[i]);
-  if constexpr (kTable) {
-    for (int i = tid; i < gelu_table::kEntries; i += up::kThreads)
-      gtab[i] = FromFloat<T>(GeluRounded<T>(gelu_table::Arg(i)));
-  }
   const int64_t per_image = static_cast<int64_t>(a.grid_h) * a.grid_w * 4;
   const int64_t tiles = a.rows / up::kRows;
   // Thread's two 16-byte chunks of a tile: rows tid / 8 and tid / 8 + 16, chunk tid % 8 (8 lanes a row).
@@ -268,9 +237,7 @@ __global__ void __launch_bounds__(up::kThreads) UpscaleHyperKernel(const Upscale
         for (int e = 0; e < 4; ++e) {
           const int c = 8 * jj + 2 * t + (e % 2);
           const float v = RoundTo<T>(acc[4 * grp + jj][e] + bias[cb + 32 * grp + c]);
-          float h;
-          if constexpr (kTable) h = gelu_table::Lookup(v, gtab);
-          else h = GeluRounded<T>(v);
+          const float h = GeluRounded<T>(v);
 #pragma unroll
           for (int m = 0; m < up::kM; ++m) o[e / 2][m] = fmaf(h, hyper[m * up::kC + c], o[e / 2][m]);
         }
@@ -691,12 +658,8 @@ cudaError_t LaunchImageSideKeys(const ImageSideKeysArgs& a, DType dtype, cudaStr
 }
 
 int64_t UpscaleHyperBlocks(int64_t rows, int sms) {
-  // ~29 KB of shared memory a block (~35 KB with the GELU table): 6 per SM over the tiles.
+  // ~29 KB of shared memory a block: 6 per SM over the tiles.
   return std::min<int64_t>(rows / up::kRows, static_cast<int64_t>(sms) * 6);
-}
-
-bool UpscaleHyperTableWorthIt(int64_t rows, int sms) {
-  return rows / up::kRows >= 4 * UpscaleHyperBlocks(rows, sms);
 }
 
 cudaError_t LaunchUpscaleHyper(const UpscaleHyperArgs& a, DType dtype, int sms, cudaStream_t stream) {
@@ -706,12 +669,10 @@ cudaError_t LaunchUpscaleHyper(const UpscaleHyperArgs& a, DType dtype, int sms, 
                         reinterpret_cast<uintptr_t>(a.norm_bias) % 16 != 0))
     return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>(UpscaleHyperBlocks(a.rows, sms));
-  if (a.gelu_table && dtype == DType::kBFloat16)
-    UpscaleHyperKernel<__nv_bfloat16, true><<<grid, up::kThreads, 0, stream>>>(a);
-  else if (dtype == DType::kBFloat16)
-    UpscaleHyperKernel<__nv_bfloat16, false><<<grid, up::kThreads, 0, stream>>>(a);
+  if (dtype == DType::kBFloat16)
+    UpscaleHyperKernel<__nv_bfloat16><<<grid, up::kThreads, 0, stream>>>(a);
   else
-    UpscaleHyperKernel<__half, false><<<grid, up::kThreads, 0, stream>>>(a);
+    UpscaleHyperKernel<__half><<<grid, up::kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -173,10 +173,6 @@ at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tens
                         int64_t h, int64_t width, const UpscaleInputNorm& norm = {}, Stream stream = nullptr);
 at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                                  const at::Tensor& hyper, int64_t h, int64_t width);
-// Whether the CUDA kernel reads its second GELU from a table of the expression's bf16 values
-// (decoder_fusion.cu, gelu_table; the same bits): bf16, MASKD_GELU_TABLE=1 (opt-in until a device run
-// tests it), and at least 4 tiles of 32 rows for each block of the launch on `device`.
-bool UpscaleHyperGeluTable(at::ScalarType dtype, int64_t rows, const at::Device& device);
 // The mask decoder's image->token attention probabilities: q [Bq, HW, I] (its last dimension
 // contiguous, rows may be strided), k [B, T, I]; q_rows [B] int64 (may be undefined) names each
 // prompt's q batch row, else row b (Bq == B) or row 0 (Bq == 1). Returns [B, HW, heads * T] in q's

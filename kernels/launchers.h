@@ -139,16 +139,9 @@ struct UpscaleHyperArgs {
   const void* norm_weight = nullptr;
   const void* norm_bias = nullptr;
   float norm_eps = 1e-6f;
-  // bf16: the conv's GELU read from a per-block table of its rounded values over |v| in [2^-10, 8)
-  // (the same expression, evaluated once per table entry instead of once per activation). Ignored for
-  // fp16. The caller sets it where UpscaleHyperTableWorthIt.
-  bool gelu_table = false;
 };
-// The launch's blocks (UpscaleHyperBlocks) and whether each has enough tiles (4) to pay for building
-// the GELU table (26 evaluations a thread: worth it at 64 prompts, ~41 tiles a block on 132 SMs, not
-// for a click's 512 tiles of one each).
+// The launch's blocks: one per 32-row tile, at most 6 an SM (each loops over its tiles).
 int64_t UpscaleHyperBlocks(int64_t rows, int sms);
-bool UpscaleHyperTableWorthIt(int64_t rows, int sms);
 cudaError_t LaunchUpscaleHyper(const UpscaleHyperArgs& args, DType dtype, int sms, cudaStream_t stream);
 // The decoder's image->token attention probabilities (decoder_fusion.cu): for every prompt b, image
 // position p and head h, softmax over the T tokens of scale * q[row(b), p, h*16..] . k[b, t, h*16..],

@@ -675,45 +675,6 @@ TEST(kernels_fusion_gpu, UpscaleHyperMatchesTheUnfusedPathAndFp32) {
   }
 }
 
-// MASKD_GELU_TABLE=1: UpscaleHyper's second GELU from the table of the expression's bf16 values gives
-// the expression's bits. The conv's outputs at two weight scales (O(1) and up to ~40) cover the
-// table's range, values below it (|v| < 2^-10) and above it (|v| >= 8), where the expression runs.
-TEST(kernels_fusion_gpu, UpscaleHyperGeluTableGivesTheExpressionsBits) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 700;
-  const int64_t B = 16, h = 64, w = 64, rows = B * h * w * 4;
-  const at::Device dev(at::kCUDA, 0);
-  for (double w_scale : {0.125, 2.0}) {
-    const std::string name = "weights x " + std::to_string(w_scale);
-    const at::Tensor x = at::gelu(Randn({rows, 64}, seed++, at::kFloat)).to(at::kBFloat16);
-    const at::Tensor wt = Randn({64, 128}, seed++, at::kBFloat16, w_scale);
-    const at::Tensor bt = Randn({128}, seed++, at::kBFloat16, 0.1), hy = Randn({B, 4, 32}, seed++, at::kBFloat16, 0.5);
-    const at::Tensor raw = Randn({rows, 64}, seed++, at::kBFloat16, 2.0, 0.5);
-    const at::Tensor nw = Randn({64}, seed++, at::kBFloat16, 0.2, 1.0), nb = Randn({64}, seed++, at::kBFloat16, 0.2);
-    // How much of the range the inputs reach: the conv's pre-GELU values, rounded as the kernel rounds them.
-    const at::Tensor v = at::addmm(bt, x, wt).abs().to(at::kFloat);
-    const double below = (v < 1.0 / 1024).to(at::kFloat).mean().item<double>(),
-                 above = (v >= 8.0).to(at::kFloat).mean().item<double>();
-    std::vector<at::Tensor> outs;
-    for (const char* on : {"0", "1"}) {
-      const mt::ScopedEnv env("MASKD_GELU_TABLE", on);
-      EXPECT_EQ(mk::UpscaleHyperGeluTable(at::kBFloat16, rows, dev), std::string(on) == "1") << name;
-      Poison(static_cast<size_t>(B) * 4 * 256 * 256 * 2 + (1 << 20));
-      outs.push_back(mk::UpscaleHyper(x, wt, bt, hy, h, w));
-      outs.push_back(mk::UpscaleHyper(raw, wt, bt, hy, h, w, {nw, nb, 1e-6}));
-    }
-    EXPECT_TRUE(at::equal(outs[0], outs[2])) << name << ": max abs " << Compare(outs[2], outs[0]).max_abs
-                                             << " (pre-GELU below 2^-10: " << below << ", >= 8: " << above << ")";
-    EXPECT_TRUE(at::equal(outs[1], outs[3])) << name << " (input norm): max abs " << Compare(outs[3], outs[1]).max_abs;
-    if (w_scale > 1) EXPECT_GT(above, 0.01) << name << ": the inputs should reach past the table";
-    EXPECT_GT(below, 0.0) << name << ": the inputs should reach below the table";
-  }
-  // A click's launch (512 tiles) and fp16 keep the expression.
-  const mt::ScopedEnv env("MASKD_GELU_TABLE", "1");
-  EXPECT_FALSE(mk::UpscaleHyperGeluTable(at::kBFloat16, 64 * 64 * 4, dev));
-  EXPECT_FALSE(mk::UpscaleHyperGeluTable(at::kHalf, rows, dev));
-}
-
 TEST(kernels_fusion_gpu, CopySlicesEqualsPerSliceClonesAndOwnsItsMemory) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 500;

@@ -3,7 +3,7 @@
 #   1. the kernels' tests and the decoder's GPU tests: 5665deb moved the few-query and absorbed
 #      kernels' online-softmax step into mma_sync.cuh and eb29c86 their ldmatrix lane offsets, with
 #      UpscaleHyper's, the image->token update's and the fold kernel's (same float / mma instruction
-#      counts and registers; not yet run on a GPU)
+#      counts and registers; not yet run on a GPU), and UpscaleHyper without the GELU table (removed)
 #   2. maskbench's default rows (vit_b / vit_h, bs1 and bs32) and the decoder rows, profiled
 #   3. on an H200: the seed's vit_h bs32 row (#12's vit_h 1.6x is an H200 target; none lent since run 40)
 #   4. #13's served clicks, vit_b at 1, 16 and 256 clients, then the seed's quick set
