@@ -22,7 +22,7 @@ grep -E "^\[  (PASSED|FAILED) |^\[ +FAILED |Failure|Expected|Which is|rel L2|att
 t tests
 if [ "$(left)" -gt 120 ]; then
   d="$out/prof-default"; mkdir -p "$d"
-  timeout 110 "$B/load_tests/maskbench" --arch vit_b,vit_h --batch 1,32 --fp32-batch 1 --rows "global attention" \
+  timeout 110 "$B/load_tests/maskbench" --arch vit_b,vit_h --batch 1,32 --fp32-batch 1 --rows "global attention" --decode-cases 64/16 \
     --profile "$d" --profile-rows "global attention" --json "$d/bench.json" > "$d/bench.log" 2> "$d/bench.err"
   echo "--- default: maskbench rc=$?" >> "$out/perf.log"
   grep -E "^vit|^peak|decoder shared-image" "$d/bench.log" | cut -c1-220 >> "$out/perf.log"
