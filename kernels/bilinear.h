@@ -35,10 +35,17 @@ MASKD_HD Taps SourceTaps(float scale, int dst, int in_size) {
   return t;
 }
 
+// The horizontal step of one source row: (row, c.i0) = a and (row, c.i1) = b.
+MASKD_HD float Horizontal(const Taps& c, float a, float b) { return c.l0 * a + c.l1 * b; }
+// The vertical step from the two rows' horizontal values.
+MASKD_HD float Vertical(const Taps& r, float top, float bottom) { return r.l0 * top + r.l1 * bottom; }
+
 // One interpolated value from the four taps (a = (r.i0, c.i0), b = (r.i0, c.i1), c = (r.i1, c.i0),
-// d = (r.i1, c.i1)).
+// d = (r.i1, c.i1)): ATen's expression, r.l0 * (c.l0 * a + c.l1 * b) + r.l1 * (c.l0 * cc + c.l1 * d),
+// as its two steps (inlined, the same expression), so that a kernel may compute a row's horizontal
+// values once and reuse them for every output row between its taps.
 MASKD_HD float Combine(const Taps& r, const Taps& c, float a, float b, float cc, float d) {
-  return r.l0 * (c.l0 * a + c.l1 * b) + r.l1 * (c.l0 * cc + c.l1 * d);
+  return Vertical(r, Horizontal(c, a, b), Horizontal(c, cc, d));
 }
 
 }  // namespace maskd::kernels::bilinear

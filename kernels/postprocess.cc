@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kernels/internal.h"
@@ -209,6 +211,9 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
   ea.counts = reinterpret_cast<unsigned long long*>(sp + u_counts);
   ea.extent = i32(u_extent);
   ea.bitmask = want_bitmask ? bitmask_dev.data_ptr<uint8_t>() : nullptr;
+  // Read at each call (cheap next to the launch) so that a test can check both layouts.
+  const char* layout = std::getenv("MASKD_MASK_EVAL");
+  ea.lane_per_row = layout != nullptr && std::string(layout) == "rows";
   internal::CheckLaunch(detail::LaunchMaskStatsInit(ea.counts, ea.extent, ea.num_masks, scope.get()),
                         "MaskStatsInitKernel");
   internal::CheckLaunch(

@@ -224,6 +224,154 @@ __global__ void __launch_bounds__(kThreads) MaskEvalKernel(const MaskEvalArgs a)
   }
 }
 
+// The same evaluation with a lane per output column (the default; MaskEvalKernel above is the layout
+// before it, kept for A-B runs as MASKD_MASK_EVAL=rows). Block = (mask, 32 output columns) as above;
+// lane l owns column x0 + l and warp w the row groups k = w, w + 8, ...; within a group the lane walks
+// its column's 32 rows and builds the column-major bit words itself (bit j = row 32 k + j), so no
+// ballot, transpose or shared memory is needed. The rows' taps are warp-uniform, the columns' taps a
+// lane's own for the whole kernel, and both stages are separable: a low-res row's horizontal values
+// (H, per lane: one for each first-stage column the lane reads) serve every intermediate row between
+// its taps (4 rows at the usual 4x), and an intermediate row's values (S, rounded to T) every output
+// row between its taps. Each is kept in a two-entry register cache keyed by its (warp-uniform) row;
+// rows only move forward, so a miss evicts the smaller key. Per output pixel that leaves the vertical
+// step (two FP32 operations and the rounding) where MaskEvalKernel did four loads and both steps.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) MaskEvalColumnsKernel(const MaskEvalArgs a) {
+  const int m = blockIdx.x;
+  const int64_t* tb = a.table + static_cast<int64_t>(m) * kMaskTableCols;
+  const int in_h = static_cast<int>(tb[kColInputH]);
+  const int in_w = static_cast<int>(tb[kColInputW]);
+  const int oh = static_cast<int>(tb[kColOrigH]);
+  const int ow = static_cast<int>(tb[kColOrigW]);
+  const int x0 = blockIdx.y * kCols;
+  if (x0 >= ow) return;  // whole block: this mask is narrower than the widest
+  const int64_t word_off = tb[kColWordOffset];
+  const int nw = (oh + 31) / 32;
+  const T* __restrict__ low = static_cast<const T*>(a.logits) + static_cast<int64_t>(m) * a.low_h * a.low_w;
+  const float s1h = bilinear::Scale(a.low_h, a.pad);
+  const float s1w = bilinear::Scale(a.low_w, a.pad);
+  const float s2h = bilinear::Scale(in_h, oh);
+  const float s2w = bilinear::Scale(in_w, ow);
+
+  __shared__ unsigned long long red_counts[kWarps][3];
+  __shared__ int red_extent[kWarps][4];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int x = x0 + lane;
+  const bool x_valid = x < ow;
+  // Second-stage column taps, and the first-stage taps of the intermediate columns they read. Lanes
+  // past the mask's width evaluate its last column and keep nothing.
+  const Taps tx = SourceTaps(s2w, x_valid ? x : ow - 1, in_w);
+  const Taps c0 = SourceTaps(s1w, tx.i0, a.low_w);
+  const Taps c1 = SourceTaps(s1w, tx.i1, a.low_w);
+  const bool two_cols = tx.l1 != 0.0f;  // else column tx.i1 has weight 0 and is skipped (exact)
+
+  // H(lr): low-res row lr's horizontal values at intermediate columns tx.i0 (f) and tx.i1 (s).
+  struct Cached {
+    int key;
+    float f, s;
+  };
+  Cached h_a{-1, 0.0f, 0.0f}, h_b{-1, 0.0f, 0.0f}, s_a{-1, 0.0f, 0.0f}, s_b{-1, 0.0f, 0.0f};
+  auto horizontal = [&](int lr) -> Cached {
+    if (lr == h_a.key) return h_a;
+    if (lr == h_b.key) return h_b;
+    const T* row = low + static_cast<int64_t>(lr) * a.low_w;
+    Cached h{lr, bilinear::Horizontal(c0, Load(row + c0.i0), Load(row + c0.i1)), 0.0f};
+    if (two_cols) h.s = bilinear::Horizontal(c1, Load(row + c1.i0), Load(row + c1.i1));
+    if (h_a.key < h_b.key) h_a = h;
+    else h_b = h;
+    return h;
+  };
+  // S(ir): the first stage at intermediate row ir and columns tx.i0 / tx.i1, rounded to T.
+  auto intermediate = [&](int ir) -> Cached {
+    if (ir == s_a.key) return s_a;
+    if (ir == s_b.key) return s_b;
+    const Taps r = SourceTaps(s1h, ir, a.low_h);
+    const Cached top = horizontal(r.i0), bottom = horizontal(r.i1);
+    Cached v{ir, RoundTo<T>(bilinear::Vertical(r, top.f, bottom.f)), 0.0f};
+    if (two_cols) v.s = RoundTo<T>(bilinear::Vertical(r, top.s, bottom.s));
+    if (s_a.key < s_b.key) s_a = v;
+    else s_b = v;
+    return v;
+  };
+
+  uint32_t area = 0, n_hi = 0, n_lo = 0;
+  int xmin = INT_MAX, ymin = INT_MAX, xmax = -1, ymax = -1;
+  uint8_t* const bitmask = a.bitmask != nullptr ? a.bitmask + tb[kColBitmaskOffset] : nullptr;
+  for (int k = warp; k < nw; k += kWarps) {
+    uint32_t bits = 0, hi = 0, lo = 0;
+    const int rows = min(32, oh - 32 * k);
+    for (int j = 0; j < rows; ++j) {
+      const int y = 32 * k + j;
+      const Taps ty = SourceTaps(s2h, y, in_h);
+      const Cached top = intermediate(ty.i0);
+      float ba = 0.0f, bb = 0.0f;
+      if (ty.l1 != 0.0f) {  // warp-uniform
+        const Cached bottom = intermediate(ty.i1);
+        ba = bottom.f;
+        bb = bottom.s;
+      }
+      // top.s / bottom.s are 0 where the column's second tap is skipped, as MaskEvalKernel passes.
+      const float v = RoundTo<T>(bilinear::Combine(ty, tx, top.f, top.s, ba, bb));
+      bits |= static_cast<uint32_t>(v > 0.0f) << j;
+      hi |= static_cast<uint32_t>(v > 1.0f) << j;
+      lo |= static_cast<uint32_t>(v > -1.0f) << j;
+      if (bitmask != nullptr && x_valid) bitmask[static_cast<int64_t>(y) * ow + x] = static_cast<uint8_t>(v > 0.0f);
+    }
+    if (!x_valid) continue;
+    a.words[word_off + static_cast<int64_t>(x) * nw + k] = bits;
+    area += __popc(bits);
+    n_hi += __popc(hi);
+    n_lo += __popc(lo);
+    if (bits != 0) {
+      xmin = min(xmin, x);
+      xmax = max(xmax, x);
+      ymin = min(ymin, 32 * k + __ffs(bits) - 1);
+      ymax = max(ymax, 32 * k + 31 - __clz(bits));
+    }
+  }
+  // The warp's sums and extremes, then the block's, then one atomic per statistic.
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) {
+    area += __shfl_xor_sync(0xffffffffu, area, d);
+    n_hi += __shfl_xor_sync(0xffffffffu, n_hi, d);
+    n_lo += __shfl_xor_sync(0xffffffffu, n_lo, d);
+    xmin = min(xmin, __shfl_xor_sync(0xffffffffu, xmin, d));
+    ymin = min(ymin, __shfl_xor_sync(0xffffffffu, ymin, d));
+    xmax = max(xmax, __shfl_xor_sync(0xffffffffu, xmax, d));
+    ymax = max(ymax, __shfl_xor_sync(0xffffffffu, ymax, d));
+  }
+  if (lane == 0) {
+    red_counts[warp][0] = area;
+    red_counts[warp][1] = n_hi;
+    red_counts[warp][2] = n_lo;
+    red_extent[warp][0] = xmin;
+    red_extent[warp][1] = ymin;
+    red_extent[warp][2] = xmax;
+    red_extent[warp][3] = ymax;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    unsigned long long total[3] = {0, 0, 0};
+    for (int w = 0; w < kWarps; ++w) {
+      for (int i = 0; i < 3; ++i) total[i] += red_counts[w][i];
+      xmin = min(xmin, red_extent[w][0]);
+      ymin = min(ymin, red_extent[w][1]);
+      xmax = max(xmax, red_extent[w][2]);
+      ymax = max(ymax, red_extent[w][3]);
+    }
+    unsigned long long* counts = a.counts + static_cast<int64_t>(m) * 3;
+    for (int i = 0; i < 3; ++i)
+      if (total[i]) atomicAdd(counts + i, total[i]);
+    if (total[0]) {
+      int32_t* e = a.extent + static_cast<int64_t>(m) * 4;
+      atomicMin(e + 0, xmin);
+      atomicMin(e + 1, ymin);
+      atomicMax(e + 2, xmax);
+      atomicMax(e + 3, ymax);
+    }
+  }
+}
+
 // Exclusive block-wide prefix sum of one value per thread (kT threads, all of them calling); also
 // returns the block's total. Safe to call in a loop: the warp sums are read before anyone returns.
 template <int kT, typename V>
@@ -446,6 +594,20 @@ __global__ void MaskStatsInitKernel(unsigned long long* __restrict__ counts, int
 
 cudaError_t LaunchMaskEval(const MaskEvalArgs& a, DType dtype, cudaStream_t stream) {
   const dim3 grid(a.num_masks, a.max_groups);
+  if (!a.lane_per_row) {
+    switch (dtype) {
+      case DType::kFloat32:
+        MaskEvalColumnsKernel<float><<<grid, kThreads, 0, stream>>>(a);
+        break;
+      case DType::kBFloat16:
+        MaskEvalColumnsKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+        break;
+      case DType::kFloat16:
+        MaskEvalColumnsKernel<__half><<<grid, kThreads, 0, stream>>>(a);
+        break;
+    }
+    return cudaGetLastError();
+  }
   switch (dtype) {
     case DType::kFloat32:
       MaskEvalKernel<float><<<grid, kThreads, 0, stream>>>(a);
