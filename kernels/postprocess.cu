@@ -228,13 +228,42 @@ __global__ void __launch_bounds__(kThreads) MaskEvalKernel(const MaskEvalArgs a)
 // before it, kept for A-B runs as MASKD_MASK_EVAL=rows). Block = (mask, 32 output columns) as above;
 // lane l owns column x0 + l and warp w the row groups k = w, w + 8, ...; within a group the lane walks
 // its column's 32 rows and builds the column-major bit words itself (bit j = row 32 k + j), so no
-// ballot, transpose or shared memory is needed. The rows' taps are warp-uniform, the columns' taps a
-// lane's own for the whole kernel, and both stages are separable: a low-res row's horizontal values
-// (H, per lane: one for each first-stage column the lane reads) serve every intermediate row between
-// its taps (4 rows at the usual 4x), and an intermediate row's values (S, rounded to T) every output
-// row between its taps. Each is kept in a two-entry register cache keyed by its (warp-uniform) row;
-// rows only move forward, so a miss evicts the smaller key. Per output pixel that leaves the vertical
-// step (two FP32 operations and the rounding) where MaskEvalKernel did four loads and both steps.
+// ballot or transpose is needed. The rows' taps are warp-uniform, the columns' taps a lane's own for
+// the whole kernel, and both stages are separable: a low-res row's horizontal values (H, per lane: one
+// for each first-stage column the lane reads) serve every intermediate row between its taps (4 rows at
+// the usual 4x), and an intermediate row's values (S, rounded to T) every output row between its taps.
+// The general case keeps each in a two-entry register cache keyed by its (warp-uniform) row: rows
+// only move forward, so a miss evicts the smaller key. The identity second stage (the original image
+// is the input's crop: orig = input size, the workload's 1024 x 768) is S itself: the first stage's
+// row taps come from a per-block table and the lane keeps the H of the two low-res rows they name.
+namespace cols {
+constexpr int kMaxIdentityRows = 1024;  // the identity path's row-tap table (16 KB); taller: general
+
+// A lane's statistics over its column's bit words.
+struct Stats {
+  uint32_t area = 0, n_hi = 0, n_lo = 0;
+  int xmin = INT_MAX, ymin = INT_MAX, xmax = -1, ymax = -1;
+  __device__ __forceinline__ void Add(uint32_t bits, uint32_t hi, uint32_t lo, int x, int k) {
+    area += __popc(bits);
+    n_hi += __popc(hi);
+    n_lo += __popc(lo);
+    if (bits != 0) {
+      xmin = min(xmin, x);
+      xmax = max(xmax, x);
+      ymin = min(ymin, 32 * k + __ffs(bits) - 1);
+      ymax = max(ymax, 32 * k + 31 - __clz(bits));
+    }
+  }
+};
+
+// One output pixel's three threshold bits into the words at bit j.
+__device__ __forceinline__ void Threshold(float v, int j, uint32_t& bits, uint32_t& hi, uint32_t& lo) {
+  bits |= static_cast<uint32_t>(v > 0.0f) << j;
+  hi |= static_cast<uint32_t>(v > 1.0f) << j;
+  lo |= static_cast<uint32_t>(v > -1.0f) << j;
+}
+}  // namespace cols
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) MaskEvalColumnsKernel(const MaskEvalArgs a) {
   const int m = blockIdx.x;
@@ -252,7 +281,9 @@ __global__ void __launch_bounds__(kThreads) MaskEvalColumnsKernel(const MaskEval
   const float s1w = bilinear::Scale(a.low_w, a.pad);
   const float s2h = bilinear::Scale(in_h, oh);
   const float s2w = bilinear::Scale(in_w, ow);
+  const bool identity = in_h == oh && in_w == ow && oh <= cols::kMaxIdentityRows;  // block-uniform
 
+  __shared__ __align__(16) Taps row_taps[cols::kMaxIdentityRows];
   __shared__ unsigned long long red_counts[kWarps][3];
   __shared__ int red_extent[kWarps][4];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -264,71 +295,98 @@ __global__ void __launch_bounds__(kThreads) MaskEvalColumnsKernel(const MaskEval
   const Taps c0 = SourceTaps(s1w, tx.i0, a.low_w);
   const Taps c1 = SourceTaps(s1w, tx.i1, a.low_w);
   const bool two_cols = tx.l1 != 0.0f;  // else column tx.i1 has weight 0 and is skipped (exact)
-
-  // H(lr): low-res row lr's horizontal values at intermediate columns tx.i0 (f) and tx.i1 (s).
-  struct Cached {
-    int key;
-    float f, s;
-  };
-  Cached h_a{-1, 0.0f, 0.0f}, h_b{-1, 0.0f, 0.0f}, s_a{-1, 0.0f, 0.0f}, s_b{-1, 0.0f, 0.0f};
-  auto horizontal = [&](int lr) -> Cached {
-    if (lr == h_a.key) return h_a;
-    if (lr == h_b.key) return h_b;
-    const T* row = low + static_cast<int64_t>(lr) * a.low_w;
-    Cached h{lr, bilinear::Horizontal(c0, Load(row + c0.i0), Load(row + c0.i1)), 0.0f};
-    if (two_cols) h.s = bilinear::Horizontal(c1, Load(row + c1.i0), Load(row + c1.i1));
-    if (h_a.key < h_b.key) h_a = h;
-    else h_b = h;
-    return h;
-  };
-  // S(ir): the first stage at intermediate row ir and columns tx.i0 / tx.i1, rounded to T.
-  auto intermediate = [&](int ir) -> Cached {
-    if (ir == s_a.key) return s_a;
-    if (ir == s_b.key) return s_b;
-    const Taps r = SourceTaps(s1h, ir, a.low_h);
-    const Cached top = horizontal(r.i0), bottom = horizontal(r.i1);
-    Cached v{ir, RoundTo<T>(bilinear::Vertical(r, top.f, bottom.f)), 0.0f};
-    if (two_cols) v.s = RoundTo<T>(bilinear::Vertical(r, top.s, bottom.s));
-    if (s_a.key < s_b.key) s_a = v;
-    else s_b = v;
-    return v;
-  };
-
-  uint32_t area = 0, n_hi = 0, n_lo = 0;
-  int xmin = INT_MAX, ymin = INT_MAX, xmax = -1, ymax = -1;
   uint8_t* const bitmask = a.bitmask != nullptr ? a.bitmask + tb[kColBitmaskOffset] : nullptr;
-  for (int k = warp; k < nw; k += kWarps) {
-    uint32_t bits = 0, hi = 0, lo = 0;
-    const int rows = min(32, oh - 32 * k);
-    for (int j = 0; j < rows; ++j) {
-      const int y = 32 * k + j;
-      const Taps ty = SourceTaps(s2h, y, in_h);
-      const Cached top = intermediate(ty.i0);
-      float ba = 0.0f, bb = 0.0f;
-      if (ty.l1 != 0.0f) {  // warp-uniform
-        const Cached bottom = intermediate(ty.i1);
-        ba = bottom.f;
-        bb = bottom.s;
+  cols::Stats st;
+
+  if (identity) {
+    // v(y, x) = S(y, x): the second stage's taps are (y, weight 1) and (x, weight 1) exactly (scale
+    // 1.0f), MaskEvalKernel's evaluation then returns its one tap unchanged, and S is already in T.
+    for (int y = tid; y < oh; y += kThreads) row_taps[y] = SourceTaps(s1h, y, a.low_h);
+    __syncthreads();
+    int key0 = -1, key1 = -1;  // the low-res rows whose H the lane holds
+    float h0 = 0.0f, h1 = 0.0f;
+    auto horizontal = [&](int lr) {
+      const T* row = low + static_cast<int64_t>(lr) * a.low_w;
+      return bilinear::Horizontal(c0, Load(row + c0.i0), Load(row + c0.i1));
+    };
+    for (int k = warp; k < nw; k += kWarps) {
+      uint32_t bits = 0, hi = 0, lo = 0;
+      const int rows = min(32, oh - 32 * k);
+#pragma unroll 4
+      for (int j = 0; j < rows; ++j) {
+        const int y = 32 * k + j;
+        const Taps r = row_taps[y];
+        if (r.i0 != key0) {  // warp-uniform
+          if (r.i0 == key1) h0 = h1;
+          else h0 = horizontal(r.i0);
+          key0 = r.i0;
+        }
+        if (r.i1 != key1) {
+          h1 = r.i1 == key0 ? h0 : horizontal(r.i1);
+          key1 = r.i1;
+        }
+        const float v = RoundTo<T>(bilinear::Vertical(r, h0, h1));
+        cols::Threshold(v, j, bits, hi, lo);
+        if (bitmask != nullptr && x_valid) bitmask[static_cast<int64_t>(y) * ow + x] = static_cast<uint8_t>(v > 0.0f);
       }
-      // top.s / bottom.s are 0 where the column's second tap is skipped, as MaskEvalKernel passes.
-      const float v = RoundTo<T>(bilinear::Combine(ty, tx, top.f, top.s, ba, bb));
-      bits |= static_cast<uint32_t>(v > 0.0f) << j;
-      hi |= static_cast<uint32_t>(v > 1.0f) << j;
-      lo |= static_cast<uint32_t>(v > -1.0f) << j;
-      if (bitmask != nullptr && x_valid) bitmask[static_cast<int64_t>(y) * ow + x] = static_cast<uint8_t>(v > 0.0f);
+      if (!x_valid) continue;
+      a.words[word_off + static_cast<int64_t>(x) * nw + k] = bits;
+      st.Add(bits, hi, lo, x, k);
     }
-    if (!x_valid) continue;
-    a.words[word_off + static_cast<int64_t>(x) * nw + k] = bits;
-    area += __popc(bits);
-    n_hi += __popc(hi);
-    n_lo += __popc(lo);
-    if (bits != 0) {
-      xmin = min(xmin, x);
-      xmax = max(xmax, x);
-      ymin = min(ymin, 32 * k + __ffs(bits) - 1);
-      ymax = max(ymax, 32 * k + 31 - __clz(bits));
+  } else {
+    // H(lr): low-res row lr's horizontal values at intermediate columns tx.i0 (f) and tx.i1 (s);
+    // S(ir): the first stage at intermediate row ir and those columns, rounded to T.
+    struct Cached {
+      int key;
+      float f, s;
+    };
+    Cached h_a{-1, 0.0f, 0.0f}, h_b{-1, 0.0f, 0.0f}, s_a{-1, 0.0f, 0.0f}, s_b{-1, 0.0f, 0.0f};
+    auto horizontal = [&](int lr) -> Cached {
+      if (lr == h_a.key) return h_a;
+      if (lr == h_b.key) return h_b;
+      const T* row = low + static_cast<int64_t>(lr) * a.low_w;
+      Cached h{lr, bilinear::Horizontal(c0, Load(row + c0.i0), Load(row + c0.i1)), 0.0f};
+      if (two_cols) h.s = bilinear::Horizontal(c1, Load(row + c1.i0), Load(row + c1.i1));
+      if (h_a.key < h_b.key) h_a = h;
+      else h_b = h;
+      return h;
+    };
+    auto intermediate = [&](int ir) -> Cached {
+      if (ir == s_a.key) return s_a;
+      if (ir == s_b.key) return s_b;
+      const Taps r = SourceTaps(s1h, ir, a.low_h);
+      const Cached top = horizontal(r.i0), bottom = horizontal(r.i1);
+      Cached v{ir, RoundTo<T>(bilinear::Vertical(r, top.f, bottom.f)), 0.0f};
+      if (two_cols) v.s = RoundTo<T>(bilinear::Vertical(r, top.s, bottom.s));
+      if (s_a.key < s_b.key) s_a = v;
+      else s_b = v;
+      return v;
+    };
+    for (int k = warp; k < nw; k += kWarps) {
+      uint32_t bits = 0, hi = 0, lo = 0;
+      const int rows = min(32, oh - 32 * k);
+      for (int j = 0; j < rows; ++j) {
+        const int y = 32 * k + j;
+        const Taps ty = SourceTaps(s2h, y, in_h);
+        const Cached top = intermediate(ty.i0);
+        float ba = 0.0f, bb = 0.0f;
+        if (ty.l1 != 0.0f) {  // warp-uniform
+          const Cached bottom = intermediate(ty.i1);
+          ba = bottom.f;
+          bb = bottom.s;
+        }
+        // top.s / bottom.s are 0 where the column's second tap is skipped, as MaskEvalKernel passes.
+        const float v = RoundTo<T>(bilinear::Combine(ty, tx, top.f, top.s, ba, bb));
+        cols::Threshold(v, j, bits, hi, lo);
+        if (bitmask != nullptr && x_valid) bitmask[static_cast<int64_t>(y) * ow + x] = static_cast<uint8_t>(v > 0.0f);
+      }
+      if (!x_valid) continue;
+      a.words[word_off + static_cast<int64_t>(x) * nw + k] = bits;
+      st.Add(bits, hi, lo, x, k);
     }
   }
+  uint32_t area = st.area, n_hi = st.n_hi, n_lo = st.n_lo;
+  int xmin = st.xmin, ymin = st.ymin, xmax = st.xmax, ymax = st.ymax;
   // The warp's sums and extremes, then the block's, then one atomic per statistic.
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) {
