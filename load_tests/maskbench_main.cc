@@ -416,6 +416,11 @@ int main(int argc, char** argv) {
                  "Extra rows of the shared-image decoder's latency table, thresholded masks: PROMPTS/IMAGES per call "
                  "(e.g. 16/1,16/16; images <= 32, prompts >= images)")
       ->delimiter(',');
+  int pass_prompts = maskd::EngineOptions{}.decoder_max_pass_prompts;
+  app.add_option("--decoder-pass-prompts", pass_prompts,
+                 "The most prompts of one token count in one decoder pass (EngineOptions::decoder_max_pass_prompts; "
+                 "0: no limit; above 64 the passes run without CUDA graphs)")
+      ->check(CLI::Range(0, 4096))->capture_default_str();
   app.add_option("--golden", golden, "Golden folder: also run verify-golden (tiny model) with each row's options");
   app.add_option("--json", json_path, "Write every number as JSON");
   std::string profile_dir;
@@ -480,6 +485,7 @@ int main(int argc, char** argv) {
     base.device = device;
     base.encoder_batch_sizes = batches;
     base.warmup = false;
+    base.decoder_max_pass_prompts = pass_prompts;
     base.log = quiet;
     if (generate_only) {
       maskd::EngineOptions o = base;

@@ -6,7 +6,8 @@
 #      counts and registers; not yet run on a GPU), and UpscaleHyper without the GELU table (removed)
 #   1b. the mask evaluation with a lane per column (MaskEvalColumnsKernel, eleventh session; not yet run
 #      on a GPU): kernels_gpu_test's MaskPostprocess tests, then the vit_b decoder rows A-B-A-B against
-#      the previous layout (MASKD_MASK_EVAL=rows), profiled
+#      the previous layout (MASKD_MASK_EVAL=rows), profiled; and once with decoder passes of up to 256
+#      prompts (maskbench --decoder-pass-prompts 256; eager) for the jagged 256-over-32 row
 #   2. maskbench's default rows (vit_b / vit_h, bs1 and bs32) and the decoder rows, profiled
 #   3. on an H200: the seed's vit_h bs32 row (#12's vit_h 1.6x is an H200 target; none lent since run 40)
 #   4. #13's served clicks, vit_b at 1, 16 and 256 clients, then the seed's quick set
@@ -29,7 +30,7 @@ t tests
 decoder() {  # decoder NAME TAG [VAR=VALUE]: the vit_b decoder rows with the variable set, profiled
   local d="$out/prof-$1-$2"; mkdir -p "$d"
   env ${3:-MASKD_NONE=0} timeout 60 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 --rows "global attention" \
-    --decode-cases 64/16 --profile "$d" --profile-rows "global attention" > "$d/bench.log" 2>&1
+    --decode-cases 64/16 --profile "$d" --profile-rows "global attention" ${4:-} > "$d/bench.log" 2>&1
   echo "--- $1 (${3:-defaults}, $2): rc=$?" >> "$out/perf.log"
   grep -E "decoder shared-image" "$d/bench.log" | cut -c1-250 >> "$out/perf.log"
   grep -hE "^===.*shared-image|MaskEval|kernel total" "$d/profiles.txt" | grep -v "encoder, batch" | cut -c1-150 >> "$out/perf.log"
@@ -40,6 +41,8 @@ decoder() {  # decoder NAME TAG [VAR=VALUE]: the vit_b decoder rows with the var
 for tag in a $(h200 || echo b); do
   [ "$(left)" -gt 300 ] && decoder columns $tag
   [ "$(left)" -gt 300 ] && decoder rows $tag MASKD_MASK_EVAL=rows
+  # Decoder passes of up to 256 prompts (eager: no graph above 64) against 64 a pass, for the 256/32 row.
+  [ "$tag" = a ] && [ "$(left)" -gt 300 ] && decoder pass256 $tag MASKD_NONE=0 --decoder-pass-prompts=256
 done
 # The encoder rows only on an H200 (#12's card; nothing on the encoder's path changed since run 59's H100 rows).
 if h200 && [ "$(left)" -gt 250 ]; then
@@ -71,5 +74,5 @@ if [ "$(left)" -gt 65 ]; then
 fi
 grep -h RESULT "$out"/anchors/RESULTS.txt "$out"/anchors-vit_h/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$out/perf.log" 2>&1
-pack prof-default prof-columns-a prof-rows-a prof-columns-b prof-rows-b anchors anchors-vit_h served served.log tests.log misc.tar.gz
+pack prof-default prof-columns-a prof-rows-a prof-pass256-a prof-columns-b prof-rows-b anchors anchors-vit_h served served.log tests.log misc.tar.gz
 ls "$out"
