@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
+#include <exception>
 #include <functional>
 #include <iterator>
 #include <mutex>
@@ -533,10 +535,11 @@ void Pipeline::DrainBatch(std::vector<PostChunk> batch) {
   const Clock::time_point t0 = Clock::now();
   for (const PostChunk& c : batch) worker->stages()[Stage::kPostprocessQueue].Add(MicrosSince(c.queued));
   // Finishes a chunk with its status and the stage timings; every chunk exactly once, also when
-  // something below throws (the catch at the end finishes the rest).
-  std::vector<bool> finished(batch.size(), false);
+  // something below throws (the catch at the end finishes the rest). One flag per chunk (not
+  // vector<bool>'s shared bits): chunks finish on several threads (FinishChunks).
+  std::vector<char> finished(batch.size(), 0);
   auto done = [&](PostChunk& c, const Status& s) {
-    finished[static_cast<size_t>(&c - batch.data())] = true;
+    finished[static_cast<size_t>(&c - batch.data())] = 1;
     const uint64_t us = MicrosSince(t0);
     worker->stages()[Stage::kPostprocess].Add(us);
     Job::Max(c.job->postprocess_us, us);
@@ -577,7 +580,7 @@ void Pipeline::PostprocessBatch(std::vector<PostChunk>& batch, DeviceWorker* wor
   }
   const uint64_t masks_us = MicrosSince(t1);
   const bool batch_ok = masks.ok() && masks->size() == items.size();
-  for (size_t k = 0; k < batch.size(); ++k) {
+  FinishChunks(batch.size(), [&](size_t k) {
     PostChunk& c = batch[k];
     if (!status[k].ok()) {
       done(c, status[k]);
@@ -591,7 +594,64 @@ void Pipeline::PostprocessBatch(std::vector<PostChunk>& batch, DeviceWorker* wor
                                                                      static_cast<std::ptrdiff_t>(begin[k] + count[k])));
       done(c, CatchAll([&] { return FinishPostChunk(c.job, c.first, c.decoded, own); }));
     }
+  });
+}
+
+namespace {
+// FinishChunks' state, shared with the helper tasks: a task that starts after every index was
+// claimed touches only this (never `work`, whose captures live on the batch's thread).
+struct ChunkFanOut {
+  size_t total = 0;
+  std::function<void(size_t)> work;
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t finished = 0;        // guarded by mu
+  std::exception_ptr error;   // the first exception of any index, guarded by mu
+  // Claims and runs indices until none is left; an exception is kept for the batch's thread.
+  void Run() {
+    for (size_t k; (k = next.fetch_add(1)) < total;) {
+      std::exception_ptr e;
+      try {
+        work(k);
+      } catch (...) {
+        e = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (e && !error) error = e;
+      if (++finished == total) cv.notify_all();
+    }
   }
+};
+}  // namespace
+
+void Pipeline::FinishChunks(size_t n, const std::function<void(size_t)>& finish) {
+  // A small batch (a click, a few calls) finishes on this thread: handing it out costs more.
+  constexpr size_t kChunksPerHelper = 4;
+  // MASKD_POST_FANOUT=0: every chunk on this thread (the behaviour before; a same-binary comparison
+  // on the GPU host).
+  static const bool fan_out = [] {
+    const char* v = std::getenv("MASKD_POST_FANOUT");
+    return !(v && std::string(v) == "0");
+  }();
+  const size_t helpers =
+      fan_out ? std::min(static_cast<size_t>(std::max(0, post_pool_->threads() - 1)), n / kChunksPerHelper) : 0;
+  if (helpers == 0) {
+    for (size_t k = 0; k < n; ++k) finish(k);
+    return;
+  }
+  auto state = std::make_shared<ChunkFanOut>();
+  state->total = n;
+  state->work = finish;
+  // A refused task (the pool stopping) leaves its share to the others and this thread.
+  for (size_t h = 0; h < helpers; ++h) (void)post_pool_->TrySubmit([state] { state->Run(); });
+  state->Run();
+  // Every index is claimed; wait for those still running on helpers (running, not queued: no
+  // thread waits for a task behind it).
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->cv.wait(lock, [&] { return state->finished == n; });
+  // As on one thread: the caller's catch finishes the chunks that were not.
+  if (state->error) std::rethrow_exception(state->error);
 }
 
 Status Pipeline::PostItems(const Job& job, const std::vector<DecodedPrompt>& decoded,
