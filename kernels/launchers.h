@@ -316,9 +316,6 @@ struct MaskEvalArgs {
   // [M, 4]: x_min, y_min, x_max, y_max (initialised to INT_MAX, INT_MAX, -1, -1).
   int32_t* extent = nullptr;
   uint8_t* bitmask = nullptr;  // nullptr: no bitmask
-  // The ballot layout (a lane per row: MaskEvalKernel) instead of a lane per column
-  // (MaskEvalColumnsKernel, the default): the same values; MASKD_MASK_EVAL=rows, for A-B runs.
-  bool lane_per_row = false;
 };
 cudaError_t LaunchMaskEval(const MaskEvalArgs& args, DType logits_dtype, cudaStream_t stream);
 

@@ -1,8 +1,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
 #include "kernels/internal.h"
@@ -211,14 +209,11 @@ MaskPostprocessOutput MaskPostprocessCuda(const at::Tensor& logits_in, const at:
   ea.counts = reinterpret_cast<unsigned long long*>(sp + u_counts);
   ea.extent = i32(u_extent);
   ea.bitmask = want_bitmask ? bitmask_dev.data_ptr<uint8_t>() : nullptr;
-  // Read at each call (cheap next to the launch) so that a test can check both layouts.
-  const char* layout = std::getenv("MASKD_MASK_EVAL");
-  ea.lane_per_row = layout != nullptr && std::string(layout) == "rows";
   internal::CheckLaunch(detail::LaunchMaskStatsInit(ea.counts, ea.extent, ea.num_masks, scope.get()),
                         "MaskStatsInitKernel");
   internal::CheckLaunch(
       detail::LaunchMaskEval(ea, internal::ToDType(logits.scalar_type(), "logits"), scope.get()),
-      "MaskEvalKernel");
+      "MaskEvalColumnsKernel");
 
   MaskPostprocessOutput out;
   at::Tensor chars_host;  // the strings' room (pinned); out.rle_string is its used part
