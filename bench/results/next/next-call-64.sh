@@ -2,9 +2,9 @@
 # Run 64 (written in the eleventh session; any card, ~5 minutes on an H100, ~8 on an H200; with
 # CALL_LIMIT=330 the served steps and the seed's quick set fit, the H200-only rows not).
 #   1. kernels_gpu_test's MaskPostprocess tests after the ballot layout's removal (3611ae8)
-#   2. served vit_b clicks: 1 and 16 clients once, 256 clients A-B-A-B with the post-processing
-#      fan-out (49e401a, the default) against MASKD_POST_FANOUT=0 (a batch's responses built in turn
-#      on one thread, as before), 10 s a level
+#   2. served vit_b clicks at 256 clients, A-B-A-B with the post-processing fan-out (49e401a, the
+#      default) against MASKD_POST_FANOUT=0 (a batch's responses built in turn on one thread, as
+#      before), 10 s a level; then 1 and 16 clients if time is left
 #   3. on an H200: maskbench's encoder rows (vit_b / vit_h, bs1 and bs32) and the seed's vit_h bs32
 #      row (#12's vit_h 1.6x is an H200 target; none lent since run 40)
 #   4. the seed's quick set
@@ -29,11 +29,17 @@ served() {  # served TAG [VAR=VALUE] LEVEL...: vit_b clicks at the given client 
   grep -- "-$tag rc=" "$out/served.log" | cut -c1-300 >> "$out/perf.log"
   t "served $tag"
 }
-# Each 256-client level takes ~20 s; the seed's quick set after them needs ~70.
-[ "$(left)" -gt 160 ] && served fanout-a MASKD_NONE=0 1 16 256
-[ "$(left)" -gt 100 ] && served serial-a MASKD_POST_FANOUT=0 256
-[ "$(left)" -gt 100 ] && served fanout-b MASKD_NONE=0 256
+# Each 256-client level takes ~20 s; the seed's quick set needs ~70 (run first after one pair when
+# the call is short: CALL_LIMIT below 300).
+[ "$(left)" -gt 110 ] && served fanout-a MASKD_NONE=0 256
+[ "$(left)" -gt 90 ] && served serial-a MASKD_POST_FANOUT=0 256
+if [ "${CALL_LIMIT:-540}" -lt 300 ] && [ "$(left)" -gt 65 ]; then
+  timeout $(( $(left) > 90 ? 80 : $(left) - 10 )) bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
+  t seed-quick
+fi
+[ "$(left)" -gt 120 ] && served fanout-b MASKD_NONE=0 256
 [ "$(left)" -gt 100 ] && served serial-b MASKD_POST_FANOUT=0 256
+[ "$(left)" -gt 130 ] && served fanout-c MASKD_NONE=0 1 16
 grep -h -B1 -A2 "server per call" "$out"/served/maskload-*.log 2>/dev/null | cut -c1-200 >> "$out/perf.log"
 if h200 && [ "$(left)" -gt 280 ]; then
   d="$out/prof-default"; mkdir -p "$d"
@@ -50,7 +56,7 @@ if h200 && [ "$(left)" -gt 180 ]; then
   bash scripts/gpu-host/seed-row.sh "$out/anchors-vit_h" fast_vit_h_bs32 100 offline --impl fast --model vit_h --batch 32
   t seed-vit_h
 fi
-if [ "$(left)" -gt 65 ]; then
+if [ ! -s "$out/anchors/RESULTS.txt" ] && [ "$(left)" -gt 65 ]; then
   timeout $(( $(left) > 120 ? 110 : $(left) - 10 )) bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
   t seed-quick
 fi
