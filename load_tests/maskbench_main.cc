@@ -19,8 +19,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "model/api/engine.h"
+#include "model/api/image.h"
 #include "model/api/mask_generator.h"
 #include "model/golden.h"
 #include "model/memory_account.h"
@@ -416,6 +418,12 @@ int main(int argc, char** argv) {
                  "Extra rows of the shared-image decoder's latency table, thresholded masks: PROMPTS/IMAGES per call "
                  "(e.g. 16/1,16/16; images <= 32, prompts >= images)")
       ->delimiter(',');
+  std::string post_original = "1024x768";
+  app.add_option("--post-original", post_original,
+                 "WIDTHxHEIGHT of the original image the decoder rows' masks are post-processed to (the "
+                 "input is its longest-side resize to 1024; 1024x768, the workload's, makes the second "
+                 "resize the identity; e.g. 1920x1080 times the general path)")
+      ->capture_default_str();
   int pass_prompts = maskd::EngineOptions{}.decoder_max_pass_prompts;
   app.add_option("--decoder-pass-prompts", pass_prompts,
                  "The most prompts of one token count in one decoder pass (EngineOptions::decoder_max_pass_prompts; "
@@ -447,6 +455,18 @@ int main(int argc, char** argv) {
   app.add_flag("--generate-only", generate_only,
                "Only the --generate cases (bf16, the server's default fast path): no waterfall, no latency table");
   CLI11_PARSE(app, argc, argv);
+  int post_w = 0, post_h = 0;
+  {
+    char x = 0, extra = 0;
+    std::istringstream in(post_original);
+    if (!(in >> post_w >> x >> post_h) || x != 'x' || in >> extra || post_w < 1 || post_h < 1 || post_w > 16384 ||
+        post_h > 16384) {
+      std::fprintf(stderr, "--post-original: '%s' is not WIDTHxHEIGHT with sides in [1, 16384]\n",
+                   post_original.c_str());
+      return 2;
+    }
+  }
+  const auto [post_in_w, post_in_h] = maskd::ResizedSize(post_w, post_h, 1024);
   std::vector<std::pair<int, int>> decode_cases;  // (prompts, images)
   for (const std::string& c : decode_cases_arg) {
     int p = 0, i = 0;
@@ -675,7 +695,7 @@ int main(int argc, char** argv) {
             }
             const auto t1 = Clock::now();
             std::vector<maskd::PostprocessItem> post;
-            for (auto& d : *dec) post.push_back({d.logits, 1024, 768, 1024, 768, out_enc});
+            for (auto& d : *dec) post.push_back({d.logits, post_w, post_h, post_in_w, post_in_h, out_enc});
             auto m = engine->Postprocess(post);
             if (!m.ok()) {
               std::printf("%-6s decoder %-12s: post-processing failed: %s\n", arch.c_str(), name,
@@ -693,14 +713,16 @@ int main(int argc, char** argv) {
           // Decode and Postprocess each return after their device work (results on the host), so
           // their shares against the profile's kernel totals say where host time goes.
           std::printf("%-6s decoder %-12s: %3d prompt(s) over %2d image(s)/call, masks %-4s: p50 %.2f ms p99 %.2f ms -> %.0f prompts/s"
-                      " (decode p50 %.2f + post-processing p50 %.2f ms)\n",
+                      " (decode p50 %.2f + post-processing p50 %.2f ms)%s\n",
                       arch.c_str(), name, cs.prompts, cs.images, enc_name, Percentile(ms, 0.5), Percentile(ms, 0.99),
-                      cs.prompts * 1000.0 / Percentile(ms, 0.5), Percentile(dec_ms, 0.5), Percentile(post_ms, 0.5));
+                      cs.prompts * 1000.0 / Percentile(ms, 0.5), Percentile(dec_ms, 0.5), Percentile(post_ms, 0.5),
+                      post_original == "1024x768" ? "" : (" masks at " + post_original).c_str());
           std::fflush(stdout);
           results.push_back({{"arch", arch}, {"row", "decoder latency"}, {"decoder", name},
                              {"prompts_per_call", cs.prompts}, {"images_per_call", cs.images}, {"masks", enc_name},
                              {"p50_ms", Percentile(ms, 0.5)}, {"p99_ms", Percentile(ms, 0.99)},
-                             {"decode_p50_ms", Percentile(dec_ms, 0.5)}, {"postprocess_p50_ms", Percentile(post_ms, 0.5)}});
+                             {"decode_p50_ms", Percentile(dec_ms, 0.5)}, {"postprocess_p50_ms", Percentile(post_ms, 0.5)},
+                             {"post_original", post_original}});
         }
         if (!profile_dir.empty()) {
           // The 64-prompt call under the profiler with this decoder (trace for the host gaps too).
