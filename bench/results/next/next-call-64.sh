@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Run 64 (written in the eleventh session; any card, ~5 minutes on an H100, ~8 on an H200; with
-# CALL_LIMIT=330 the served steps and the seed's quick set fit, the H200-only rows not).
+# Run 64 (written in the eleventh session, not run there: no machine could be started for the
+# session's last ~400 s; any card, ~6 minutes on an H100, ~9 on an H200; with CALL_LIMIT=330 the
+# served steps and the seed's quick set fit, the rest not).
 #   1. kernels_gpu_test's MaskPostprocess tests after the ballot layout's removal (3611ae8)
 #   2. served vit_b clicks at 256 clients, A-B-A-B with the post-processing fan-out (49e401a, the
 #      default) against MASKD_POST_FANOUT=0 (a batch's responses built in turn on one thread, as
 #      before), 10 s a level; then 1 and 16 clients if time is left
+#   2b. the vit_b decoder rows with masks post-processed to 1920 x 1080 (maskbench --post-original:
+#      the mask evaluation's general path, a real second resize; only the identity one has been timed)
 #   3. on an H200: maskbench's encoder rows (vit_b / vit_h, bs1 and bs32) and the seed's vit_h bs32
 #      row (#12's vit_h 1.6x is an H200 target; none lent since run 40)
 #   4. the seed's quick set
@@ -41,6 +44,16 @@ fi
 [ "$(left)" -gt 100 ] && served serial-b MASKD_POST_FANOUT=0 256
 [ "$(left)" -gt 130 ] && served fanout-c MASKD_NONE=0 1 16
 grep -h -B1 -A2 "server per call" "$out"/served/maskload-*.log 2>/dev/null | cut -c1-200 >> "$out/perf.log"
+if [ "$(left)" -gt 150 ]; then
+  d="$out/prof-photo"; mkdir -p "$d"
+  timeout 60 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 --rows "global attention" \
+    --decode-cases 64/16 --post-original 1920x1080 --profile "$d" --profile-rows "global attention" > "$d/bench.log" 2>&1
+  echo "--- decoder rows, masks at 1920x1080: rc=$?" >> "$out/perf.log"
+  grep -E "decoder shared-image" "$d/bench.log" | cut -c1-260 >> "$out/perf.log"
+  grep -hE "^===.*shared-image|MaskEval|kernel total" "$d/profiles.txt" | grep -v "encoder, batch" | cut -c1-150 >> "$out/perf.log"
+  rm -f "$d"/trace-*.json
+  t photo
+fi
 if h200 && [ "$(left)" -gt 280 ]; then
   d="$out/prof-default"; mkdir -p "$d"
   timeout 100 "$B/load_tests/maskbench" --arch vit_b,vit_h --batch 1,32 --fp32-batch 1 --no-latency \
@@ -62,5 +75,5 @@ if [ ! -s "$out/anchors/RESULTS.txt" ] && [ "$(left)" -gt 65 ]; then
 fi
 grep -h RESULT "$out"/anchors/RESULTS.txt "$out"/anchors-vit_h/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$out/perf.log" 2>&1
-pack prof-default anchors anchors-vit_h served served.log tests.log misc.tar.gz
+pack prof-default prof-photo anchors anchors-vit_h served served.log tests.log misc.tar.gz
 ls "$out"
