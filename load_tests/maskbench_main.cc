@@ -239,8 +239,15 @@ std::string Slug(const std::string& s) {
 // One encoder pass of `bs` images (encoder) and decode + post-processing of 64 prompts of one image, 64 over 16
 // images and one click (decode), each under the Kineto profiler; the per-kernel tables are appended to
 // DIR/profiles.txt, Chrome traces (with the host-side operators) written beside it.
+// The original image size the decoder rows' masks are post-processed to (--post-original), and its
+// longest-side resize.
+struct PostGeometry {
+  int original_w = 1024, original_h = 768, input_w = 1024, input_h = 768;
+};
+
 void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared, const std::string& arch,
-                const std::string& row, int bs, const std::string& dir, bool encoder, bool decode) {
+                const std::string& row, int bs, const std::string& dir, bool encoder, bool decode,
+                const PostGeometry& pg = {}) {
   std::vector<maskd::PreparedImage> batch;
   for (int i = 0; i < bs; ++i) batch.push_back(prepared[i % prepared.size()]);
   const std::string tag = arch + "-" + Slug(row) + "-bs" + std::to_string(bs);
@@ -286,7 +293,8 @@ void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared, co
       auto dec = e.Decode(items);
       if (!dec.ok()) return dec.status();
       std::vector<maskd::PostprocessItem> post;
-      for (auto& d : *dec) post.push_back({d.logits, 1024, 768, 1024, 768, maskd::MaskEncoding::kRle});
+      for (auto& d : *dec)
+        post.push_back({d.logits, pg.original_w, pg.original_h, pg.input_w, pg.input_h, maskd::MaskEncoding::kRle});
       return e.Postprocess(post).status();
     };
     (void)run();  // this prompt count's decoder graph captured outside the profile
@@ -294,7 +302,10 @@ void ProfileRow(Engine& e, const std::vector<maskd::PreparedImage>& prepared, co
                              : c.images == 1 ? std::to_string(c.prompts) + " prompts of one image"
                                              : std::to_string(c.prompts) + " prompts over " +
                                                    std::to_string(c.images) + " images";
-    section(arch + " | " + row + " | " + what + ": decode + RLE post-processing",
+    const std::string at = pg.original_w == 1024 && pg.original_h == 768
+                               ? std::string()
+                               : " at " + std::to_string(pg.original_w) + "x" + std::to_string(pg.original_h);
+    section(arch + " | " + row + " | " + what + ": decode + RLE post-processing" + at,
             "trace-" + tag + "-decode" + std::to_string(c.prompts) +
                 (c.images > 1 ? "x" + std::to_string(c.images) : std::string()) + ".json",
             c.prompts, "prompt", run);
@@ -467,6 +478,7 @@ int main(int argc, char** argv) {
     }
   }
   const auto [post_in_w, post_in_h] = maskd::ResizedSize(post_w, post_h, 1024);
+  const PostGeometry post_geometry{post_w, post_h, post_in_w, post_in_h};
   std::vector<std::pair<int, int>> decode_cases;  // (prompts, images)
   for (const std::string& c : decode_cases_arg) {
     int p = 0, i = 0;
@@ -728,7 +740,7 @@ int main(int argc, char** argv) {
           // The 64-prompt call under the profiler with this decoder (trace for the host gaps too).
           std::vector<maskd::PreparedImage> one = {*engine->Prepare(w.images[0])};
           ProfileRow(*engine, one, arch, std::string("decoder ") + name, 1, profile_dir, /*encoder=*/false,
-                     /*decode=*/true);
+                     /*decode=*/true, post_geometry);
         }
       }
     }
