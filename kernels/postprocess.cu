@@ -4,9 +4,11 @@
 //
 // The interpolation reproduces at::upsample_bilinear2d (CUDA, align_corners=False): scale = in / out
 // in float, src = scale * (dst + 0.5) - 0.5 clamped at 0, i0 = (int)src, i1 = i0 + (i0 < in - 1),
-// lambda = src - i0, value = h0 * (w0 * a + w1 * b) + h1 * (w0 * c + w1 * d), written in the
-// same expression so that nvcc contracts it the same way; each stage's result is rounded to the
-// logits' dtype, as the reference stores it. Taps of the second stage whose weight is exactly 0 are
+// lambda = src - i0, value = h0 * (w0 * a + w1 * b) + h1 * (w0 * c + w1 * d) (bilinear.h, as its
+// horizontal and vertical steps); each stage's result is rounded to the logits' dtype, as the
+// reference stores it. nvcc may contract the products into FMAs otherwise than ATen's build, an fp32
+// rounding that flips a pixel only where the value is within it of 0: the GPU tests allow 4 such
+// pixels a mask against LibTorch and have seen none. Taps of the second stage whose weight is exactly 0 are
 // skipped (0 * finite adds nothing), which makes the usual identity second stage one evaluation.
 //
 // Layout: see MaskEvalColumnsKernel (a lane per output column, the separable stages' row values
@@ -102,6 +104,7 @@ __global__ void __launch_bounds__(kThreads) MaskEvalColumnsKernel(const MaskEval
   const int64_t word_off = tb[kColWordOffset];
   const int nw = (oh + 31) / 32;
   const T* __restrict__ low = static_cast<const T*>(a.logits) + static_cast<int64_t>(m) * a.low_h * a.low_w;
+  // Scales exactly as area_pixel_compute_scale: float(in) / out.
   const float s1h = bilinear::Scale(a.low_h, a.pad);
   const float s1w = bilinear::Scale(a.low_w, a.pad);
   const float s2h = bilinear::Scale(in_h, oh);
