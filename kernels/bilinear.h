@@ -42,8 +42,10 @@ MASKD_HD float Vertical(const Taps& r, float top, float bottom) { return r.l0 * 
 
 // One interpolated value from the four taps (a = (r.i0, c.i0), b = (r.i0, c.i1), c = (r.i1, c.i0),
 // d = (r.i1, c.i1)): ATen's expression, r.l0 * (c.l0 * a + c.l1 * b) + r.l1 * (c.l0 * cc + c.l1 * d),
-// as its two steps (inlined, the same expression), so that a kernel may compute a row's horizontal
-// values once and reuse them for every output row between its taps.
+// as its two steps, so that a kernel may compute a row's horizontal values once and reuse them for
+// every output row between its taps. The same operations in the same order; nvcc may still pair the
+// products into FMAs differently from ATen's build (an fp32 rounding: postprocess.cu says what the
+// tests allow).
 MASKD_HD float Combine(const Taps& r, const Taps& c, float a, float b, float cc, float d) {
   return Vertical(r, Horizontal(c, a, b), Horizontal(c, cc, d));
 }
