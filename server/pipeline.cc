@@ -4,7 +4,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
-#include <exception>
 #include <functional>
 #include <iterator>
 #include <mutex>
@@ -597,34 +596,6 @@ void Pipeline::PostprocessBatch(std::vector<PostChunk>& batch, DeviceWorker* wor
   });
 }
 
-namespace {
-// FinishChunks' state, shared with the helper tasks: a task that starts after every index was
-// claimed touches only this (never `work`, whose captures live on the batch's thread).
-struct ChunkFanOut {
-  size_t total = 0;
-  std::function<void(size_t)> work;
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t finished = 0;        // guarded by mu
-  std::exception_ptr error;   // the first exception of any index, guarded by mu
-  // Claims and runs indices until none is left; an exception is kept for the batch's thread.
-  void Run() {
-    for (size_t k; (k = next.fetch_add(1)) < total;) {
-      std::exception_ptr e;
-      try {
-        work(k);
-      } catch (...) {
-        e = std::current_exception();
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      if (e && !error) error = e;
-      if (++finished == total) cv.notify_all();
-    }
-  }
-};
-}  // namespace
-
 void Pipeline::FinishChunks(size_t n, const std::function<void(size_t)>& finish) {
   // A small batch (a click, a few calls) finishes on this thread: handing it out costs more.
   constexpr size_t kChunksPerHelper = 4;
@@ -636,22 +607,9 @@ void Pipeline::FinishChunks(size_t n, const std::function<void(size_t)>& finish)
   }();
   const size_t helpers =
       fan_out ? std::min(static_cast<size_t>(std::max(0, post_pool_->threads() - 1)), n / kChunksPerHelper) : 0;
-  if (helpers == 0) {
-    for (size_t k = 0; k < n; ++k) finish(k);
-    return;
-  }
-  auto state = std::make_shared<ChunkFanOut>();
-  state->total = n;
-  state->work = finish;
-  // A refused task (the pool stopping) leaves its share to the others and this thread.
-  for (size_t h = 0; h < helpers; ++h) (void)post_pool_->TrySubmit([state] { state->Run(); });
-  state->Run();
-  // Every index is claimed; wait for those still running on helpers (running, not queued: no
-  // thread waits for a task behind it).
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->cv.wait(lock, [&] { return state->finished == n; });
-  // As on one thread: the caller's catch finishes the chunks that were not.
-  if (state->error) std::rethrow_exception(state->error);
+  // As on one thread, an exception comes back after every chunk ran: the caller's catch finishes
+  // the chunks that were not.
+  RunSpread(*post_pool_, n, helpers, finish);
 }
 
 Status Pipeline::PostItems(const Job& job, const std::vector<DecodedPrompt>& decoded,

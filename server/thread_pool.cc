@@ -1,5 +1,10 @@
 #include "server/thread_pool.h"
 
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <memory>
+
 #include <spdlog/spdlog.h>
 
 #include "server/thread_name.h"
@@ -79,6 +84,51 @@ void ThreadPool::Loop() {
       spdlog::error("{} pool: task threw a non-standard exception", name_);
     }
   }
+}
+
+namespace {
+// RunSpread's state, shared with its helper tasks: a task that starts after every index was claimed
+// touches only this (never `work`, whose captures live on the caller's stack).
+struct Spread {
+  size_t total = 0;
+  std::function<void(size_t)> work;
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t finished = 0;       // guarded by mu
+  std::exception_ptr error;  // the first exception of any index, guarded by mu
+  // Claims and runs indices until none is left; an exception is kept for the caller.
+  void Run() {
+    for (size_t k; (k = next.fetch_add(1)) < total;) {
+      std::exception_ptr e;
+      try {
+        work(k);
+      } catch (...) {
+        e = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (e && !error) error = e;
+      if (++finished == total) cv.notify_all();
+    }
+  }
+};
+}  // namespace
+
+void RunSpread(ThreadPool& pool, size_t n, size_t helpers, const std::function<void(size_t)>& fn) {
+  helpers = std::min(helpers, n > 0 ? n - 1 : 0);
+  if (helpers == 0) {
+    for (size_t k = 0; k < n; ++k) fn(k);
+    return;
+  }
+  auto state = std::make_shared<Spread>();
+  state->total = n;
+  state->work = fn;
+  for (size_t h = 0; h < helpers; ++h) (void)pool.TrySubmit([state] { state->Run(); });
+  state->Run();
+  // Every index is claimed; wait for those still running on helpers.
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->cv.wait(lock, [&] { return state->finished == n; });
+  if (state->error) std::rethrow_exception(state->error);
 }
 
 }  // namespace maskd::server

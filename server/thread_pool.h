@@ -51,4 +51,12 @@ class ThreadPool {
   std::vector<std::thread> threads_;
 };
 
+// Runs fn(0..n-1), each index once, on the calling thread and on up to `helpers` tasks submitted to
+// `pool`; returns when every index has run, rethrowing the first exception of any (after all have
+// run). The caller claims indices too and waits only for those already running on a helper, so it
+// never waits for a task queued behind it (safe from a thread of the same pool, every thread of it
+// busy); a helper that starts after every index was claimed returns at once. A refused task (a
+// stopping pool) leaves its share to the others.
+void RunSpread(ThreadPool& pool, size_t n, size_t helpers, const std::function<void(size_t)>& fn);
+
 }  // namespace maskd::server

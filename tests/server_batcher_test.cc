@@ -8,7 +8,9 @@
 #include <future>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "server/batch_queue.h"
 #include "server/decoder_batcher.h"
@@ -206,6 +208,55 @@ TEST(ServerBatcher, SpinningPoolWakesSleepingThreadsForABurst) {
   pool.Stop();  // runs what is queued, then joins
   EXPECT_EQ(together.load(), kThreads) << "the burst's tasks did not all run at once";
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3)) << "Stop waited for the spin to time out";
+}
+
+// RunSpread (the post-processing fan-out): every index runs exactly once, on the caller and on
+// helpers of the pool at once; it also completes when every pool thread is itself inside a RunSpread
+// (the caller never waits for a task queued behind it), and an exception comes back to the caller
+// after every index ran.
+TEST(ServerBatcher, RunSpreadRunsEveryIndexOnceOnSeveralThreads) {
+  constexpr int kThreads = 4;
+  ThreadPool pool("spread", kThreads, 0);
+  constexpr size_t kN = 64;
+  std::vector<std::atomic<int>> runs(kN);
+  std::mutex mu;
+  std::set<std::thread::id> threads;
+  RunSpread(pool, kN, kThreads - 1, [&](size_t k) {
+    ++runs[k];
+    std::this_thread::sleep_for(microseconds(500));  // long enough for the helpers to start
+    std::lock_guard<std::mutex> lock(mu);
+    threads.insert(std::this_thread::get_id());
+  });
+  for (size_t k = 0; k < kN; ++k) EXPECT_EQ(runs[k].load(), 1) << "index " << k;
+  EXPECT_GE(threads.size(), 2u) << "no helper ran an index";
+  EXPECT_TRUE(threads.count(std::this_thread::get_id())) << "the caller claims indices too";
+
+  // Every pool thread inside a RunSpread of its own, each asking for helpers of the same busy pool.
+  std::atomic<int> nested{0}, finished{0};
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_TRUE(pool.TrySubmit([&] {
+      RunSpread(pool, 16, kThreads - 1, [&](size_t) {
+        ++nested;
+        std::this_thread::sleep_for(microseconds(200));
+      });
+      ++finished;
+    }));
+  }
+  const auto t0 = Clock::now();
+  while (finished.load() < kThreads && Clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(milliseconds(1));
+  EXPECT_EQ(finished.load(), kThreads) << "a RunSpread inside the pool waited for a queued task";
+  EXPECT_EQ(nested.load(), 16 * kThreads);
+
+  std::atomic<int> ran{0};
+  EXPECT_THROW(RunSpread(pool, 32, 2,
+                         [&](size_t k) {
+                           ++ran;
+                           if (k == 5) throw std::runtime_error("chunk 5");
+                         }),
+               std::runtime_error);
+  EXPECT_EQ(ran.load(), 32) << "an exception stopped the other indices";
+  pool.Stop();
 }
 
 TEST(ServerBatcher, EncoderBatchLeavesWhenFull) {
