@@ -256,6 +256,14 @@ TEST(ServerBatcher, RunSpreadRunsEveryIndexOnceOnSeveralThreads) {
                          }),
                std::runtime_error);
   EXPECT_EQ(ran.load(), 32) << "an exception stopped the other indices";
+  ran = 0;  // the same on the caller alone (no helpers)
+  EXPECT_THROW(RunSpread(pool, 8, 0,
+                         [&](size_t k) {
+                           ++ran;
+                           if (k == 1) throw std::runtime_error("chunk 1");
+                         }),
+               std::runtime_error);
+  EXPECT_EQ(ran.load(), 8) << "an exception stopped the other indices (no helpers)";
   pool.Stop();
 }
 
