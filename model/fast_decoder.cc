@@ -64,10 +64,6 @@ SharedImageDecoder::SharedImageDecoder(MaskDecoderImpl& decoder, const at::Tenso
   final_.k_bias = PeTerm(pe, fin.k_proj).to(fin.k_proj->weight.scalar_type()).contiguous();
   // MASKD_DECODER_ABSORB (a same-binary comparison knob): "1" every pass, "0" none, unset or any
   // other value: passes of kAbsorbMinPrompts prompts or more (kernels/NOTES.md has the runs).
-  // MASKD_DECODER_GROUP_BIAS=rows (a same-binary comparison knob): several images' first-block
-  // projections get their positional shares and biases in a pass of their own, as before.
-  const char* group_bias = std::getenv("MASKD_DECODER_GROUP_BIAS");
-  group_bias_in_rows_ = group_bias != nullptr && std::strcmp(group_bias, "rows") == 0;
   const char* absorb = std::getenv("MASKD_DECODER_ABSORB");
   absorb_min_prompts_ = absorb != nullptr && std::strcmp(absorb, "1") == 0   ? 1
                         : absorb != nullptr && std::strcmp(absorb, "0") == 0 ? std::numeric_limits<int64_t>::max()
@@ -253,15 +249,12 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
     // x itself (AbsorbedTokenToImage) and the GEMM makes only the image->token q.
     const bool absorbed = !group_level && Absorbs(x, tt);
     // token->image k, v and image->token q of this block from one GEMM. Their positional shares and
-    // biases (the table): added to one image's rows here; for several images' rows and for the
-    // prompts' own keys (B x 4096 rows) the kernels that read k, v and q add them as they load
-    // (FewQueryAttentionBiased, ImageToTokenUpdate's q_bias), which saves a read and a write of the
-    // projection.
+    // biases (the table): added to the group's few rows here; for the prompts' own keys (B x 4096
+    // rows) the kernels that read k, v and q add them as they load (FewQueryAttentionBiased,
+    // ImageToTokenUpdate's q_bias), which saves a read and a write of the [B, HW, 3I] projection.
     at::Tensor y = at::linear(x, absorbed ? t.w_q : t.w);  // [N, HW, 3I] ([N, HW, I] absorbed)
     at::Tensor k_bias, v_bias, q_bias;
-    // (One image's prompts attend over its keys as queries of one plain attention, which adds no
-    // bias. Run 64: the separate pass was 0.035 ms at 16 images; a served batch at 256 clients has ~60.)
-    if (group_level && (g == 1 || group_bias_in_rows_)) {
+    if (group_level) {
       kernels::AddRowsBroadcast(y, t.pe_bias);
     } else {
       k_bias = t.pe_bias.narrow(1, 0, internal_);

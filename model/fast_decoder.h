@@ -116,9 +116,6 @@ class SharedImageDecoder {
   // images -0.6 ms.
   static constexpr int64_t kAbsorbMinPrompts = 8;
   int64_t absorb_min_prompts_ = kAbsorbMinPrompts;
-  // Several images' first-block projections: their positional shares and biases added in a pass of
-  // their own (MASKD_DECODER_GROUP_BIAS=rows) rather than by the kernels that read them.
-  bool group_bias_in_rows_ = false;
   std::vector<AbsorbedTables> absorbed_blocks_;  // per block (block 0's empty: it reads the image side)
   AbsorbedTables absorbed_final_;
   at::Tensor up1_w_, up1_b_, up2_w_, up2_b_;  // channels-last transposed-convolution GEMM operands
