@@ -306,15 +306,30 @@ void ImageSideKeys(const std::vector<at::Tensor>& images, const at::Tensor& chan
   if (images.empty()) return;
   const at::Tensor bias = channel_bias.reshape({c}).contiguous();
 #ifdef MASKD_WITH_CUDA
-  bool fits = out.is_cuda() && out.scalar_type() != at::kFloat;
-  for (const auto& x : images) fits = fits && x.is_contiguous();
+  // Channel-major ([C, HW] in memory) or position-major ([HW, C]: the encoder's embeddings, whose
+  // neck ends in a LayerNorm over channels-last rows viewed as NCHW) images; any other layout takes
+  // ATen's path below (run 66: a launch pair per image there, ~20 us of host time an image).
+  auto position_major = [c, hw](const at::Tensor& x) {
+    return x.stride(-3) == 1 && x.stride(-1) == c && x.stride(-2) == x.size(-1) * c && x.size(-2) * x.size(-1) == hw;
+  };
+  // MASKD_IMAGE_SIDE_KEYS=aten: ATen's path for every layout (a same-binary comparison on the GPU host).
+  static const bool aten_only = [] {
+    const char* v = std::getenv("MASKD_IMAGE_SIDE_KEYS");
+    return v != nullptr && std::string(v) == "aten";
+  }();
+  bool fits = !aten_only && out.is_cuda() && out.scalar_type() != at::kFloat;
+  for (const auto& x : images) fits = fits && (x.is_contiguous() || position_major(x));
   if (fits) {
     internal::StreamScope scope(stream, out.device());
     const detail::DType dt = internal::ToDType(out.scalar_type(), "out");
     for (size_t first = 0; first < images.size(); first += detail::kImageSideKeysMaxImages) {
       detail::ImageSideKeysArgs a;
       a.count = static_cast<int>(std::min<size_t>(images.size() - first, detail::kImageSideKeysMaxImages));
-      for (int i = 0; i < a.count; ++i) a.images[i] = images[first + static_cast<size_t>(i)].data_ptr();
+      for (int i = 0; i < a.count; ++i) {
+        const at::Tensor& x = images[first + static_cast<size_t>(i)];
+        a.images[i] = x.data_ptr();
+        if (!x.is_contiguous()) a.position_major |= uint64_t{1} << i;
+      }
       a.channel_bias = bias.data_ptr();
       a.out = out[static_cast<int64_t>(first)].data_ptr();
       a.channels = c;

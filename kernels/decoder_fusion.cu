@@ -280,7 +280,8 @@ __global__ void __launch_bounds__(kThreads) CopySlicesKernel(const int64_t* tabl
 }
 
 // Block (32, 8): a 32-position x 32-channel tile of image blockIdx.z, read along positions (rows of
-// the channel-major embedding) and written along channels.
+// the channel-major embedding) and written along channels; a position-major image is read and
+// written along channels.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) ImageSideKeysKernel(const ImageSideKeysArgs a) {
   __shared__ float tile[32][33];
@@ -288,6 +289,15 @@ __global__ void __launch_bounds__(kThreads) ImageSideKeysKernel(const ImageSideK
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * 32, c0 = static_cast<int64_t>(blockIdx.y) * 32;
   const T* img = static_cast<const T*>(a.images[blockIdx.z]);
   const T* bias = static_cast<const T*>(a.channel_bias);
+  if ((a.position_major >> blockIdx.z) & 1) {  // uniform in the block
+    T* out = static_cast<T*>(a.out) + static_cast<int64_t>(blockIdx.z) * a.positions * a.channels;
+    for (int r = ty; r < 32; r += kThreads / 32) {
+      const int64_t p = p0 + r, c = c0 + tx;
+      if (c < a.channels && p < a.positions)
+        out[p * a.channels + c] = FromFloat<T>(ToFloat(img[p * a.channels + c]) + ToFloat(bias[c]));
+    }
+    return;
+  }
   for (int r = ty; r < 32; r += kThreads / 32) {
     const int64_t c = c0 + r, p = p0 + tx;
     if (c < a.channels && p < a.positions) tile[r][tx] = ToFloat(img[c * a.positions + p]) + ToFloat(bias[c]);

@@ -250,8 +250,9 @@ at::Tensor AbsorbedAttentionReference(const at::Tensor& qa, const at::Tensor& q,
 // images.size(), contiguous; rows past the images are left as they are): out[i] = (images[i] +
 // channel_bias) as [HW, C], images[i] [C, h, w] (or [1, C, h, w]) with HW = h * w, channel_bias C
 // values (the no-mask dense embedding, [1, C, 1, 1] or [C]); everything in out's dtype and device.
-// One CUDA launch (up to 64 images each) for bf16/fp16 contiguous images, bit-identical to ATen's
-// add then transposing copy, which is the path elsewhere.
+// One CUDA launch (up to 64 images each) for bf16/fp16 images that are contiguous or position-major
+// ([h, w, C] in memory, as the encoder leaves them), bit-identical to ATen's add then transposing
+// copy, which is the path elsewhere.
 void ImageSideKeys(const std::vector<at::Tensor>& images, const at::Tensor& channel_bias, at::Tensor& out,
                    Stream stream = nullptr);
 // For each i: a contiguous tensor of its own holding src[row[i]].narrow(0, first[i], count[i])

@@ -252,12 +252,14 @@ cudaError_t LaunchAbsorbedCombine(const AbsorbedAttentionArgs& args, DType dtype
 // aligned and every size a multiple of 16; max_bytes the largest size (sizes the grid).
 cudaError_t LaunchCopySlices(const int64_t* table, int64_t items, int64_t max_bytes, cudaStream_t stream);
 // out[i, p, c] = images[i][c, p] + channel_bias[c] for i < count (decoder_fusion.cu): up to
-// kImageSideKeysMaxImages channel-major embeddings [C, HW] (contiguous) into the decoder's
-// position-major keys [count, HW, C], the sum in fp32 and rounded once (as ATen's add), through
-// 32 x 32 shared-memory tiles. bf16 / fp16.
+// kImageSideKeysMaxImages embeddings into the decoder's position-major keys [count, HW, C], the sum
+// in fp32 and rounded once (as ATen's add). A channel-major image ([C, HW] in memory) goes through
+// 32 x 32 shared-memory tiles; a position-major one (bit i of position_major: [HW, C] in memory, the
+// layout the encoder's neck leaves) is the add alone. bf16 / fp16.
 constexpr int kImageSideKeysMaxImages = 64;
 struct ImageSideKeysArgs {
   const void* images[kImageSideKeysMaxImages] = {};
+  uint64_t position_major = 0;  // bit i: images[i] is [HW, C] in memory
   int count = 0;
   const void* channel_bias = nullptr;  // [C]
   void* out = nullptr;                 // [>= count, positions, channels] contiguous

@@ -186,10 +186,12 @@ TEST(kernels_fusion_cpu, AbsorbedAttentionIsTheProjectedAttentionOnTheKeysThemse
 }
 
 // The shared decoder's image side: out[i][y * w + x][c] = image_i[c][y][x] + bias[c], element by
-// element; rows of out past the images are left alone; mismatched shapes are refused.
+// element, for channel-major images and a position-major one (the encoder's layout); rows of out past
+// the images are left alone; mismatched shapes are refused.
 TEST(kernels_fusion_cpu, ImageSideKeysIsBiasedChannelsLastPerImage) {
-  const int64_t C = 6, h = 3, w = 5, N = 2;
-  const std::vector<at::Tensor> images = {Randn({C, h, w}, 61), Randn({1, C, h, w}, 62)};
+  const int64_t C = 6, h = 3, w = 5, N = 3;
+  const std::vector<at::Tensor> images = {Randn({C, h, w}, 61), Randn({1, C, h, w}, 62),
+                                          Randn({1, h, w, C}, 65).permute({0, 3, 1, 2})};
   const at::Tensor bias = Randn({1, C, 1, 1}, 63);
   at::Tensor out = at::full({N + 1, h * w, C}, 7.0);
   mk::ImageSideKeys(images, bias, out);

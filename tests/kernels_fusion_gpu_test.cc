@@ -610,23 +610,34 @@ TEST(kernels_fusion_gpu, AbsorbedAttentionMatchesItsReference) {
 // The shared decoder's image side in one launch: bit-identical to ATen's add of the no-mask dense
 // embedding then the transposing copy (both round the fp32 sum once); SAM's [256, 64, 64] for 1, 16
 // and 70 images (two launches of at most 64), a shape that ends mid-tile, fp32 (ATen's path); rows
-// of out past the images untouched.
+// of out past the images untouched. Images channel-major (contiguous), position-major ([h, w, C] in
+// memory, as the encoder leaves its embeddings) and both in one call.
 TEST(kernels_fusion_gpu, ImageSideKeysEqualsAddThenTranspose) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 1500;
-  for (at::ScalarType t : {at::kBFloat16, at::kHalf, at::kFloat}) {
-    for (auto [n, C, h, w] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 256, 64, 64}, {16, 256, 64, 64},
-                              {70, 256, 64, 64}, {3, 40, 5, 7}}) {
-      if (n == 70 && t == at::kFloat) continue;
-      std::vector<at::Tensor> images;
-      for (int64_t i = 0; i < n; ++i) images.push_back(Randn({C, h, w}, seed++, t));
-      const at::Tensor bias = Randn({1, C, 1, 1}, seed++, t);
-      at::Tensor out = at::full({n + 1, h * w, C}, 7.0, at::TensorOptions().dtype(t).device(kCuda));
-      mk::ImageSideKeys(images, bias, out);
-      const at::Tensor expected = (at::stack(images) + bias).flatten(2).transpose(1, 2);
-      const std::string name = c10::toString(t) + std::string(" n ") + std::to_string(n) + " C " + std::to_string(C);
-      EXPECT_TRUE(at::equal(out.narrow(0, 0, n), expected)) << name;
-      EXPECT_TRUE(at::equal(out[n], at::full({h * w, C}, 7.0, out.options()))) << name;
+  enum class Layout { kChannelMajor, kPositionMajor, kMixed };
+  for (Layout layout : {Layout::kChannelMajor, Layout::kPositionMajor, Layout::kMixed}) {
+    for (at::ScalarType t : {at::kBFloat16, at::kHalf, at::kFloat}) {
+      for (auto [n, C, h, w] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 256, 64, 64}, {16, 256, 64, 64},
+                                {70, 256, 64, 64}, {3, 40, 5, 7}}) {
+        if (n == 70 && t == at::kFloat) continue;
+        std::vector<at::Tensor> images;
+        for (int64_t i = 0; i < n; ++i) {
+          const bool pm = layout == Layout::kPositionMajor || (layout == Layout::kMixed && i % 2 == 1);
+          images.push_back(pm ? Randn({h, w, C}, seed++, t).permute({2, 0, 1}) : Randn({C, h, w}, seed++, t));
+        }
+        if (layout != Layout::kChannelMajor) ASSERT_FALSE(images.back().is_contiguous());
+        const at::Tensor bias = Randn({1, C, 1, 1}, seed++, t);
+        at::Tensor out = at::full({n + 1, h * w, C}, 7.0, at::TensorOptions().dtype(t).device(kCuda));
+        mk::ImageSideKeys(images, bias, out);
+        std::vector<at::Tensor> each;
+        for (const auto& im : images) each.push_back((im + bias[0]).flatten(1).t());
+        const at::Tensor expected = at::stack(each);
+        const std::string name = c10::toString(t) + std::string(" n ") + std::to_string(n) + " C " +
+                                 std::to_string(C) + " layout " + std::to_string(static_cast<int>(layout));
+        EXPECT_TRUE(at::equal(out.narrow(0, 0, n), expected)) << name;
+        EXPECT_TRUE(at::equal(out[n], at::full({h * w, C}, 7.0, out.options()))) << name;
+      }
     }
   }
 }
