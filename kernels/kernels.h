@@ -255,6 +255,10 @@ at::Tensor AbsorbedAttentionReference(const at::Tensor& qa, const at::Tensor& q,
 // copy, which is the path elsewhere.
 void ImageSideKeys(const std::vector<at::Tensor>& images, const at::Tensor& channel_bias, at::Tensor& out,
                    Stream stream = nullptr);
+// Whether ImageSideKeys's launch reads `image` ([C, h, w] or [1, C, h, w]) where it is: contiguous
+// (channel-major) or position-major ([h, w, C] in memory). Any other layout takes ATen's path, an add
+// and a transposing copy per image (run 66: ~20 us of host time an image).
+bool ImageSideKeysReadsInPlace(const at::Tensor& image);
 // For each i: a contiguous tensor of its own holding src[row[i]].narrow(0, first[i], count[i])
 // (src [G, K, ...]; the decoder's per-prompt mask logits out of its [G, 4, 256, 256] batch). On
 // CUDA all of them are copied by one kernel when every slice is 16-byte aligned; otherwise (and on

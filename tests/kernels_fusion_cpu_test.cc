@@ -203,6 +203,13 @@ TEST(kernels_fusion_cpu, ImageSideKeysIsBiasedChannelsLastPerImage) {
                     images[i].reshape({C, h, w})[c][y][x].item<float>() + bias.view({C})[c].item<float>())
               << i << " " << y << " " << x << " " << c;
   EXPECT_TRUE(at::equal(out[N], at::full({h * w, C}, 7.0)));
+  // The layouts the CUDA launch reads in place (the others, e.g. h and w swapped in memory, go through
+  // ATen there too).
+  EXPECT_TRUE(mk::ImageSideKeysReadsInPlace(images[0]));
+  EXPECT_TRUE(mk::ImageSideKeysReadsInPlace(images[1]));
+  EXPECT_TRUE(mk::ImageSideKeysReadsInPlace(images[2]));
+  EXPECT_FALSE(mk::ImageSideKeysReadsInPlace(Randn({C, w, h}, 66).transpose(1, 2)));
+  EXPECT_FALSE(mk::ImageSideKeysReadsInPlace(Randn({w, h, C}, 67).permute({2, 1, 0})));
   EXPECT_THROW(mk::ImageSideKeys({Randn({C, h, w + 1}, 64)}, bias, out), c10::Error);
   EXPECT_THROW(mk::ImageSideKeys(images, bias.narrow(1, 0, C - 1), out), c10::Error);
   at::Tensor small = at::empty({1, h * w, C});

@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "kernels/kernels.h"
+#include "model/engine_handles.h"
 #include "model/api/engine.h"
 #include "model/fast_decoder.h"
 #include "model/mask_decoder.h"
@@ -129,6 +130,9 @@ TEST(SharedImageDecoderCuda, EngineWithGraphsMatchesTheOriginalDecoder) {
     auto pa = e.Prepare(a), pb = e.Prepare(b);
     auto embs = e.Encode({*pa, *pb});
     EXPECT_TRUE(embs.ok());
+    // The decoder's image side reads the engine's embeddings in place (run 66: they are
+    // position-major, and ImageSideKeys used to launch only for contiguous ones).
+    for (const auto& emb : *embs) EXPECT_TRUE(kernels::ImageSideKeysReadsInPlace(PayloadOf(*emb).tensor));
     std::vector<DecodeItem> items;
     for (int k = 0; k < prompts; ++k) {
       PromptSpec p;
