@@ -3,6 +3,9 @@
 // pass per output encoding (on the device with gpu_postprocess, else the LibTorch reference).
 #include "model/engine_impl.h"
 
+#include <memory>
+#include <string_view>
+
 #include "kernels/kernels.h"
 #include "model/memory_scope.h"
 
@@ -44,6 +47,8 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
       const kernels::MaskPostprocessOutput r =
           PostprocessLogits(all, geom, enc == MaskEncoding::kRle, enc == MaskEncoding::kBitmask,
                             /*want_rle_string=*/true, /*rle_counts_with_string=*/false);
+      // The strings' pinned buffer, shared by the masks of items that take them in place.
+      std::shared_ptr<const void> rle_owner;
       const at::Tensor area = r.area.to(at::kCPU).contiguous();
       const at::Tensor bbox = r.bbox.to(at::kCPU).contiguous();
       const at::Tensor stab = r.stability.to(at::kCPU, at::kFloat).contiguous();
@@ -62,7 +67,13 @@ StatusOr<std::vector<std::vector<MaskData>>> EngineImpl::Postprocess(
           if (r.rle_string.defined()) {
             const int64_t* so = r.rle_string_offsets.data_ptr<int64_t>();
             const char* chars = reinterpret_cast<const char*>(r.rle_string.data_ptr<uint8_t>());
-            d.rle_string.assign(chars + so[m], chars + so[m + 1]);
+            if (items[owners[m].first].rle_in_place) {
+              if (!rle_owner) rle_owner = std::make_shared<const at::Tensor>(r.rle_string);
+              d.rle_view = std::string_view(chars + so[m], static_cast<size_t>(so[m + 1] - so[m]));
+              d.rle_owner = rle_owner;
+            } else {
+              d.rle_string.assign(chars + so[m], chars + so[m + 1]);
+            }
           }
         } else if (enc == MaskEncoding::kBitmask) {
           const int64_t* off = r.bitmask_offsets.data_ptr<int64_t>();

@@ -92,7 +92,13 @@ Pipeline::Pipeline(PipelineOptions options, std::string model_identity, Router* 
       decode_pool_(decode_pool),
       post_pool_(post_pool),
       generate_pool_(generate_pool),
-      inflight_(options_.max_inflight_bytes, "--max-inflight-bytes") {}
+      inflight_(options_.max_inflight_bytes, "--max-inflight-bytes") {
+  // MASKD_RLE_IN_PLACE=1: the device's RLE strings are copied out of the engine's pinned buffer by
+  // the threads that build the responses (FinishPostChunk, spread over the post-processing pool)
+  // instead of one after another inside Engine::Postprocess. Off until measured on the GPU host.
+  const char* in_place = std::getenv("MASKD_RLE_IN_PLACE");
+  rle_in_place_ = in_place != nullptr && std::string(in_place) == "1";
+}
 
 void Pipeline::Embed(ImageInput image, CallControlPtr control, Clock::time_point arrival,
                      ImageOutcome* out, Done done, std::optional<Precision> return_embedding) {
@@ -629,6 +635,7 @@ Status Pipeline::PostItems(const Job& job, const std::vector<DecodedPrompt>& dec
     item.input_width = e.geometry.input_width;
     item.input_height = e.geometry.input_height;
     item.encoding = encoding;
+    item.rle_in_place = rle_in_place_;
     items->push_back(std::move(item));
   }
   return Status::Ok();
@@ -693,9 +700,14 @@ Status Pipeline::FinishPostChunk(const JobPtr& job, size_t first, const std::vec
       mr.area = md[m].area;
       switch (encoding) {
         case MaskEncoding::kRle:
-          // The device's string when it made one (the same bytes: kernels_gpu tests it).
-          mr.rle_counts = md[m].rle_string.empty() ? RleCountsToString(md[m].rle_counts)
-                                                   : std::move(md[m].rle_string);
+          // The device's string when it made one (the same bytes: kernels_gpu tests it), moved, or
+          // copied from where it landed (rle_in_place).
+          if (md[m].rle_owner) {
+            mr.rle_counts.assign(md[m].rle_view);
+          } else {
+            mr.rle_counts = md[m].rle_string.empty() ? RleCountsToString(md[m].rle_counts)
+                                                     : std::move(md[m].rle_string);
+          }
           break;
         case MaskEncoding::kBitmask: {
           if (md[m].bitmask.size() != static_cast<size_t>(w) * h) {

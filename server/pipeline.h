@@ -166,6 +166,8 @@ class Pipeline {
   ThreadPool* const post_pool_;
   ThreadPool* const generate_pool_;
   ByteBudget inflight_;
+  // MASKD_RLE_IN_PLACE=1 (read at construction): PostprocessItem::rle_in_place on every item.
+  bool rle_in_place_ = false;
   // Post-processing in batches across requests: under load one Engine::Postprocess call serves the
   // masks of many requests (run 17, 256 clients: each call's own post-processing, ~1.2 ms of
   // mostly GPU synchronisation, waited 42 ms for one of the pool's 8 threads).

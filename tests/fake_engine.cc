@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "model/api/half.h"
@@ -314,6 +316,13 @@ StatusOr<std::vector<std::vector<MaskData>>> FakeEngine::Postprocess(
   }
   if (o_.postprocess_delay.count() > 0) std::this_thread::sleep_for(o_.postprocess_delay);
   std::vector<std::vector<MaskData>> out;
+  // rle_in_place items: their strings in one buffer for the call, as a CUDA engine's pinned one
+  // (views set once it stops growing).
+  auto strings = std::make_shared<std::string>();
+  struct InPlace {
+    size_t item, mask, offset, size;
+  };
+  std::vector<InPlace> in_place;
   for (const auto& it : items) {
     const MaskLogits& l = *it.logits;
     const int W = it.original_width, H = it.original_height;
@@ -346,12 +355,24 @@ StatusOr<std::vector<std::vector<MaskData>>> FakeEngine::Postprocess(
       d.area = area;
       d.stability_score = lo ? static_cast<float>(hi) / static_cast<float>(lo) : 0.f;
       if (area) d.bbox = {x0, y0, x1 - x0 + 1, y1 - y0 + 1};
-      if (it.encoding == MaskEncoding::kRle) d.rle_counts = RleEncode(mask.data(), W, H);
+      if (it.encoding == MaskEncoding::kRle && it.rle_in_place) {
+        const std::string str = RleCountsToString(RleEncode(mask.data(), W, H));
+        in_place.push_back({out.size(), masks.size(), strings->size(), str.size()});
+        strings->append(str);
+      } else if (it.encoding == MaskEncoding::kRle) {
+        d.rle_counts = RleEncode(mask.data(), W, H);
+      }
       if (it.encoding == MaskEncoding::kBitmask) d.bitmask = std::move(mask);
       masks.push_back(std::move(d));
     }
     out.push_back(std::move(masks));
   }
+  for (const InPlace& p : in_place) {
+    MaskData& d = out[p.item][p.mask];
+    d.rle_view = std::string_view(strings->data() + p.offset, p.size);
+    d.rle_owner = strings;
+  }
+  rle_in_place_masks += static_cast<int>(in_place.size());
   return out;
 }
 

@@ -41,6 +41,8 @@ class FakeEngine final : public Engine {
   // Counters.
   std::atomic<int> prepare_calls{0}, encode_calls{0}, encoded_images{0}, decode_calls{0};
   std::atomic<int> decoded_prompts{0}, postprocess_calls{0}, to_host_calls{0}, to_device_calls{0};
+  // Masks whose RLE string Postprocess left in its shared buffer (PostprocessItem::rle_in_place).
+  std::atomic<int> rle_in_place_masks{0};
   std::vector<int> encode_batches() const;  // sizes of Encode calls, in order
   std::vector<int> decode_batches() const;
 

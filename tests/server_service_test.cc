@@ -17,6 +17,7 @@
 #include "model/io/polygon.h"
 #include "server/server.h"
 #include "tests/fake_engine.h"
+#include "tests/scoped_env.h"
 #include "tests/server_fixture.h"
 
 namespace maskd::server {
@@ -876,6 +877,36 @@ TEST(ServerService, ConcurrentRequestsShareBatchedPostprocessingAndKeepTheirOwnM
     EXPECT_LT(concurrent, n) << "no post-processing call served more than one request";
     EXPECT_GE(concurrent, 2);  // at least one per device
   }
+}
+
+// MASKD_RLE_IN_PLACE=1: the engine leaves each RLE string in its call's buffer (the fake does as a
+// CUDA engine's pinned one) and the threads that build the responses copy it out, alone or across a
+// batch finished on several threads; the responses are the bytes the server sends without it.
+TEST(ServerService, RleStringsLeftInTheEnginesBufferGiveTheSameResponses) {
+  const std::vector<v1::SegmentRequest> requests = MixedRequests(24, 4);
+  std::vector<v1::SegmentResponse> copied;
+  {
+    MaskdOnFakeEngines m({});
+    copied = SegmentOneByOne(m, requests);
+    EXPECT_EQ(m.engine(0)->rle_in_place_masks, 0);
+  }
+  maskd::testing::ScopedEnv env("MASKD_RLE_IN_PLACE", "1");
+  MaskdOnFakeEngines::Options o;
+  o.devices = 2;
+  o.engine.postprocess_delay = milliseconds(30);  // chunks pile up: batched calls, fanned out
+  o.configure = [](ServerConfig& c) { c.postprocess_threads = 4; };
+  MaskdOnFakeEngines m(o);
+  const std::vector<v1::SegmentResponse> sequential = SegmentOneByOne(m, requests);
+  ASSERT_EQ(sequential.size(), copied.size());
+  for (size_t i = 0; i < copied.size(); ++i) {
+    ASSERT_EQ(sequential[i].results_size(), copied[i].results_size());
+    for (int p = 0; p < copied[i].results_size(); ++p)
+      for (int k = 0; k < copied[i].results(p).masks_size(); ++k)
+        EXPECT_EQ(sequential[i].results(p).masks(k).rle().counts(), copied[i].results(p).masks(k).rle().counts())
+            << "request " << i << " prompt " << p;
+  }
+  ExpectConcurrentEqualsSequential(m, requests, copied);
+  EXPECT_GT(m.engine(0)->rle_in_place_masks + m.engine(1)->rle_in_place_masks, 0);
 }
 
 // An exception thrown below the engine's post-processing never crosses the RPC boundary: that call

@@ -292,6 +292,9 @@ struct PostprocessItem {
   int original_width = 0, original_height = 0;
   int input_width = 0, input_height = 0;
   MaskEncoding encoding = MaskEncoding::kRle;
+  // kRle: where the device makes COCO's string, leave it where it landed (MaskData::rle_view) rather
+  // than copy it into MaskData::rle_string, so that the caller copies it out on its own threads.
+  bool rle_in_place = false;
 };
 
 struct MaskData {
@@ -305,6 +308,10 @@ struct MaskData {
   // kRle, when the device made COCO's compressed counts string (else empty: an RLE string is never
   // empty, it holds at least one count).
   std::string rle_string;
+  // kRle with PostprocessItem::rle_in_place, when the device made the string: it is rle_view, in host
+  // memory shared by the call's masks that rle_owner keeps alive (rle_string stays empty).
+  std::string_view rle_view;
+  std::shared_ptr<const void> rle_owner;
   std::vector<uint8_t> bitmask;      // kBitmask
 };
 
