@@ -343,6 +343,27 @@ TEST(EngineCuda, GpuPostprocessMatchesCpuMasks) {
         }
       }
     }
+    if (enc != MaskEncoding::kRle) continue;
+    // PostprocessItem::rle_in_place: the same strings, left in the call's pinned buffer, which one
+    // mask's rle_owner keeps alive after the rest of the result is gone.
+    for (auto& item : post) item.rle_in_place = true;
+    std::vector<MaskData> kept;
+    {
+      auto c = gpu->Postprocess(post);
+      ASSERT_TRUE(c.ok());
+      for (size_t i = 0; i < post.size(); ++i) {
+        ASSERT_EQ((*c)[i].size(), (*a)[i].size());
+        for (size_t m = 0; m < (*c)[i].size(); ++m) {
+          const MaskData& x = (*c)[i][m];
+          if ((*a)[i][m].rle_string.empty()) continue;  // no device string: nothing in place
+          EXPECT_TRUE(x.rle_string.empty()) << i << "/" << m;
+          ASSERT_TRUE(x.rle_owner) << i << "/" << m;
+          EXPECT_EQ(x.rle_view, (*a)[i][m].rle_string) << i << "/" << m;
+        }
+      }
+      kept.push_back(std::move((*c).back().back()));
+    }
+    if (kept.front().rle_owner) EXPECT_EQ(kept.front().rle_view, (*a).back().back().rle_string);
   }
 }
 
