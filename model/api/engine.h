@@ -309,7 +309,8 @@ struct MaskData {
   // empty, it holds at least one count).
   std::string rle_string;
   // kRle with PostprocessItem::rle_in_place, when the device made the string: it is rle_view, in host
-  // memory shared by the call's masks that rle_owner keeps alive (rle_string stays empty).
+  // memory shared by the call's masks that rle_owner keeps alive (rle_string stays empty). The whole
+  // call's buffer (room for the longest strings possible) stays allocated while any owner lives.
   std::string_view rle_view;
   std::shared_ptr<const void> rle_owner;
   std::vector<uint8_t> bitmask;      // kBitmask
