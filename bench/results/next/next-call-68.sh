@@ -5,8 +5,7 @@
 #      (the mixed-layout cases, which run 67 did not reach), model_fast_decoder_gpu_test (the engine's
 #      embeddings take the launch), model_gpu_test's GpuPostprocessMatchesCpuMasks (rle_in_place)
 #   2. served vit_b clicks at 256 clients, A-B-A-B of MASKD_RLE_IN_PLACE=1 against the default; then
-#      glibc's heap kept (MALLOC_TRIM_THRESHOLD_ / MALLOC_TOP_PAD_: does a batch's ~10 MB of strings
-#      fault its pages in again each time?); 1 and 16 clients
+#      1 and 16 clients with it (glibc's heap is already kept: maskd's --malloc-tuning, on by default)
 #   3. on an H200: #12's encoder rows and the seed's vit_h bs32 row
 #   4. the seed's quick set
 #   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=540 timeout 560 bash bench/results/next/next-call-68.sh
@@ -36,8 +35,8 @@ served() {  # served TAG LEVELS... (VARS: env assignments for maskd, space-separ
 [ "$(left)" -gt 110 ] && VARS="MASKD_RLE_IN_PLACE=1" served inplace-a 256
 [ "$(left)" -gt 110 ] && served copy-b 256
 [ "$(left)" -gt 110 ] && VARS="MASKD_RLE_IN_PLACE=1" served inplace-b 256
-[ "$(left)" -gt 110 ] && VARS="MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456" served heap-a 256
 [ "$(left)" -gt 120 ] && served levels 1 16
+[ "$(left)" -gt 120 ] && VARS="MASKD_RLE_IN_PLACE=1" served levels-inplace 1 16
 grep -h -B1 -A2 "server per call" "$out"/served/maskload-*.log 2>/dev/null | cut -c1-200 >> "$out/perf.log"
 if h200 && [ "$(left)" -gt 260 ]; then
   d="$out/prof-default"; mkdir -p "$d"
