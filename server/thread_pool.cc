@@ -116,18 +116,7 @@ struct Spread {
 
 void RunSpread(ThreadPool& pool, size_t n, size_t helpers, const std::function<void(size_t)>& fn) {
   helpers = std::min(helpers, n > 0 ? n - 1 : 0);
-  if (helpers == 0) {  // on this thread alone, with the same promise: every index runs
-    std::exception_ptr first;
-    for (size_t k = 0; k < n; ++k) {
-      try {
-        fn(k);
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-    }
-    if (first) std::rethrow_exception(first);
-    return;
-  }
+  // With no helper this thread claims every index itself and the wait below returns at once.
   auto state = std::make_shared<Spread>();
   state->total = n;
   state->work = fn;
