@@ -222,6 +222,72 @@ at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at
                                      q_bias);
 }
 
+at::Tensor ImageToTokenUpdateOnKeysReference(const at::Tensor& wq, const at::Tensor& k, int64_t heads, double scale,
+                                             const at::Tensor& u, const at::Tensor& x, const at::Tensor& weight,
+                                             const at::Tensor& bias, double eps, const at::Tensor& q_bias) {
+  return ImageToTokenUpdateReference(at::linear(x, wq), k, at::Tensor(), heads, scale, u, x, at::Tensor(), weight,
+                                     bias, eps, q_bias);
+}
+
+at::Tensor ImageToTokenUpdateOnKeys(const at::Tensor& wq, const at::Tensor& k, int64_t heads, double scale,
+                                    const at::Tensor& u, const at::Tensor& x, const at::Tensor& weight,
+                                    const at::Tensor& bias, double eps, const at::Tensor& q_bias, Stream stream) {
+  TORCH_CHECK(x.dim() == 3 && wq.dim() == 2 && wq.size(1) == x.size(2) && k.dim() == 3 && k.size(0) == x.size(0) &&
+                  k.size(2) == wq.size(0) && wq.scalar_type() == x.scalar_type() && wq.device() == x.device() &&
+                  k.scalar_type() == x.scalar_type() && k.device() == x.device(),
+              "ImageToTokenUpdateOnKeys: expected x [B, HW, D], wq [I, D] and k [B, T, I] of x's dtype and device, "
+              "got x ",
+              Describe(x), ", wq ", Describe(wq), " and k ", Describe(k));
+#ifdef MASKD_WITH_CUDA
+  const int64_t b = k.size(0), t = k.size(1), hw = x.size(1), d = x.size(2);
+  const auto aligned = [](const at::Tensor& y) { return reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0; };
+  constexpr int64_t kHeadDim = 16;
+  if (x.is_cuda() && x.scalar_type() != at::kFloat && heads == detail::kImageToTokenUpdateHeads &&
+      k.size(2) == kHeadDim * heads && t >= 1 && t <= detail::kImageToTokenOnKeysMaxTokens &&
+      d == detail::kImageToTokenUpdateChannels && b >= 1 && b <= 65535 && x.stride(2) == 1 && x.stride(1) == d &&
+      x.stride(0) % 8 == 0 && aligned(x) && u.dim() == 3 && u.size(0) == b && u.size(1) == heads * t &&
+      u.size(2) == d && u.scalar_type() == x.scalar_type() && weight.scalar_type() == x.scalar_type() &&
+      bias.scalar_type() == x.scalar_type() && weight.numel() == d && bias.numel() == d &&
+      (!q_bias.defined() || (q_bias.dim() == 2 && q_bias.size(0) == hw && q_bias.size(1) == k.size(2) &&
+                             q_bias.scalar_type() == x.scalar_type() && q_bias.device() == x.device() &&
+                             q_bias.stride(1) == 1 && q_bias.stride(0) % 8 == 0 && aligned(q_bias)))) {
+    internal::StreamScope scope(stream, x.device());
+    const at::Tensor kc = k.contiguous(), uc = u.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
+    // ka[h, b T + t] = Wq_h^T k[b, t, h]: [heads, B T, 16] x [heads, 16, D] (fp32 accumulation, one rounding).
+    const at::Tensor ka = at::bmm(kc.view({b * t, heads, kHeadDim}).transpose(0, 1),
+                                  wq.contiguous().view({heads, kHeadDim, d}));
+    if (aligned(kc) && aligned(uc) && aligned(wc) && aligned(bc) && aligned(ka) && ka.is_contiguous()) {
+      at::Tensor out = at::empty({b, hw, d}, x.options());
+      detail::ImageToTokenUpdateArgs a;
+      a.probs.k = kc.data_ptr();
+      a.probs.batch = b;
+      a.probs.positions = hw;
+      a.probs.heads = static_cast<int>(heads);
+      a.probs.tokens = static_cast<int>(t);
+      a.probs.scale = static_cast<float>(scale);
+      a.probs.q_bias = q_bias.defined() ? q_bias.data_ptr() : nullptr;
+      a.probs.q_bias_row_stride = q_bias.defined() ? q_bias.stride(0) : 0;
+      a.ka = ka.data_ptr();
+      a.ka_head_stride = b * t * d;
+      a.u = uc.data_ptr();
+      a.residual = x.data_ptr();
+      a.residual_batch_stride = x.stride(0);
+      a.weight = wc.data_ptr();
+      a.bias = bc.data_ptr();
+      a.eps = static_cast<float>(eps);
+      a.out = out.data_ptr();
+      internal::CheckLaunch(detail::LaunchImageToTokenUpdate(a, internal::ToDType(x.scalar_type(), "x"),
+                                                             internal::MultiProcessors(x.device()), scope.get()),
+                            "ImageToTokenUpdateKernel (on keys)");
+      return out;
+    }
+  }
+#endif
+  // Other shapes and devices: the projection, then the update on q (its kernel where that fits).
+  return ImageToTokenUpdate(at::linear(x, wq), k, at::Tensor(), heads, scale, u, x, at::Tensor(), weight, bias, eps,
+                            q_bias, stream);
+}
+
 at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                                  const at::Tensor& hyper, int64_t h, int64_t width) {
   const int64_t b = hyper.size(0), m = hyper.size(1), c2 = w.size(1) / 4;

@@ -29,7 +29,10 @@
 // Replaces ImageToTokenProbs + baddbmm (with the residual copied in first) + RowNorm: one read of q
 // and the residual and one write per prompt instead of four passes, and the prompts of one image
 // read their shared residual in place (no expand or index_select copy). An optional q_bias [HW, I]
-// (the positional share of the query projection) is added to q as it is loaded.
+// (the positional share of the query projection) is added to q as it is loaded. On keys (block 1,
+// where q = x Wq^T + q_bias of the residual x itself): the scores come from the residual tile
+// already in shared memory against the absorbed queries ka = Wq_h^T k_t,h on the tensor cores, plus
+// q_bias . k by MMA, so that neither the q projection nor its read exists (kernels/NOTES.md).
 // ImageSideKeys: the shared decoder's image-side input for a batch of embeddings in one launch: each
 // [C, 64, 64] embedding plus the no-mask dense embedding (one value per channel), transposed to the
 // [4096, C] keys layout through shared-memory tiles (replaces a copy per image into a static input,
@@ -418,11 +421,23 @@ constexpr int kXPitch = kD + 8; // the residual/output tile's rows in shared mem
 // P's k dimension padded to the mma's 16, and its row pitch (an odd multiple of 16 bytes).
 __host__ __device__ constexpr int KPad(int ht) { return (ht + 15) / 16 * 16; }
 __host__ __device__ constexpr int PPitch(int ht) { return KPad(ht) + 8; }
-__host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens) {
-  return KPad(ht) * kUPitch * elem + kTileRows * PPitch(ht) * elem + tokens * kHeads * kKStride * 4 +
+// The token keys' region: in fp32 for the scores on q, or (on keys) the absorbed queries ka as
+// [KPad(ht)][kUPitch] of T, rows (t, h) = 8 t + h, the padding rows zero.
+__host__ __device__ constexpr int KeysBytes(int elem, int ht, int tokens, bool on_keys) {
+  return on_keys ? KPad(ht) * kUPitch * elem : tokens * kHeads * kKStride * 4;
+}
+__host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens, bool on_keys) {
+  return KPad(ht) * kUPitch * elem + kTileRows * PPitch(ht) * elem + KeysBytes(elem, ht, tokens, on_keys) +
          2 * 2 * kTileRows * 4 + kTileRows * kXPitch * elem;
 }
+// On keys: 4 warps (a 16-row group each) make the tile's scores; at most 8 tokens (4 n-tile pairs).
+constexpr int kOnKeysTokens = kImageToTokenOnKeysMaxTokens;
+static_assert(kOnKeysTokens % 2 == 0, "the scores' n-tiles are loaded in pairs");
 
+template <typename T>
+__device__ __forceinline__ uint32_t Load32(const T* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
 template <typename T>
 __device__ __forceinline__ float2 Load2(const T* p) {
   const uint32_t raw = *reinterpret_cast<const uint32_t*>(p);
@@ -451,12 +466,98 @@ __device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int 
 }
 }  // namespace upd
 
+// Block 1's scores on the keys themselves (kOnKeys: ImageToTokenUpdateOnKeys): warp w < 4 makes
+// the scores of tile rows 16 w..16 w+15 for every (head, token) on the tensor cores, n-tile t = token
+// t's 8 heads, so that each lane's C fragments hold the T scores of four (row, head) pairs: rows g
+// and g + 8, heads 2 tq and 2 tq + 1, and the softmax needs no other lane:
+//   x . ka: the tile's rows (x_s, A by ldmatrix) against ka_s (B by ldmatrix, rows (t, h)), 16
+//     k-steps of 16 channels;
+//   q_bias . k: 8 k-steps, one per head j: A = the positional rows' 16 channels of head j from global
+//     memory (the [HW, I] table every prompt shares: L2), B = the token keys block-diagonally (column
+//     h of n-tile t is k[b, t, h] in head h's k-step and zero in the others: lane (g, tq) holds head
+//     g's keys and gives them in k-step g only);
+// then scale, the softmax in fp32 (HeadSoftmax's arithmetic) and P rounded to T into p_s.
 template <typename T>
+__device__ __forceinline__ void ScoresOnKeys(const ImageToTokenUpdateArgs& a, const T* x_s, const T* ka_s, T* p_s,
+                                             int ppitch, int64_t b, int64_t row0, int r16, int lane) {
+  const int tokens = a.probs.tokens, g = lane / 4, tq = lane % 4;
+  float s[upd::kOnKeysTokens][4];
+#pragma unroll
+  for (int t = 0; t < upd::kOnKeysTokens; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+  const LdmOffset la = LdmRowsFirst(lane), lb = LdmColsFirst(lane);
+#pragma unroll 2
+  for (int kk = 0; kk < upd::kD; kk += 16) {
+    uint32_t af[4];
+    LdMatrixX4(af, SmemAddr(x_s + (r16 + la.row) * upd::kXPitch + kk + la.col));
+#pragma unroll
+    for (int tp = 0; tp < upd::kOnKeysTokens; tp += 2) {
+      if (tp < tokens) {
+        uint32_t bf[4];
+        LdMatrixX4(bf, SmemAddr(ka_s + (tp * upd::kHeads + lb.row) * upd::kUPitch + kk + lb.col));
+        Mma<T>::Run(s[tp], af, bf[0], bf[1]);
+        Mma<T>::Run(s[tp + 1], af, bf[2], bf[3]);
+      }
+    }
+  }
+  const T* qbias = static_cast<const T*>(a.probs.q_bias);
+  if (qbias) {
+    constexpr int kI = upd::kHeads * kProbsHeadDim;
+    const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * kI + g * kProbsHeadDim + 2 * tq;
+    uint32_t kr[upd::kOnKeysTokens][2];
+#pragma unroll
+    for (int t = 0; t < upd::kOnKeysTokens; ++t) {
+      kr[t][0] = t < tokens ? upd::Load32(kb + t * kI) : 0u;
+      kr[t][1] = t < tokens ? upd::Load32(kb + t * kI + 8) : 0u;
+    }
+    const int64_t positions = a.probs.positions, p0 = row0 + r16 + g, p1 = p0 + 8;
+    const T* q0 = qbias + p0 * a.probs.q_bias_row_stride + 2 * tq;
+    const T* q1 = qbias + p1 * a.probs.q_bias_row_stride + 2 * tq;
+#pragma unroll 2
+    for (int j = 0; j < upd::kHeads; ++j) {
+      uint32_t af[4];
+      af[0] = p0 < positions ? upd::Load32(q0 + j * kProbsHeadDim) : 0u;
+      af[1] = p1 < positions ? upd::Load32(q1 + j * kProbsHeadDim) : 0u;
+      af[2] = p0 < positions ? upd::Load32(q0 + j * kProbsHeadDim + 8) : 0u;
+      af[3] = p1 < positions ? upd::Load32(q1 + j * kProbsHeadDim + 8) : 0u;
+      const bool own = g == j;
+#pragma unroll
+      for (int t = 0; t < upd::kOnKeysTokens; ++t)
+        if (t < tokens) Mma<T>::Run(s[t], af, own ? kr[t][0] : 0u, own ? kr[t][1] : 0u);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float m = -__builtin_huge_valf();
+#pragma unroll
+    for (int t = 0; t < upd::kOnKeysTokens; ++t) {
+      if (t < tokens) {
+        s[t][e] *= a.probs.scale;
+        m = fmaxf(m, s[t][e]);
+      }
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int t = 0; t < upd::kOnKeysTokens; ++t) {
+      if (t < tokens) {
+        s[t][e] = __expf(s[t][e] - m);
+        sum += s[t][e];
+      }
+    }
+    const float inv = 1.f / sum;
+    T* pr = p_s + (r16 + g + (e >= 2 ? 8 : 0)) * ppitch + (2 * tq + (e & 1)) * tokens;
+#pragma unroll
+    for (int t = 0; t < upd::kOnKeysTokens; ++t)
+      if (t < tokens) pr[t] = FromFloat<T>(s[t][e] * inv);
+  }
+}
+
+template <typename T, bool kOnKeys>
 __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const ImageToTokenUpdateArgs a) {
   // blockIdx.y: prompt b; blockIdx.x walks tiles of 64 positions (tile = blockIdx.x, + gridDim.x, ...).
   // Per tile:
-  //   1. the probabilities P [64, 8 T] (thread: two (row, head) pairs, HeadSoftmax), rounded to T into
-  //      shared memory (the unfused path's rounding of P), columns 8 T..KPad-1 zero;
+  //   1. the probabilities P [64, 8 T] (thread: two (row, head) pairs, HeadSoftmax; on keys: warps
+  //      0-3 by ScoresOnKeys, after the residual tile has arrived), rounded to T into shared memory
+  //      (the unfused path's rounding of P), columns 8 T..KPad-1 zero;
   //   2. warp (row group rg = warp / 2, half = warp % 2): rows 16 rg..16 rg+15, channels 128 half..+127:
   //      accumulators start at the residual, += P u on the tensor cores (mma.m16n8k16, fp32; P by
   //      ldmatrix, u [k][n] by ldmatrix.trans);
@@ -470,8 +571,10 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   const int tokens = a.probs.tokens, ht = upd::kHeads * tokens, kpad = upd::KPad(ht), ppitch = upd::PPitch(ht);
   T* u_s = reinterpret_cast<T*>(smem);
   T* p_s = u_s + kpad * upd::kUPitch;
-  float* k_s = reinterpret_cast<float*>(p_s + upd::kTileRows * ppitch);
-  float* red_sum = k_s + tokens * upd::kHeads * upd::kKStride;
+  unsigned char* keys_s = reinterpret_cast<unsigned char*>(p_s + upd::kTileRows * ppitch);
+  float* k_s = reinterpret_cast<float*>(keys_s);  // the token keys in fp32 (scores on q)
+  T* ka_s = reinterpret_cast<T*>(keys_s);         // the absorbed queries (on keys)
+  float* red_sum = reinterpret_cast<float*>(keys_s + upd::KeysBytes(sizeof(T), ht, tokens, kOnKeys));
   float* red_sq = red_sum + 2 * upd::kTileRows;
   T* x_s = reinterpret_cast<T*>(red_sq + 2 * upd::kTileRows);  // the residual tile, then the output tile
   const int tid = threadIdx.x;
@@ -483,10 +586,20 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
       const uint4 v = row < ht ? reinterpret_cast<const uint4*>(ub + row * upd::kD)[c8] : make_uint4(0, 0, 0, 0);
       *reinterpret_cast<uint4*>(u_s + row * upd::kUPitch + 8 * c8) = v;
     }
-    const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * (upd::kHeads * kProbsHeadDim);
-    for (int i = tid; i < tokens * upd::kHeads * kProbsHeadDim; i += kThreads) {
-      const int t = i / (upd::kHeads * kProbsHeadDim), h = (i / kProbsHeadDim) % upd::kHeads, c = i % kProbsHeadDim;
-      k_s[(t * upd::kHeads + h) * upd::kKStride + c] = ToFloat(kb[i]) * a.probs.scale;
+    if constexpr (kOnKeys) {
+      const T* kab = static_cast<const T*>(a.ka) + b * tokens * upd::kD;
+      for (int i = tid; i < kpad * (upd::kD / 8); i += kThreads) {
+        const int row = i / (upd::kD / 8), c8 = i % (upd::kD / 8), t = row / upd::kHeads, h = row % upd::kHeads;
+        const uint4 v = row < ht ? reinterpret_cast<const uint4*>(kab + h * a.ka_head_stride + t * upd::kD)[c8]
+                                 : make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(ka_s + row * upd::kUPitch + 8 * c8) = v;
+      }
+    } else {
+      const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * (upd::kHeads * kProbsHeadDim);
+      for (int i = tid; i < tokens * upd::kHeads * kProbsHeadDim; i += kThreads) {
+        const int t = i / (upd::kHeads * kProbsHeadDim), h = (i / kProbsHeadDim) % upd::kHeads, c = i % kProbsHeadDim;
+        k_s[(t * upd::kHeads + h) * upd::kKStride + c] = ToFloat(kb[i]) * a.probs.scale;
+      }
     }
     // P's padding columns stay zero (phase 1 writes columns < ht only).
     for (int i = tid; i < upd::kTileRows * (kpad - ht); i += kThreads)
@@ -515,8 +628,14 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
                 valid);
     }
     CpAsyncCommit();
+    if constexpr (kOnKeys) {
+      // The scores read the residual tile: it must be in before step 1 (no overlap with the copy).
+      CpAsyncWait<0>();
+      __syncthreads();
+      if (warp < upd::kTileRows / 16) ScoresOnKeys<T>(a, x_s, ka_s, p_s, ppitch, b, row0, 16 * warp, lane);
+    }
 #pragma unroll 1
-    for (int i = 0; i < upd::kTileRows * upd::kHeads / kThreads; ++i) {
+    for (int i = 0; i < (kOnKeys ? 0 : upd::kTileRows * upd::kHeads / kThreads); ++i) {
       const int pair = tid + i * kThreads, r = pair / upd::kHeads, h = pair % upd::kHeads;
       const int64_t p = row0 + r;
       T* pr = p_s + r * ppitch + h * tokens;
@@ -598,16 +717,17 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   }
 }
 
-template <typename T>
+template <typename T, bool kOnKeys>
 cudaError_t LaunchImageToTokenUpdateT(const ImageToTokenUpdateArgs& a, int sms, cudaStream_t stream) {
   const int ht = upd::kHeads * a.probs.tokens;
-  const int bytes = upd::SharedBytes(static_cast<int>(sizeof(T)), ht, a.probs.tokens);
+  const int bytes = upd::SharedBytes(static_cast<int>(sizeof(T)), ht, a.probs.tokens, kOnKeys);
   // Above the default 48 KB from T = 1 on (the residual/output tile is 33 KB, u 4 KB a token in 16
-  // bits; ~82 KB at T = 7, two blocks per SM). Set at each such launch, as flash-attention does: the
-  // attribute is per device, and the call is legal in a capture.
+  // bits; ~82 KB at T = 7, two blocks per SM; on keys ka adds 33 KB at T = 7 or 8: 109 KB, still two).
+  // Set at each such launch, as flash-attention does: the attribute is per device, and the call is
+  // legal in a capture.
   if (bytes > 48 * 1024) {
-    const cudaError_t attr =
-        cudaFuncSetAttribute(ImageToTokenUpdateKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    const cudaError_t attr = cudaFuncSetAttribute(ImageToTokenUpdateKernel<T, kOnKeys>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (attr != cudaSuccess) return attr;
   }
   // A block walks several tiles so that u is staged once per about 4 tiles (u is 32 KB at T = 7 and
@@ -617,7 +737,7 @@ cudaError_t LaunchImageToTokenUpdateT(const ImageToTokenUpdateArgs& a, int sms, 
   const int64_t per_prompt = std::max<int64_t>(1, (8 * static_cast<int64_t>(std::max(sms, 1)) + a.probs.batch - 1) /
                                                       a.probs.batch);
   const dim3 grid(static_cast<unsigned>(std::min(tiles, per_prompt)), static_cast<unsigned>(a.probs.batch));
-  ImageToTokenUpdateKernel<T><<<grid, kThreads, bytes, stream>>>(a);
+  ImageToTokenUpdateKernel<T, kOnKeys><<<grid, kThreads, bytes, stream>>>(a);
   return cudaGetLastError();
 }
 }  // namespace
@@ -706,13 +826,21 @@ cudaError_t LaunchImageToTokenUpdate(const ImageToTokenUpdateArgs& a, DType dtyp
   const ImageToTokenProbsArgs& p = a.probs;
   if (p.batch <= 0 || p.positions <= 0) return cudaSuccess;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const bool on_keys = a.ka != nullptr;
+  // The query: q's rows, or on keys ka (rows of the residual, which is then the prompt's own keys).
+  const bool query_ok = on_keys ? aligned(a.ka) && a.ka_head_stride % 8 == 0 && aligned(p.k) &&
+                                      p.tokens <= upd::kOnKeysTokens && a.residual_rows == nullptr
+                                : p.q_batch_stride % 8 == 0 && p.q_row_stride % 8 == 0 && aligned(p.q);
   if (dtype == DType::kFloat32 || p.tokens < 1 || p.tokens > kProbsMaxTokens || p.heads != upd::kHeads ||
-      p.q_batch_stride % 8 != 0 || p.q_row_stride % 8 != 0 || !aligned(p.q) || p.batch > 65535 ||
-      a.residual_batch_stride % 8 != 0 || !aligned(a.residual) || !aligned(a.u) || !aligned(a.weight) ||
-      !aligned(a.bias) || !aligned(a.out) || (p.q_bias && (!aligned(p.q_bias) || p.q_bias_row_stride % 8 != 0)))
+      !query_ok || p.batch > 65535 || a.residual_batch_stride % 8 != 0 || !aligned(a.residual) || !aligned(a.u) ||
+      !aligned(a.weight) || !aligned(a.bias) || !aligned(a.out) ||
+      (p.q_bias && (!aligned(p.q_bias) || p.q_bias_row_stride % 8 != 0)))
     return cudaErrorInvalidValue;
-  return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdateT<__nv_bfloat16>(a, sms, stream)
-                                   : LaunchImageToTokenUpdateT<__half>(a, sms, stream);
+  if (on_keys)
+    return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdateT<__nv_bfloat16, true>(a, sms, stream)
+                                     : LaunchImageToTokenUpdateT<__half, true>(a, sms, stream);
+  return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdateT<__nv_bfloat16, false>(a, sms, stream)
+                                   : LaunchImageToTokenUpdateT<__half, false>(a, sms, stream);
 }
 
 }  // namespace maskd::kernels::detail

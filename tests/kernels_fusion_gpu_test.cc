@@ -448,6 +448,54 @@ TEST(kernels_fusion_gpu, ImageToTokenUpdateMatchesFp32AndBeatsTheUnfusedPath) {
   }
 }
 
+// Block 1's image->token step with its query made in the kernel from the residual (on keys: the
+// scores x . (Wq_h^T k) + q_bias . k on the tensor cores) against the fp32 composition (q = x Wq^T,
+// then the update), held to the output rounding as the update on q is, and no further from fp32
+// than the path it replaces (the projection rounded to the 16-bit type, then the update on q) by
+// more than 10 %. T from 1 to the kernel's 8 (odd T: the last n-tile pair's second tile is padding),
+// a position count that ends mid-tile, with and without q_bias (strided as the decoder's table); T
+// = 9 takes the fallback (the projection, then the update on q) and must give the same function.
+TEST(kernels_fusion_gpu, ImageToTokenUpdateOnKeysMatchesFp32AndTheUpdateOnQ) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1300;
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+    for (int64_t T : {1, 2, 7, 8, 9}) {
+      for (int64_t HW : {4096, 4001}) {
+        if (HW == 4001 && T != 7) continue;
+        for (bool with_bias : {true, false}) {
+          if (!with_bias && T != 7) continue;
+          const int64_t B = 5, heads = 8, I = 16 * heads, D = 256;
+          const at::Tensor x = Randn({B, HW, D}, seed++, t, 1.0, 0.3);
+          const at::Tensor wq = Randn({I, D}, seed++, t, 0.06);  // q = x Wq^T of std ~1, as the decoder's
+          const at::Tensor k = Randn({B, T, I}, seed++, t, 2.0);
+          const at::Tensor u = Randn({B, heads * T, D}, seed++, t, 0.5);
+          const at::Tensor w = Randn({D}, seed++, t, 0.2, 1.0), bias = Randn({D}, seed++, t, 0.2);
+          const at::Tensor q_bias = with_bias ? Randn({HW, 3 * I}, seed++, t, 1.0).narrow(1, 2 * I, I) : at::Tensor();
+          const double scale = 0.25, eps = 1e-5;
+          Poison(B * HW * D * 2);
+          const at::Tensor out = mk::ImageToTokenUpdateOnKeys(wq, k, heads, scale, u, x, w, bias, eps, q_bias);
+          auto f32 = [](const at::Tensor& y) { return y.defined() ? y.to(at::kFloat) : y; };
+          const at::Tensor truth = mk::ImageToTokenUpdateOnKeysReference(f32(wq), f32(k), heads, scale, f32(u), f32(x),
+                                                                          f32(w), f32(bias), eps, f32(q_bias));
+          const at::Tensor on_q =
+              mk::ImageToTokenUpdate(at::linear(x, wq), k, {}, heads, scale, u, x, {}, w, bias, eps, q_bias);
+          ASSERT_EQ(out.sizes(), truth.sizes());
+          ASSERT_EQ(out.scalar_type(), t);
+          const Err e = Compare(out, truth), eq = Compare(on_q, truth);
+          const std::string name = c10::toString(t) + std::string(" T ") + std::to_string(T) + " HW " +
+                                   std::to_string(HW) + (with_bias ? " q_bias" : "");
+          EXPECT_TRUE(e.finite) << name;
+          EXPECT_LE(e.max_abs, MaxAbsTol(t)) << name;
+          EXPECT_LE(e.rel_l2, RelTol(t)) << name;
+          EXPECT_LE(e.rel_l2, eq.rel_l2 * 1.1) << name << ": on q rel L2 " << eq.rel_l2;
+          std::printf("on keys %s: rel L2 %.3e (on q %.3e), max abs %.3e (on q %.3e)\n", name.c_str(), e.rel_l2,
+                      eq.rel_l2, e.max_abs, eq.max_abs);
+        }
+      }
+    }
+  }
+}
+
 // The decoder's token-side attentions: a click's tokens against 4096 positions (split 32 ways over
 // the keys, then combined), 64 prompts (no split), the tokens' self-attention (C = 32, 7 keys), the
 // query limit, and a key count that ends mid-chunk; q, k and v strided as the projections leave them.
