@@ -468,22 +468,49 @@ __device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int 
 
 // Block 1's scores on the keys themselves (kOnKeys: ImageToTokenUpdateOnKeys): warp w < 4 makes
 // the scores of tile rows 16 w..16 w+15 for every (head, token) on the tensor cores, n-tile t = token
-// t's 8 heads, so that each lane's C fragments hold the T scores of four (row, head) pairs: rows g
-// and g + 8, heads 2 tq and 2 tq + 1, and the softmax needs no other lane:
-//   x . ka: the tile's rows (x_s, A by ldmatrix) against ka_s (B by ldmatrix, rows (t, h)), 16
-//     k-steps of 16 channels;
-//   q_bias . k: 8 k-steps, one per head j: A = the positional rows' 16 channels of head j from global
-//     memory (the [HW, I] table every prompt shares: L2), B = the token keys block-diagonally (column
-//     h of n-tile t is k[b, t, h] in head h's k-step and zero in the others: lane (g, tq) holds head
-//     g's keys and gives them in k-step g only);
-// then scale, the softmax in fp32 (HeadSoftmax's arithmetic) and P rounded to T into p_s.
+// t's 8 heads, so that each lane's C fragments s[t] hold the T scores of four (row, head) pairs: rows
+// g and g + 8, heads 2 tq and 2 tq + 1, and the softmax needs no other lane. In three steps, so that
+// the first overlaps the copy of the residual tile the second reads:
+//   OnKeysBiasScores, q_bias . k: 8 k-steps, one per head j: A = the positional rows' 16 channels of
+//     head j from global memory (the [HW, I] table every prompt shares: L2), B = the token keys
+//     block-diagonally (column h of n-tile t is k[b, t, h] in head h's k-step and zero in the others:
+//     lane (g, tq) holds head g's keys and gives them in k-step g only); s = 0 without q_bias;
+//   OnKeysResidualScores, + x . ka: the tile's rows (x_s, A by ldmatrix) against ka_s (B by
+//     ldmatrix, rows (t, h)), 16 k-steps of 16 channels;
+//   OnKeysSoftmax: scale, the softmax in fp32 (HeadSoftmax's arithmetic), P rounded to T into p_s.
 template <typename T>
-__device__ __forceinline__ void ScoresOnKeys(const ImageToTokenUpdateArgs& a, const T* x_s, const T* ka_s, T* p_s,
-                                             int ppitch, int64_t b, int64_t row0, int r16, int lane) {
+__device__ __forceinline__ void OnKeysBiasScores(const ImageToTokenUpdateArgs& a, float (&s)[upd::kOnKeysTokens][4],
+                                                 int64_t b, int64_t row0, int r16, int lane) {
   const int tokens = a.probs.tokens, g = lane / 4, tq = lane % 4;
-  float s[upd::kOnKeysTokens][4];
 #pragma unroll
   for (int t = 0; t < upd::kOnKeysTokens; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+  const T* qbias = static_cast<const T*>(a.probs.q_bias);
+  if (qbias) {
+    constexpr int kI = upd::kHeads * kProbsHeadDim;
+    const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * kI + g * kProbsHeadDim + 2 * tq;
+    const int64_t positions = a.probs.positions, p0 = row0 + r16 + g, p1 = p0 + 8;
+    const T* q0 = qbias + p0 * a.probs.q_bias_row_stride + 2 * tq;
+    const T* q1 = qbias + p1 * a.probs.q_bias_row_stride + 2 * tq;
+#pragma unroll 1
+    for (int j = 0; j < upd::kHeads; ++j) {
+      uint32_t af[4];
+      af[0] = p0 < positions ? upd::Load32(q0 + j * kProbsHeadDim) : 0u;
+      af[1] = p1 < positions ? upd::Load32(q1 + j * kProbsHeadDim) : 0u;
+      af[2] = p0 < positions ? upd::Load32(q0 + j * kProbsHeadDim + 8) : 0u;
+      af[3] = p1 < positions ? upd::Load32(q1 + j * kProbsHeadDim + 8) : 0u;
+      // Head g's keys in k-step g (loaded then, from L1: a prompt's keys are 2 KB); zero otherwise.
+      const bool own = g == j;
+#pragma unroll
+      for (int t = 0; t < upd::kOnKeysTokens; ++t)
+        if (t < tokens)
+          Mma<T>::Run(s[t], af, own ? upd::Load32(kb + t * kI) : 0u, own ? upd::Load32(kb + t * kI + 8) : 0u);
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void OnKeysResidualScores(const T* x_s, const T* ka_s, int tokens,
+                                                     float (&s)[upd::kOnKeysTokens][4], int r16, int lane) {
   const LdmOffset la = LdmRowsFirst(lane), lb = LdmColsFirst(lane);
 #pragma unroll 2
   for (int kk = 0; kk < upd::kD; kk += 16) {
@@ -499,39 +526,19 @@ __device__ __forceinline__ void ScoresOnKeys(const ImageToTokenUpdateArgs& a, co
       }
     }
   }
-  const T* qbias = static_cast<const T*>(a.probs.q_bias);
-  if (qbias) {
-    constexpr int kI = upd::kHeads * kProbsHeadDim;
-    const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * kI + g * kProbsHeadDim + 2 * tq;
-    uint32_t kr[upd::kOnKeysTokens][2];
-#pragma unroll
-    for (int t = 0; t < upd::kOnKeysTokens; ++t) {
-      kr[t][0] = t < tokens ? upd::Load32(kb + t * kI) : 0u;
-      kr[t][1] = t < tokens ? upd::Load32(kb + t * kI + 8) : 0u;
-    }
-    const int64_t positions = a.probs.positions, p0 = row0 + r16 + g, p1 = p0 + 8;
-    const T* q0 = qbias + p0 * a.probs.q_bias_row_stride + 2 * tq;
-    const T* q1 = qbias + p1 * a.probs.q_bias_row_stride + 2 * tq;
-#pragma unroll 2
-    for (int j = 0; j < upd::kHeads; ++j) {
-      uint32_t af[4];
-      af[0] = p0 < positions ? upd::Load32(q0 + j * kProbsHeadDim) : 0u;
-      af[1] = p1 < positions ? upd::Load32(q1 + j * kProbsHeadDim) : 0u;
-      af[2] = p0 < positions ? upd::Load32(q0 + j * kProbsHeadDim + 8) : 0u;
-      af[3] = p1 < positions ? upd::Load32(q1 + j * kProbsHeadDim + 8) : 0u;
-      const bool own = g == j;
-#pragma unroll
-      for (int t = 0; t < upd::kOnKeysTokens; ++t)
-        if (t < tokens) Mma<T>::Run(s[t], af, own ? kr[t][0] : 0u, own ? kr[t][1] : 0u);
-    }
-  }
+}
+
+template <typename T>
+__device__ __forceinline__ void OnKeysSoftmax(float (&s)[upd::kOnKeysTokens][4], float scale, int tokens, T* p_s,
+                                              int ppitch, int r16, int lane) {
+  const int g = lane / 4, tq = lane % 4;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     float m = -__builtin_huge_valf();
 #pragma unroll
     for (int t = 0; t < upd::kOnKeysTokens; ++t) {
       if (t < tokens) {
-        s[t][e] *= a.probs.scale;
+        s[t][e] *= scale;
         m = fmaxf(m, s[t][e]);
       }
     }
@@ -556,7 +563,8 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   // blockIdx.y: prompt b; blockIdx.x walks tiles of 64 positions (tile = blockIdx.x, + gridDim.x, ...).
   // Per tile:
   //   1. the probabilities P [64, 8 T] (thread: two (row, head) pairs, HeadSoftmax; on keys: warps
-  //      0-3 by ScoresOnKeys, after the residual tile has arrived), rounded to T into shared memory
+  //      0-3, OnKeysBiasScores while the residual tile arrives, then OnKeysResidualScores and
+  //      OnKeysSoftmax), rounded to T into shared memory
   //      (the unfused path's rounding of P), columns 8 T..KPad-1 zero;
   //   2. warp (row group rg = warp / 2, half = warp % 2): rows 16 rg..16 rg+15, channels 128 half..+127:
   //      accumulators start at the residual, += P u on the tensor cores (mma.m16n8k16, fp32; P by
@@ -629,10 +637,16 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
     }
     CpAsyncCommit();
     if constexpr (kOnKeys) {
-      // The scores read the residual tile: it must be in before step 1 (no overlap with the copy).
+      // The positional share of the scores while the residual tile arrives; then its share.
+      float s[upd::kOnKeysTokens][4];
+      const bool scorer = warp < upd::kTileRows / 16;
+      if (scorer) OnKeysBiasScores<T>(a, s, b, row0, 16 * warp, lane);
       CpAsyncWait<0>();
       __syncthreads();
-      if (warp < upd::kTileRows / 16) ScoresOnKeys<T>(a, x_s, ka_s, p_s, ppitch, b, row0, 16 * warp, lane);
+      if (scorer) {
+        OnKeysResidualScores<T>(x_s, ka_s, tokens, s, 16 * warp, lane);
+        OnKeysSoftmax<T>(s, a.probs.scale, tokens, p_s, ppitch, 16 * warp, lane);
+      }
     }
 #pragma unroll 1
     for (int i = 0; i < (kOnKeys ? 0 : upd::kTileRows * upd::kHeads / kThreads); ++i) {
