@@ -10,12 +10,13 @@
 #      1-prompt rows take neither path: the drift between runs)
 #   3. served vit_b clicks at 256 clients: the knob off / on, and run 69's MASKD_RLE_IN_PLACE pair again
 #   4. the seed's quick set
-#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=420 timeout 440 bash bench/results/next/next-call-70.sh
+#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=330 timeout 345 bash bench/results/next/next-call-70.sh
+# (with 330 s: the decode pairs, the served on-keys pair and the seed; the RLE pair needs ~60 s more)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench kernels_fusion_gpu_test model_fast_decoder_gpu_test"}
 source scripts/gpu-host/call-prelude.sh
-left() { echo $(( ${CALL_LIMIT:-420} - ($(date +%s) - S) )); }
+left() { echo $(( ${CALL_LIMIT:-330} - ($(date +%s) - S) )); }
 { timeout 60 "$B/tests/kernels_fusion_gpu_test" --gtest_filter='*ImageSideKeys*:*ImageToTokenUpdate*'
   timeout 60 "$B/tests/model_fast_decoder_gpu_test"; } > "$out/tests.log" 2>&1
 echo "tests rc=$?" >> "$out/perf.log"
@@ -35,8 +36,8 @@ cases() {  # cases TAG [VAR=VALUE]: the vit_b decode cases, profiled
 }
 cases off-a
 cases on-a MASKD_IMAGE_TO_TOKEN_ON_KEYS=1
-[ "$(left)" -gt 250 ] && cases off-b
-[ "$(left)" -gt 230 ] && cases on-b MASKD_IMAGE_TO_TOKEN_ON_KEYS=1
+[ "$(left)" -gt 130 ] && cases off-b
+[ "$(left)" -gt 115 ] && cases on-b MASKD_IMAGE_TO_TOKEN_ON_KEYS=1
 served() {  # served TAG LEVEL (VARS: env assignments for maskd, space-separated)
   env ${VARS:-MASKD_NONE=0} OUT=$out/served SERVED_TAG=$1 SERVED_DURATION=10 timeout 60 \
     bash scripts/gpu-host/served-bench.sh "vit_b:bf16::interactive:$2" >> "$out/served.log" 2>&1
@@ -44,10 +45,10 @@ served() {  # served TAG LEVEL (VARS: env assignments for maskd, space-separated
   grep -- "-$1 rc=" "$out/served.log" | cut -c1-230 >> "$out/perf.log"
   t "served $1"
 }
-[ "$(left)" -gt 110 ] && served off 256
-[ "$(left)" -gt 110 ] && VARS="MASKD_IMAGE_TO_TOKEN_ON_KEYS=1" served on-keys 256
-[ "$(left)" -gt 110 ] && served copy-b 256
-[ "$(left)" -gt 110 ] && VARS="MASKD_RLE_IN_PLACE=1" served inplace-b 256
+[ "$(left)" -gt 120 ] && served off 256
+[ "$(left)" -gt 100 ] && VARS="MASKD_IMAGE_TO_TOKEN_ON_KEYS=1" served on-keys 256
+[ "$(left)" -gt 150 ] && served copy-b 256
+[ "$(left)" -gt 120 ] && VARS="MASKD_RLE_IN_PLACE=1" served inplace-b 256
 grep -h -B1 -A2 "server per call" "$out"/served/maskload-*.log 2>/dev/null | cut -c1-200 >> "$out/perf.log"
 if [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) > 90 ? 85 : $(left) - 5 )) bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
