@@ -10,8 +10,8 @@
 #      1-prompt rows take neither path: the drift between runs)
 #   3. served vit_b clicks at 256 clients: the knob off / on, and run 69's MASKD_RLE_IN_PLACE pair again
 #   4. the seed's quick set
-#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=330 timeout 345 bash bench/results/next/next-call-70.sh
-# (with 330 s: the decode pairs, the served on-keys pair and the seed; the RLE pair needs ~60 s more)
+#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=265 timeout 280 bash bench/results/next/next-call-70.sh
+# (265 s: the tests, the decode A-B-A-B and the seed; 330 s adds the served on-keys pair, 390 the RLE pair)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench kernels_fusion_gpu_test model_fast_decoder_gpu_test"}
@@ -36,8 +36,8 @@ cases() {  # cases TAG [VAR=VALUE]: the vit_b decode cases, profiled
 }
 cases off-a
 cases on-a MASKD_IMAGE_TO_TOKEN_ON_KEYS=1
-[ "$(left)" -gt 130 ] && cases off-b
-[ "$(left)" -gt 115 ] && cases on-b MASKD_IMAGE_TO_TOKEN_ON_KEYS=1
+[ "$(left)" -gt 95 ] && cases off-b
+[ "$(left)" -gt 80 ] && cases on-b MASKD_IMAGE_TO_TOKEN_ON_KEYS=1
 served() {  # served TAG LEVEL (VARS: env assignments for maskd, space-separated)
   env ${VARS:-MASKD_NONE=0} OUT=$out/served SERVED_TAG=$1 SERVED_DURATION=10 timeout 60 \
     bash scripts/gpu-host/served-bench.sh "vit_b:bf16::interactive:$2" >> "$out/served.log" 2>&1
