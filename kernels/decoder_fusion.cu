@@ -292,8 +292,8 @@ __global__ void __launch_bounds__(kThreads) ImageSideKeysKernel(const ImageSideK
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * 32, c0 = static_cast<int64_t>(blockIdx.y) * 32;
   const T* img = static_cast<const T*>(a.images[blockIdx.z]);
   const T* bias = static_cast<const T*>(a.channel_bias);
+  T* out = static_cast<T*>(a.out) + static_cast<int64_t>(blockIdx.z) * a.positions * a.channels;
   if ((a.position_major >> blockIdx.z) & 1) {  // uniform in the block
-    T* out = static_cast<T*>(a.out) + static_cast<int64_t>(blockIdx.z) * a.positions * a.channels;
     for (int r = ty; r < 32; r += kThreads / 32) {
       const int64_t p = p0 + r, c = c0 + tx;
       if (c < a.channels && p < a.positions)
@@ -306,7 +306,6 @@ __global__ void __launch_bounds__(kThreads) ImageSideKeysKernel(const ImageSideK
     if (c < a.channels && p < a.positions) tile[r][tx] = ToFloat(img[c * a.positions + p]) + ToFloat(bias[c]);
   }
   __syncthreads();
-  T* out = static_cast<T*>(a.out) + static_cast<int64_t>(blockIdx.z) * a.positions * a.channels;
   for (int r = ty; r < 32; r += kThreads / 32) {
     const int64_t p = p0 + r, c = c0 + tx;
     if (c < a.channels && p < a.positions) out[p * a.channels + c] = FromFloat<T>(tile[tx][r]);

@@ -3,7 +3,9 @@
 # (ImageToTokenUpdateOnKeys against fp32 and the update on q; the decoder with the knob) but its
 # kernel took 0.237 ms against the update on q's 0.180 + the q GEMM's 0.053: no GPU time saved. The
 # kernel now makes the positional share of the scores while the residual tile arrives (the copy had
-# been waited on first) and keeps no keys in registers across the k-steps.
+# been waited on first) and keeps no keys in registers across the k-steps. (Written in the thirteenth
+# session; no machine started for it after run 69. Its ImageSideKeys test also covers the kernel's
+# output pointer hoisted out of its two layout branches.)
 #   1. tests: kernels_fusion_gpu_test's ImageToTokenUpdate and ImageSideKeys tests (the mixed-layout
 #      cases, whose ASSERT was fixed again after run 69), model_fast_decoder_gpu_test
 #   2. maskbench's decode cases, same binary, A-B-A-B of MASKD_IMAGE_TO_TOKEN_ON_KEYS=1, profiled (the
