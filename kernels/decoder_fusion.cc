@@ -233,11 +233,13 @@ at::Tensor ImageToTokenUpdateOnKeys(const at::Tensor& wq, const at::Tensor& k, i
                                     const at::Tensor& u, const at::Tensor& x, const at::Tensor& weight,
                                     const at::Tensor& bias, double eps, const at::Tensor& q_bias, Stream stream) {
   TORCH_CHECK(x.dim() == 3 && wq.dim() == 2 && wq.size(1) == x.size(2) && k.dim() == 3 && k.size(0) == x.size(0) &&
-                  k.size(2) == wq.size(0) && wq.scalar_type() == x.scalar_type() && wq.device() == x.device() &&
-                  k.scalar_type() == x.scalar_type() && k.device() == x.device(),
-              "ImageToTokenUpdateOnKeys: expected x [B, HW, D], wq [I, D] and k [B, T, I] of x's dtype and device, "
-              "got x ",
-              Describe(x), ", wq ", Describe(wq), " and k ", Describe(k));
+                  k.size(2) == wq.size(0),
+              "ImageToTokenUpdateOnKeys: expected x [B, HW, D], wq [I, D] and k [B, T, I], got x ", Describe(x),
+              ", wq ", Describe(wq), " and k ", Describe(k));
+  for (const auto* y : {&wq, &k, &u, &weight, &bias})
+    TORCH_CHECK(y->scalar_type() == x.scalar_type() && y->device() == x.device(),
+                "ImageToTokenUpdateOnKeys: wq, k, u, weight and bias must have x's dtype and device, got ", Describe(*y),
+                " with x ", Describe(x));
 #ifdef MASKD_WITH_CUDA
   const int64_t b = k.size(0), t = k.size(1), hw = x.size(1), d = x.size(2);
   const auto aligned = [](const at::Tensor& y) { return reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0; };
@@ -246,8 +248,7 @@ at::Tensor ImageToTokenUpdateOnKeys(const at::Tensor& wq, const at::Tensor& k, i
       k.size(2) == kHeadDim * heads && t >= 1 && t <= detail::kImageToTokenOnKeysMaxTokens &&
       d == detail::kImageToTokenUpdateChannels && b >= 1 && b <= 65535 && x.stride(2) == 1 && x.stride(1) == d &&
       x.stride(0) % 8 == 0 && aligned(x) && u.dim() == 3 && u.size(0) == b && u.size(1) == heads * t &&
-      u.size(2) == d && u.scalar_type() == x.scalar_type() && weight.scalar_type() == x.scalar_type() &&
-      bias.scalar_type() == x.scalar_type() && weight.numel() == d && bias.numel() == d &&
+      u.size(2) == d && weight.numel() == d && bias.numel() == d &&
       (!q_bias.defined() || (q_bias.dim() == 2 && q_bias.size(0) == hw && q_bias.size(1) == k.size(2) &&
                              q_bias.scalar_type() == x.scalar_type() && q_bias.device() == x.device() &&
                              q_bias.stride(1) == 1 && q_bias.stride(0) % 8 == 0 && aligned(q_bias)))) {

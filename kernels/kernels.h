@@ -209,7 +209,8 @@ at::Tensor ImageToTokenUpdateReference(const at::Tensor& q, const at::Tensor& k,
 // and x contiguous rows: the scores x_p . (Wq_h^T k_t,h) + q_bias_p,h . k_t,h on the tensor cores
 // (the absorbed queries Wq_h^T k_t,h made by one batched GEMM and rounded to the 16-bit type, the
 // rows of x already in the kernel's shared memory as its residual), so the [B, HW, I] projection is
-// neither written nor read; otherwise ImageToTokenUpdateOnKeysReference, which is that composition.
+// neither written nor read; otherwise that composition (the update on q by its own kernel where it
+// fits). ImageToTokenUpdateOnKeysReference: the composition on the reference path.
 at::Tensor ImageToTokenUpdateOnKeys(const at::Tensor& wq, const at::Tensor& k, int64_t heads, double scale,
                                     const at::Tensor& u, const at::Tensor& x, const at::Tensor& weight,
                                     const at::Tensor& bias, double eps, const at::Tensor& q_bias = at::Tensor(),

@@ -125,6 +125,8 @@ TEST(kernels_fusion_cpu, ImageToTokenUpdateOnKeysIsTheUpdateOnTheProjectedKeys) 
                c10::Error);
   EXPECT_THROW(mk::ImageToTokenUpdateOnKeys(wq, k, heads, scale, u, x, w, bias, eps, q_bias.narrow(0, 0, 8)),
                c10::Error);
+  EXPECT_THROW(mk::ImageToTokenUpdateOnKeys(wq, k, heads, scale, u.to(at::kDouble), x, w, bias, eps, q_bias),
+               c10::Error);
 }
 
 // FewQueryAttention's CPU path (its reference) is SDPA's function in the [N, L, H, C] layout, on
