@@ -12,8 +12,9 @@
 #      1-prompt rows take neither path: the drift between runs)
 #   3. served vit_b clicks at 256 clients: the knob off / on, and run 69's MASKD_RLE_IN_PLACE pair again
 #   4. the seed's quick set
-#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=265 timeout 280 bash bench/results/next/next-call-70.sh
-# (265 s: the tests, the decode A-B-A-B and the seed; 330 s adds the served on-keys pair, 390 the RLE pair)
+#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=420 timeout 440 bash bench/results/next/next-call-70.sh
+# (~390 s on an H100 for everything; with less, items drop in this order: the RLE pair, the served
+# on-keys pair, the second decode pair; 265 s keeps the tests, one decode A-B and the seed)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench kernels_fusion_gpu_test model_fast_decoder_gpu_test"}
