@@ -210,6 +210,11 @@ at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at
       a.bias = bc.data_ptr();
       a.eps = static_cast<float>(eps);
       a.out = out.data_ptr();
+      // MASKD_UPDATE_PIPELINED=1: the pipelined kernel for T <= 8 (a same-binary comparison knob, off
+      // until a GPU run shows it faster: kernels/NOTES.md). Read at each call (a test sets it; the
+      // decoder's calls are captured in graphs).
+      const char* pipelined = std::getenv("MASKD_UPDATE_PIPELINED");
+      a.pipelined = pipelined != nullptr && std::string(pipelined) == "1";
       internal::CheckLaunch(detail::LaunchImageToTokenUpdate(a, internal::ToDType(q.scalar_type(), "q"),
                                                              internal::MultiProcessors(q.device()), scope.get()),
                             "ImageToTokenUpdateKernel");

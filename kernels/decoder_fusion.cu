@@ -730,6 +730,208 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   }
 }
 
+namespace pipe {
+// ImageToTokenUpdatePipelinedKernel: 16 warps a block, one block an SM; two halves of 8 warps walk
+// alternate tiles of the prompt, each with two residual/output tiles, so that a tile's copy is in
+// flight while the half computes the previous one (the single-tile kernel's copy starts only after
+// the previous tile's output has gone out). u and the token keys are staged once for both halves.
+constexpr int kHalfThreads = kThreads;  // 8 warps: one tile's work as in ImageToTokenUpdateKernel
+constexpr int kBlockThreads = 2 * kHalfThreads;
+constexpr int kMaxTokens = 8;           // u, P and four tiles in shared memory (~190 KB at T = 8)
+__host__ __device__ constexpr int HalfBytes(int elem, int ht) {
+  return 2 * upd::kTileRows * upd::kXPitch * elem + upd::kTileRows * upd::PPitch(ht) * elem + 2 * 2 * upd::kTileRows * 4;
+}
+__host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens) {
+  return upd::KPad(ht) * upd::kUPitch * elem + tokens * upd::kHeads * upd::kKStride * 4 + 2 * HalfBytes(elem, ht);
+}
+// The half's own barrier (ids 1 and 2; __syncthreads is id 0).
+__device__ __forceinline__ void HalfSync(int half) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + half), "r"(kHalfThreads) : "memory");
+}
+// RowTotals (upd) with the half's barrier.
+__device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int col_half, int row0, bool writer,
+                                            int half) {
+  v0 += __shfl_xor_sync(0xffffffffu, v0, 1);
+  v0 += __shfl_xor_sync(0xffffffffu, v0, 2);
+  v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
+  v1 += __shfl_xor_sync(0xffffffffu, v1, 2);
+  if (writer) {
+    red[col_half * upd::kTileRows + row0] = v0;
+    red[col_half * upd::kTileRows + row0 + 8] = v1;
+  }
+  HalfSync(half);
+  return make_float2(red[row0] + red[upd::kTileRows + row0], red[row0 + 8] + red[upd::kTileRows + row0 + 8]);
+}
+}  // namespace pipe
+
+// The same function as ImageToTokenUpdateKernel<T, false> (the same arithmetic per tile: HeadSoftmax,
+// P rounded to T, residual + P u on the tensor cores, the LayerNorm from the accumulators) for T <= 8,
+// pipelined as pipe:: says. Per half and tile: the next tile's cp.async into the other buffer, the
+// probabilities, wait for this tile's group (cp.async.wait_group 1), step 2 and the norm, the output
+// through the same buffer; the half's named barrier between the phases.
+template <typename T>
+__global__ void __launch_bounds__(pipe::kBlockThreads, 1) ImageToTokenUpdatePipelinedKernel(const ImageToTokenUpdateArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tokens = a.probs.tokens, ht = upd::kHeads * tokens, kpad = upd::KPad(ht), ppitch = upd::PPitch(ht);
+  const int tid = threadIdx.x, half = tid / pipe::kHalfThreads, htid = tid % pipe::kHalfThreads;
+  T* u_s = reinterpret_cast<T*>(smem);
+  float* k_s = reinterpret_cast<float*>(u_s + kpad * upd::kUPitch);
+  unsigned char* half_s = reinterpret_cast<unsigned char*>(k_s + tokens * upd::kHeads * upd::kKStride) +
+                          half * pipe::HalfBytes(sizeof(T), ht);
+  T* x_buf = reinterpret_cast<T*>(half_s);  // two tiles: x_buf + buf * kTileRows * kXPitch
+  T* p_s = x_buf + 2 * upd::kTileRows * upd::kXPitch;
+  float* red_sum = reinterpret_cast<float*>(p_s + upd::kTileRows * ppitch);
+  float* red_sq = red_sum + 2 * upd::kTileRows;
+  const int64_t b = blockIdx.y;
+  {
+    const T* ub = static_cast<const T*>(a.u) + b * ht * upd::kD;
+    for (int i = tid; i < kpad * (upd::kD / 8); i += pipe::kBlockThreads) {
+      const int row = i / (upd::kD / 8), c8 = i % (upd::kD / 8);
+      const uint4 v = row < ht ? reinterpret_cast<const uint4*>(ub + row * upd::kD)[c8] : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(u_s + row * upd::kUPitch + 8 * c8) = v;
+    }
+    const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * (upd::kHeads * kProbsHeadDim);
+    for (int i = tid; i < tokens * upd::kHeads * kProbsHeadDim; i += pipe::kBlockThreads) {
+      const int t = i / (upd::kHeads * kProbsHeadDim), h = (i / kProbsHeadDim) % upd::kHeads, c = i % kProbsHeadDim;
+      k_s[(t * upd::kHeads + h) * upd::kKStride + c] = ToFloat(kb[i]) * a.probs.scale;
+    }
+    // P's padding columns stay zero (the probabilities write columns < ht only).
+    for (int i = htid; i < upd::kTileRows * (kpad - ht); i += pipe::kHalfThreads)
+      p_s[(i / (kpad - ht)) * ppitch + ht + i % (kpad - ht)] = FromFloat<T>(0.f);
+  }
+  __syncthreads();
+  const int warp = htid / 32, lane = tid % 32, rg = warp / 2, col_half = warp % 2, g = lane / 4, tq = lane % 4;
+  const int64_t positions = a.probs.positions;
+  const int64_t bq = a.probs.q_rows ? a.probs.q_rows[b] : (a.probs.q_batches == 1 ? 0 : b);
+  const int64_t br = a.residual_rows ? a.residual_rows[b] : b;
+  const T* qbase = static_cast<const T*>(a.probs.q) + bq * a.probs.q_batch_stride;
+  const T* qbias = static_cast<const T*>(a.probs.q_bias);
+  const T* rbase = static_cast<const T*>(a.residual) + br * a.residual_batch_stride;
+  T* obase = static_cast<T*>(a.out) + b * positions * upd::kD;
+  const int col0 = col_half * (upd::kD / 2) + 2 * tq;
+  const int64_t tiles = (positions + upd::kTileRows - 1) / upd::kTileRows;
+  const int64_t step = 2 * static_cast<int64_t>(gridDim.x);
+  // The tile's residual rows into buffer `buf` (rows past the end zero-filled), one commit group.
+  auto load = [&](int64_t tile, int buf) {
+    if (tile < tiles) {
+      const int64_t row0 = tile * upd::kTileRows;
+      T* x_s = x_buf + buf * upd::kTileRows * upd::kXPitch;
+#pragma unroll
+      for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / pipe::kHalfThreads; ++i) {
+        const int chunk = htid + i * pipe::kHalfThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
+        const bool valid = row0 + r < positions;
+        CpAsync16(SmemAddr(x_s + r * upd::kXPitch + 8 * c8), rbase + (valid ? (row0 + r) * upd::kD + 8 * c8 : 0),
+                  valid);
+      }
+    }
+    CpAsyncCommit();  // possibly empty: one group per tile keeps wait_group 1 exact
+  };
+  int buf = 0;
+  int64_t tile = 2 * static_cast<int64_t>(blockIdx.x) + half;
+  load(tile, 0);
+  for (; tile < tiles; tile += step, buf ^= 1) {
+    const int64_t row0 = tile * upd::kTileRows;
+    load(tile + step, buf ^ 1);  // the other buffer's last tile went out before the previous end barrier
+#pragma unroll 1
+    for (int i = 0; i < upd::kTileRows * upd::kHeads / pipe::kHalfThreads; ++i) {
+      const int pair = htid + i * pipe::kHalfThreads, r = pair / upd::kHeads, h = pair % upd::kHeads;
+      const int64_t p = row0 + r;
+      T* pr = p_s + r * ppitch + h * tokens;
+      float s[kProbsMaxTokens];
+      if (p < positions) {
+        HeadSoftmax<T>(qbase + p * a.probs.q_row_stride + h * kProbsHeadDim,
+                       qbias ? qbias + p * a.probs.q_bias_row_stride + h * kProbsHeadDim : nullptr,
+                       k_s + h * upd::kKStride, upd::kHeads * upd::kKStride, tokens, s);
+      } else {
+#pragma unroll
+        for (int t = 0; t < kProbsMaxTokens; ++t) s[t] = 0.f;
+      }
+#pragma unroll
+      for (int t = 0; t < kProbsMaxTokens; ++t)
+        if (t < tokens) pr[t] = FromFloat<T>(s[t]);
+    }
+    CpAsyncWait<1>();  // this tile's group (the next tile's may still be in flight)
+    pipe::HalfSync(half);
+    T* x_s = x_buf + buf * upd::kTileRows * upd::kXPitch;
+    float acc[16][4];
+    T* xa = x_s + (rg * 16 + g) * upd::kXPitch + col0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 x = upd::Load2(xa + 8 * j);
+      const float2 y = upd::Load2(xa + 8 * upd::kXPitch + 8 * j);
+      acc[j][0] = x.x;
+      acc[j][1] = x.y;
+      acc[j][2] = y.x;
+      acc[j][3] = y.y;
+    }
+    const LdmOffset ld = LdmRowsFirst(lane);
+    for (int kk = 0; kk < kpad; kk += 16) {
+      uint32_t af[4];
+      LdMatrixX4(af, SmemAddr(p_s + (rg * 16 + ld.row) * ppitch + kk + ld.col));
+#pragma unroll
+      for (int j = 0; j < 16; j += 2) {
+        uint32_t bf[4];
+        LdMatrixX4Trans(bf, SmemAddr(u_s + (kk + ld.row) * upd::kUPitch + col_half * (upd::kD / 2) + 8 * j + ld.col));
+        Mma<T>::Run(acc[j], af, bf[0], bf[1]);
+        Mma<T>::Run(acc[j + 1], af, bf[2], bf[3]);
+      }
+    }
+    const int r0 = rg * 16 + g;
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      s0 += acc[j][0] + acc[j][1];
+      s1 += acc[j][2] + acc[j][3];
+    }
+    const float2 total = pipe::RowTotals(s0, s1, red_sum, col_half, r0, tq == 0, half);
+    const float mean0 = total.x / upd::kD, mean1 = total.y / upd::kD;
+    float q0 = 0.f, q1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      q0 += (acc[j][0] - mean0) * (acc[j][0] - mean0) + (acc[j][1] - mean0) * (acc[j][1] - mean0);
+      q1 += (acc[j][2] - mean1) * (acc[j][2] - mean1) + (acc[j][3] - mean1) * (acc[j][3] - mean1);
+    }
+    const float2 sq = pipe::RowTotals(q0, q1, red_sq, col_half, r0, tq == 0, half);
+    const float rstd0 = rsqrtf(sq.x / upd::kD + a.eps), rstd1 = rsqrtf(sq.y / upd::kD + a.eps);
+    const T* wp = static_cast<const T*>(a.weight) + col0;
+    const T* bp = static_cast<const T*>(a.bias) + col0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 w = upd::Load2(wp + 8 * j), bi = upd::Load2(bp + 8 * j);
+      upd::Store2(xa + 8 * j, (acc[j][0] - mean0) * rstd0 * w.x + bi.x, (acc[j][1] - mean0) * rstd0 * w.y + bi.y);
+      upd::Store2(xa + 8 * upd::kXPitch + 8 * j, (acc[j][2] - mean1) * rstd1 * w.x + bi.x,
+                  (acc[j][3] - mean1) * rstd1 * w.y + bi.y);
+    }
+    pipe::HalfSync(half);
+#pragma unroll
+    for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / pipe::kHalfThreads; ++i) {
+      const int chunk = htid + i * pipe::kHalfThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
+      if (row0 + r < positions)
+        *reinterpret_cast<uint4*>(obase + (row0 + r) * upd::kD + 8 * c8) =
+            *reinterpret_cast<const uint4*>(x_s + r * upd::kXPitch + 8 * c8);
+    }
+    pipe::HalfSync(half);  // the output read out of x_s and P and the row totals used: both reusable
+  }
+  CpAsyncWait<0>();  // no copy outstanding at exit (the last prefetch is an empty group)
+}
+
+template <typename T>
+cudaError_t LaunchImageToTokenUpdatePipelinedT(const ImageToTokenUpdateArgs& a, int sms, cudaStream_t stream) {
+  const int ht = upd::kHeads * a.probs.tokens;
+  const int bytes = pipe::SharedBytes(static_cast<int>(sizeof(T)), ht, a.probs.tokens);
+  const cudaError_t attr = cudaFuncSetAttribute(ImageToTokenUpdatePipelinedKernel<T>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (attr != cudaSuccess) return attr;
+  // One block an SM: about 4 blocks an SM over all prompts (each half then walks ~2 tiles or more
+  // at 64 prompts); a click gets a block per two tiles.
+  const int64_t tiles = (a.probs.positions + upd::kTileRows - 1) / upd::kTileRows;
+  const int64_t per_prompt = std::max<int64_t>(1, (4 * static_cast<int64_t>(std::max(sms, 1)) + a.probs.batch - 1) /
+                                                      a.probs.batch);
+  const dim3 grid(static_cast<unsigned>(std::min((tiles + 1) / 2, per_prompt)), static_cast<unsigned>(a.probs.batch));
+  ImageToTokenUpdatePipelinedKernel<T><<<grid, pipe::kBlockThreads, bytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
 template <typename T, bool kOnKeys>
 cudaError_t LaunchImageToTokenUpdateT(const ImageToTokenUpdateArgs& a, int sms, cudaStream_t stream) {
   const int ht = upd::kHeads * a.probs.tokens;
@@ -852,6 +1054,9 @@ cudaError_t LaunchImageToTokenUpdate(const ImageToTokenUpdateArgs& a, DType dtyp
   if (on_keys)
     return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdateT<__nv_bfloat16, true>(a, sms, stream)
                                      : LaunchImageToTokenUpdateT<__half, true>(a, sms, stream);
+  if (a.pipelined && p.tokens <= pipe::kMaxTokens)
+    return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdatePipelinedT<__nv_bfloat16>(a, sms, stream)
+                                     : LaunchImageToTokenUpdatePipelinedT<__half>(a, sms, stream);
   return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdateT<__nv_bfloat16, false>(a, sms, stream)
                                    : LaunchImageToTokenUpdateT<__half, false>(a, sms, stream);
 }

@@ -184,6 +184,9 @@ struct ImageToTokenUpdateArgs {
   // per-head batched product's [heads, B * T, 256] output); tokens <= kImageToTokenOnKeysMaxTokens.
   const void* ka = nullptr;
   int64_t ka_head_stride = 0;             // elements, multiple of 8
+  // The update on q with T <= 8 by the pipelined kernel (two tile pipelines a block, each with two
+  // residual tiles in flight; MASKD_UPDATE_PIPELINED=1) instead of one tile at a time.
+  bool pipelined = false;
 };
 constexpr int kImageToTokenUpdateChannels = 256;
 constexpr int kImageToTokenUpdateHeads = 8;

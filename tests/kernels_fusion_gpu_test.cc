@@ -398,7 +398,8 @@ TEST(kernels_fusion_gpu, ImageToTokenProbsMatchesReference) {
 // be no further from fp32 than the unfused composition it replaces (which also rounds the updated
 // keys first). Residual per prompt, shared by all prompts, and picked by residual_rows; T from one
 // token to the kernel's 16 (k padded to the mma's 16; above 48 KB of shared memory); a position count
-// that ends mid-tile; at T = 7 with and without the positional q_bias added on load.
+// that ends mid-tile; at T = 7 with and without the positional q_bias added on load. The pipelined
+// kernel (MASKD_UPDATE_PIPELINED=1) gives the same bits in every case.
 TEST(kernels_fusion_gpu, ImageToTokenUpdateMatchesFp32AndBeatsTheUnfusedPath) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 1200;
@@ -441,9 +442,43 @@ TEST(kernels_fusion_gpu, ImageToTokenUpdateMatchesFp32AndBeatsTheUnfusedPath) {
             EXPECT_LE(e.max_abs, MaxAbsTol(t)) << name;
             EXPECT_LE(e.rel_l2, RelTol(t)) << name;
             EXPECT_LE(e.rel_l2, eu.rel_l2 * 1.05) << name << ": unfused rel L2 " << eu.rel_l2;
+            // MASKD_UPDATE_PIPELINED=1 (T <= 8: two tile pipelines a block; T = 16 keeps the tile
+            // kernel): the same arithmetic per tile, so the same bits, every row written.
+            const mt::ScopedEnv pipelined("MASKD_UPDATE_PIPELINED", "1");
+            Poison(B * HW * D * 2);
+            const at::Tensor out_p =
+                mk::ImageToTokenUpdate(q, k, q_rows, heads, scale, u, residual, rows, w, bias, eps, q_bias);
+            EXPECT_TRUE(at::equal(out_p, out)) << name << ": pipelined, max abs "
+                                               << (out_p.to(at::kFloat) - out.to(at::kFloat)).abs().max().item<float>();
           }
         }
       }
+    }
+  }
+}
+
+// The pipelined update (MASKD_UPDATE_PIPELINED=1) where its halves walk several tiles each: 64
+// prompts (9 blocks a prompt on 132 SMs: 3-4 tiles a half) and 150 (4 blocks: 8 a half), a tile
+// count that is odd (4001 positions: one half has one tile fewer), against the tile kernel's bits.
+TEST(kernels_fusion_gpu, ImageToTokenUpdatePipelinedWalksSeveralTilesAHalf) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1400;
+  for (int64_t B : {64, 150}) {
+    for (int64_t HW : {4096, 4001}) {
+      const int64_t heads = 8, I = 16 * heads, D = 256, T = 7;
+      const at::ScalarType t = at::kBFloat16;
+      const at::Tensor q = Randn({B, HW, I}, seed++, t, 2.0);
+      const at::Tensor k = Randn({B, T, I}, seed++, t, 2.0);
+      const at::Tensor u = Randn({B, heads * T, D}, seed++, t, 0.5);
+      const at::Tensor residual = Randn({B, HW, D}, seed++, t, 1.0, 0.3);
+      const at::Tensor w = Randn({D}, seed++, t, 0.2, 1.0), bias = Randn({D}, seed++, t, 0.2);
+      const at::Tensor q_bias = Randn({HW, I}, seed++, t, 1.0);
+      const at::Tensor tile = mk::ImageToTokenUpdate(q, k, {}, heads, 0.25, u, residual, {}, w, bias, 1e-5, q_bias);
+      const mt::ScopedEnv pipelined("MASKD_UPDATE_PIPELINED", "1");
+      Poison(B * HW * D * 2);
+      const at::Tensor out = mk::ImageToTokenUpdate(q, k, {}, heads, 0.25, u, residual, {}, w, bias, 1e-5, q_bias);
+      EXPECT_TRUE(at::equal(out, tile)) << "B " << B << " HW " << HW << ": max abs "
+                                        << (out.to(at::kFloat) - tile.to(at::kFloat)).abs().max().item<float>();
     }
   }
 }
