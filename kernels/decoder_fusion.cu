@@ -449,8 +449,11 @@ __device__ __forceinline__ void Store2(T* p, float x, float y) {
 }
 
 // A row's total over its 256 channels, held as (own, other) 16-row halves: the quad's four lanes
-// first, then the other warp's half through `red` ([2 halves][kTileRows]); one block-wide sync.
-__device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int half, int row0, bool writer) {
+// first, then the other warp's half through `red` ([2 halves][kTileRows]); one sync of the tile's
+// 8 warps (`sync`: __syncthreads, or the pipelined kernel's half barrier).
+template <typename Sync>
+__device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int half, int row0, bool writer,
+                                            Sync sync) {
   v0 += __shfl_xor_sync(0xffffffffu, v0, 1);
   v0 += __shfl_xor_sync(0xffffffffu, v0, 2);
   v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
@@ -459,11 +462,114 @@ __device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int 
     red[half * kTileRows + row0] = v0;
     red[half * kTileRows + row0 + 8] = v1;
   }
-  __syncthreads();
+  sync();
   // Both warps of a row add the halves in the same order: one mean and one rstd per row.
   return make_float2(red[row0] + red[kTileRows + row0], red[row0 + 8] + red[kTileRows + row0 + 8]);
 }
 }  // namespace upd
+
+// The update on q's step 1 for a tile (ImageToTokenUpdateKernel, and each half of the pipelined
+// kernel): thread `htid` of the tile's 256 makes two (row, head) pairs' probabilities (HeadSoftmax),
+// rounded to T into p_s.
+template <typename T>
+__device__ __forceinline__ void TileProbs(const ImageToTokenUpdateArgs& a, const T* qbase, const T* qbias,
+                                          const float* k_s, T* p_s, int ppitch, int64_t row0, int htid) {
+  const int tokens = a.probs.tokens;
+  const int64_t positions = a.probs.positions;
+#pragma unroll 1
+  for (int i = 0; i < upd::kTileRows * upd::kHeads / kThreads; ++i) {
+    const int pair = htid + i * kThreads, r = pair / upd::kHeads, h = pair % upd::kHeads;
+    const int64_t p = row0 + r;
+    T* pr = p_s + r * ppitch + h * tokens;
+    float s[kProbsMaxTokens];
+    if (p < positions) {
+      HeadSoftmax<T>(qbase + p * a.probs.q_row_stride + h * kProbsHeadDim,
+                     qbias ? qbias + p * a.probs.q_bias_row_stride + h * kProbsHeadDim : nullptr,
+                     k_s + h * upd::kKStride, upd::kHeads * upd::kKStride, tokens, s);
+    } else {
+#pragma unroll
+      for (int t = 0; t < kProbsMaxTokens; ++t) s[t] = 0.f;
+    }
+#pragma unroll
+    for (int t = 0; t < kProbsMaxTokens; ++t)
+      if (t < tokens) pr[t] = FromFloat<T>(s[t]);
+  }
+}
+
+// Steps 2 and 3 of a tile and its output (both update kernels; the on-keys form too): thread `htid`
+// of the tile's 256, warp (row group rg = warp / 2, half = warp % 2) rows 16 rg..16 rg+15, channels
+// 128 half..+127: accumulators from the residual tile x_s, += P u on the tensor cores, the LayerNorm
+// from the accumulators (the row totals through red_sum / red_sq, `sync` the tile's barrier), the
+// output written back into x_s and, after a sync, out to global memory as 16-byte rows. The caller
+// syncs before x_s, p_s or the totals are written again.
+template <typename T, typename Sync>
+__device__ __forceinline__ void TileUpdateAndStore(const ImageToTokenUpdateArgs& a, T* x_s, const T* p_s,
+                                                   const T* u_s, int ppitch, int kpad, float* red_sum,
+                                                   float* red_sq, int64_t row0, T* obase, int htid, Sync sync) {
+  const int warp = htid / 32, lane = htid % 32, rg = warp / 2, half = warp % 2, g = lane / 4, tq = lane % 4;
+  const int col0 = half * (upd::kD / 2) + 2 * tq;  // this lane's first channel of each 8-channel n-tile
+  const int64_t positions = a.probs.positions;
+  float acc[16][4];
+  T* xa = x_s + (rg * 16 + g) * upd::kXPitch + col0;  // this lane's rows g and g + 8 of the tile
+  {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 x = upd::Load2(xa + 8 * j);
+      const float2 y = upd::Load2(xa + 8 * upd::kXPitch + 8 * j);
+      acc[j][0] = x.x;
+      acc[j][1] = x.y;
+      acc[j][2] = y.x;
+      acc[j][3] = y.y;
+    }
+  }
+  const LdmOffset ld = LdmRowsFirst(lane);
+  for (int kk = 0; kk < kpad; kk += 16) {
+    uint32_t af[4];
+    LdMatrixX4(af, SmemAddr(p_s + (rg * 16 + ld.row) * ppitch + kk + ld.col));
+#pragma unroll
+    for (int j = 0; j < 16; j += 2) {
+      uint32_t bf[4];
+      LdMatrixX4Trans(bf, SmemAddr(u_s + (kk + ld.row) * upd::kUPitch + half * (upd::kD / 2) + 8 * j + ld.col));
+      Mma<T>::Run(acc[j], af, bf[0], bf[1]);
+      Mma<T>::Run(acc[j + 1], af, bf[2], bf[3]);
+    }
+  }
+  const int r0 = rg * 16 + g;
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    s0 += acc[j][0] + acc[j][1];
+    s1 += acc[j][2] + acc[j][3];
+  }
+  const float2 total = upd::RowTotals(s0, s1, red_sum, half, r0, tq == 0, sync);
+  const float mean0 = total.x / upd::kD, mean1 = total.y / upd::kD;
+  float q0 = 0.f, q1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    q0 += (acc[j][0] - mean0) * (acc[j][0] - mean0) + (acc[j][1] - mean0) * (acc[j][1] - mean0);
+    q1 += (acc[j][2] - mean1) * (acc[j][2] - mean1) + (acc[j][3] - mean1) * (acc[j][3] - mean1);
+  }
+  const float2 sq = upd::RowTotals(q0, q1, red_sq, half, r0, tq == 0, sync);
+  const float rstd0 = rsqrtf(sq.x / upd::kD + a.eps), rstd1 = rsqrtf(sq.y / upd::kD + a.eps);
+  const T* wp = static_cast<const T*>(a.weight) + col0;
+  const T* bp = static_cast<const T*>(a.bias) + col0;
+  // Each lane overwrites only the residual values it read itself.
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float2 w = upd::Load2(wp + 8 * j), bi = upd::Load2(bp + 8 * j);
+    upd::Store2(xa + 8 * j, (acc[j][0] - mean0) * rstd0 * w.x + bi.x, (acc[j][1] - mean0) * rstd0 * w.y + bi.y);
+    upd::Store2(xa + 8 * upd::kXPitch + 8 * j, (acc[j][2] - mean1) * rstd1 * w.x + bi.x,
+                (acc[j][3] - mean1) * rstd1 * w.y + bi.y);
+  }
+  sync();
+#pragma unroll
+  for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / kThreads; ++i) {
+    const int chunk = htid + i * kThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
+    if (row0 + r < positions)
+      *reinterpret_cast<uint4*>(obase + (row0 + r) * upd::kD + 8 * c8) =
+          *reinterpret_cast<const uint4*>(x_s + r * upd::kXPitch + 8 * c8);
+  }
+}
 
 // Block 1's scores on the keys themselves (kOnKeys: ImageToTokenUpdateOnKeys): warp w < 4 makes
 // the scores of tile rows 16 w..16 w+15 for every (head, token) on the tensor cores, n-tile t = token
@@ -561,15 +667,15 @@ template <typename T, bool kOnKeys>
 __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const ImageToTokenUpdateArgs a) {
   // blockIdx.y: prompt b; blockIdx.x walks tiles of 64 positions (tile = blockIdx.x, + gridDim.x, ...).
   // Per tile:
-  //   1. the probabilities P [64, 8 T] (thread: two (row, head) pairs, HeadSoftmax; on keys: warps
-  //      0-3, OnKeysBiasScores while the residual tile arrives, then OnKeysResidualScores and
-  //      OnKeysSoftmax), rounded to T into shared memory
-  //      (the unfused path's rounding of P), columns 8 T..KPad-1 zero;
-  //   2. warp (row group rg = warp / 2, half = warp % 2): rows 16 rg..16 rg+15, channels 128 half..+127:
-  //      accumulators start at the residual, += P u on the tensor cores (mma.m16n8k16, fp32; P by
-  //      ldmatrix, u [k][n] by ldmatrix.trans);
-  //   3. LayerNorm per row from the accumulators: the halves' totals through shared memory (mean,
-  //      then the squared deviations), the affine, one rounding.
+  //   1. the probabilities P [64, 8 T] (TileProbs: a thread's two (row, head) pairs, HeadSoftmax; on
+  //      keys: warps 0-3, OnKeysBiasScores while the residual tile arrives, then OnKeysResidualScores
+  //      and OnKeysSoftmax), rounded to T into shared memory (the unfused path's rounding of P),
+  //      columns 8 T..KPad-1 zero;
+  //   2. and 3. TileUpdateAndStore: warp (row group rg = warp / 2, half = warp % 2): rows 16 rg..16
+  //      rg+15, channels 128 half..+127: accumulators start at the residual, += P u on the tensor cores
+  //      (mma.m16n8k16, fp32; P by ldmatrix, u [k][n] by ldmatrix.trans); LayerNorm per row from the
+  //      accumulators: the halves' totals through shared memory (mean, then the squared deviations),
+  //      the affine, one rounding.
   // The residual tile comes into shared memory by 16-byte cp.async issued before step 1 (the copy
   // overlaps the softmax), and the output tile goes out through the same buffer as 16-byte rows: the
   // accumulators' fragment layout touches 16 bytes of 8 rows per warp access, which read and wrote
@@ -612,7 +718,7 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
     for (int i = tid; i < upd::kTileRows * (kpad - ht); i += kThreads)
       p_s[(i / (kpad - ht)) * ppitch + ht + i % (kpad - ht)] = FromFloat<T>(0.f);
   }
-  const int warp = tid / 32, lane = tid % 32, rg = warp / 2, half = warp % 2, g = lane / 4, tq = lane % 4;
+  const int warp = tid / 32, lane = tid % 32;
   const int64_t positions = a.probs.positions;
   const int64_t bq = a.probs.q_rows ? a.probs.q_rows[b] : (a.probs.q_batches == 1 ? 0 : b);
   const int64_t br = a.residual_rows ? a.residual_rows[b] : b;
@@ -620,7 +726,6 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   const T* qbias = static_cast<const T*>(a.probs.q_bias);
   const T* rbase = static_cast<const T*>(a.residual) + br * a.residual_batch_stride;
   T* obase = static_cast<T*>(a.out) + b * positions * upd::kD;
-  const int col0 = half * (upd::kD / 2) + 2 * tq;  // this lane's first channel of each 8-channel n-tile
   const int64_t tiles = (positions + upd::kTileRows - 1) / upd::kTileRows;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t row0 = tile * upd::kTileRows;
@@ -647,86 +752,11 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
         OnKeysSoftmax<T>(s, a.probs.scale, tokens, p_s, ppitch, 16 * warp, lane);
       }
     }
-#pragma unroll 1
-    for (int i = 0; i < (kOnKeys ? 0 : upd::kTileRows * upd::kHeads / kThreads); ++i) {
-      const int pair = tid + i * kThreads, r = pair / upd::kHeads, h = pair % upd::kHeads;
-      const int64_t p = row0 + r;
-      T* pr = p_s + r * ppitch + h * tokens;
-      float s[kProbsMaxTokens];
-      if (p < positions) {
-        HeadSoftmax<T>(qbase + p * a.probs.q_row_stride + h * kProbsHeadDim,
-                       qbias ? qbias + p * a.probs.q_bias_row_stride + h * kProbsHeadDim : nullptr,
-                       k_s + h * upd::kKStride, upd::kHeads * upd::kKStride, tokens, s);
-      } else {
-#pragma unroll
-        for (int t = 0; t < kProbsMaxTokens; ++t) s[t] = 0.f;
-      }
-#pragma unroll
-      for (int t = 0; t < kProbsMaxTokens; ++t)
-        if (t < tokens) pr[t] = FromFloat<T>(s[t]);
-    }
+    if constexpr (!kOnKeys) TileProbs<T>(a, qbase, qbias, k_s, p_s, ppitch, row0, tid);
     CpAsyncWait<0>();
     __syncthreads();
-    float acc[16][4];
-    T* xa = x_s + (rg * 16 + g) * upd::kXPitch + col0;  // this lane's rows g and g + 8 of the tile
-    {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float2 x = upd::Load2(xa + 8 * j);
-        const float2 y = upd::Load2(xa + 8 * upd::kXPitch + 8 * j);
-        acc[j][0] = x.x;
-        acc[j][1] = x.y;
-        acc[j][2] = y.x;
-        acc[j][3] = y.y;
-      }
-    }
-    const LdmOffset ld = LdmRowsFirst(lane);
-    for (int kk = 0; kk < kpad; kk += 16) {
-      uint32_t af[4];
-      LdMatrixX4(af, SmemAddr(p_s + (rg * 16 + ld.row) * ppitch + kk + ld.col));
-#pragma unroll
-      for (int j = 0; j < 16; j += 2) {
-        uint32_t bf[4];
-        LdMatrixX4Trans(bf, SmemAddr(u_s + (kk + ld.row) * upd::kUPitch + half * (upd::kD / 2) + 8 * j + ld.col));
-        Mma<T>::Run(acc[j], af, bf[0], bf[1]);
-        Mma<T>::Run(acc[j + 1], af, bf[2], bf[3]);
-      }
-    }
-    const int r0 = rg * 16 + g;
-    float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      s0 += acc[j][0] + acc[j][1];
-      s1 += acc[j][2] + acc[j][3];
-    }
-    const float2 total = upd::RowTotals(s0, s1, red_sum, half, r0, tq == 0);
-    const float mean0 = total.x / upd::kD, mean1 = total.y / upd::kD;
-    float q0 = 0.f, q1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      q0 += (acc[j][0] - mean0) * (acc[j][0] - mean0) + (acc[j][1] - mean0) * (acc[j][1] - mean0);
-      q1 += (acc[j][2] - mean1) * (acc[j][2] - mean1) + (acc[j][3] - mean1) * (acc[j][3] - mean1);
-    }
-    const float2 sq = upd::RowTotals(q0, q1, red_sq, half, r0, tq == 0);
-    const float rstd0 = rsqrtf(sq.x / upd::kD + a.eps), rstd1 = rsqrtf(sq.y / upd::kD + a.eps);
-    const T* wp = static_cast<const T*>(a.weight) + col0;
-    const T* bp = static_cast<const T*>(a.bias) + col0;
-    // Each lane overwrites only the residual values it read itself.
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float2 w = upd::Load2(wp + 8 * j), bi = upd::Load2(bp + 8 * j);
-      upd::Store2(xa + 8 * j, (acc[j][0] - mean0) * rstd0 * w.x + bi.x, (acc[j][1] - mean0) * rstd0 * w.y + bi.y);
-      upd::Store2(xa + 8 * upd::kXPitch + 8 * j, (acc[j][2] - mean1) * rstd1 * w.x + bi.x,
-                  (acc[j][3] - mean1) * rstd1 * w.y + bi.y);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / kThreads; ++i) {
-      const int chunk = tid + i * kThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
-      if (row0 + r < positions)
-        *reinterpret_cast<uint4*>(obase + (row0 + r) * upd::kD + 8 * c8) =
-            *reinterpret_cast<const uint4*>(x_s + r * upd::kXPitch + 8 * c8);
-    }
+    TileUpdateAndStore<T>(a, x_s, p_s, u_s, ppitch, kpad, red_sum, red_sq, row0, obase, tid,
+                          [] { __syncthreads(); });
   }
 }
 
@@ -747,20 +777,6 @@ __host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens) {
 // The half's own barrier (ids 1 and 2; __syncthreads is id 0).
 __device__ __forceinline__ void HalfSync(int half) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(1 + half), "r"(kHalfThreads) : "memory");
-}
-// RowTotals (upd) with the half's barrier.
-__device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int col_half, int row0, bool writer,
-                                            int half) {
-  v0 += __shfl_xor_sync(0xffffffffu, v0, 1);
-  v0 += __shfl_xor_sync(0xffffffffu, v0, 2);
-  v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
-  v1 += __shfl_xor_sync(0xffffffffu, v1, 2);
-  if (writer) {
-    red[col_half * upd::kTileRows + row0] = v0;
-    red[col_half * upd::kTileRows + row0 + 8] = v1;
-  }
-  HalfSync(half);
-  return make_float2(red[row0] + red[upd::kTileRows + row0], red[row0 + 8] + red[upd::kTileRows + row0 + 8]);
 }
 }  // namespace pipe
 
@@ -800,7 +816,6 @@ __global__ void __launch_bounds__(pipe::kBlockThreads, 1) ImageToTokenUpdatePipe
       p_s[(i / (kpad - ht)) * ppitch + ht + i % (kpad - ht)] = FromFloat<T>(0.f);
   }
   __syncthreads();
-  const int warp = htid / 32, lane = tid % 32, rg = warp / 2, col_half = warp % 2, g = lane / 4, tq = lane % 4;
   const int64_t positions = a.probs.positions;
   const int64_t bq = a.probs.q_rows ? a.probs.q_rows[b] : (a.probs.q_batches == 1 ? 0 : b);
   const int64_t br = a.residual_rows ? a.residual_rows[b] : b;
@@ -808,7 +823,6 @@ __global__ void __launch_bounds__(pipe::kBlockThreads, 1) ImageToTokenUpdatePipe
   const T* qbias = static_cast<const T*>(a.probs.q_bias);
   const T* rbase = static_cast<const T*>(a.residual) + br * a.residual_batch_stride;
   T* obase = static_cast<T*>(a.out) + b * positions * upd::kD;
-  const int col0 = col_half * (upd::kD / 2) + 2 * tq;
   const int64_t tiles = (positions + upd::kTileRows - 1) / upd::kTileRows;
   const int64_t step = 2 * static_cast<int64_t>(gridDim.x);
   // The tile's residual rows into buffer `buf` (rows past the end zero-filled), one commit group.
@@ -832,84 +846,11 @@ __global__ void __launch_bounds__(pipe::kBlockThreads, 1) ImageToTokenUpdatePipe
   for (; tile < tiles; tile += step, buf ^= 1) {
     const int64_t row0 = tile * upd::kTileRows;
     load(tile + step, buf ^ 1);  // the other buffer's last tile went out before the previous end barrier
-#pragma unroll 1
-    for (int i = 0; i < upd::kTileRows * upd::kHeads / pipe::kHalfThreads; ++i) {
-      const int pair = htid + i * pipe::kHalfThreads, r = pair / upd::kHeads, h = pair % upd::kHeads;
-      const int64_t p = row0 + r;
-      T* pr = p_s + r * ppitch + h * tokens;
-      float s[kProbsMaxTokens];
-      if (p < positions) {
-        HeadSoftmax<T>(qbase + p * a.probs.q_row_stride + h * kProbsHeadDim,
-                       qbias ? qbias + p * a.probs.q_bias_row_stride + h * kProbsHeadDim : nullptr,
-                       k_s + h * upd::kKStride, upd::kHeads * upd::kKStride, tokens, s);
-      } else {
-#pragma unroll
-        for (int t = 0; t < kProbsMaxTokens; ++t) s[t] = 0.f;
-      }
-#pragma unroll
-      for (int t = 0; t < kProbsMaxTokens; ++t)
-        if (t < tokens) pr[t] = FromFloat<T>(s[t]);
-    }
+    TileProbs<T>(a, qbase, qbias, k_s, p_s, ppitch, row0, htid);
     CpAsyncWait<1>();  // this tile's group (the next tile's may still be in flight)
     pipe::HalfSync(half);
-    T* x_s = x_buf + buf * upd::kTileRows * upd::kXPitch;
-    float acc[16][4];
-    T* xa = x_s + (rg * 16 + g) * upd::kXPitch + col0;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float2 x = upd::Load2(xa + 8 * j);
-      const float2 y = upd::Load2(xa + 8 * upd::kXPitch + 8 * j);
-      acc[j][0] = x.x;
-      acc[j][1] = x.y;
-      acc[j][2] = y.x;
-      acc[j][3] = y.y;
-    }
-    const LdmOffset ld = LdmRowsFirst(lane);
-    for (int kk = 0; kk < kpad; kk += 16) {
-      uint32_t af[4];
-      LdMatrixX4(af, SmemAddr(p_s + (rg * 16 + ld.row) * ppitch + kk + ld.col));
-#pragma unroll
-      for (int j = 0; j < 16; j += 2) {
-        uint32_t bf[4];
-        LdMatrixX4Trans(bf, SmemAddr(u_s + (kk + ld.row) * upd::kUPitch + col_half * (upd::kD / 2) + 8 * j + ld.col));
-        Mma<T>::Run(acc[j], af, bf[0], bf[1]);
-        Mma<T>::Run(acc[j + 1], af, bf[2], bf[3]);
-      }
-    }
-    const int r0 = rg * 16 + g;
-    float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      s0 += acc[j][0] + acc[j][1];
-      s1 += acc[j][2] + acc[j][3];
-    }
-    const float2 total = pipe::RowTotals(s0, s1, red_sum, col_half, r0, tq == 0, half);
-    const float mean0 = total.x / upd::kD, mean1 = total.y / upd::kD;
-    float q0 = 0.f, q1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      q0 += (acc[j][0] - mean0) * (acc[j][0] - mean0) + (acc[j][1] - mean0) * (acc[j][1] - mean0);
-      q1 += (acc[j][2] - mean1) * (acc[j][2] - mean1) + (acc[j][3] - mean1) * (acc[j][3] - mean1);
-    }
-    const float2 sq = pipe::RowTotals(q0, q1, red_sq, col_half, r0, tq == 0, half);
-    const float rstd0 = rsqrtf(sq.x / upd::kD + a.eps), rstd1 = rsqrtf(sq.y / upd::kD + a.eps);
-    const T* wp = static_cast<const T*>(a.weight) + col0;
-    const T* bp = static_cast<const T*>(a.bias) + col0;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float2 w = upd::Load2(wp + 8 * j), bi = upd::Load2(bp + 8 * j);
-      upd::Store2(xa + 8 * j, (acc[j][0] - mean0) * rstd0 * w.x + bi.x, (acc[j][1] - mean0) * rstd0 * w.y + bi.y);
-      upd::Store2(xa + 8 * upd::kXPitch + 8 * j, (acc[j][2] - mean1) * rstd1 * w.x + bi.x,
-                  (acc[j][3] - mean1) * rstd1 * w.y + bi.y);
-    }
-    pipe::HalfSync(half);
-#pragma unroll
-    for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / pipe::kHalfThreads; ++i) {
-      const int chunk = htid + i * pipe::kHalfThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
-      if (row0 + r < positions)
-        *reinterpret_cast<uint4*>(obase + (row0 + r) * upd::kD + 8 * c8) =
-            *reinterpret_cast<const uint4*>(x_s + r * upd::kXPitch + 8 * c8);
-    }
+    TileUpdateAndStore<T>(a, x_buf + buf * upd::kTileRows * upd::kXPitch, p_s, u_s, ppitch, kpad, red_sum, red_sq,
+                          row0, obase, htid, [half] { pipe::HalfSync(half); });
     pipe::HalfSync(half);  // the output read out of x_s and P and the row totals used: both reusable
   }
   CpAsyncWait<0>();  // no copy outstanding at exit (the last prefetch is an empty group)
