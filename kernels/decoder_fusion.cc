@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,35 @@ at::Tensor ImageToTokenUpdateReference(const at::Tensor& q, const at::Tensor& k,
   return RowNorm(updated, weight, bias, eps, /*gelu=*/false);
 }
 
+#ifdef MASKD_WITH_CUDA
+namespace {
+// What both forms of the update pass alike (the prompts' token keys and shape, q's positional share,
+// u, the norm, a fresh output) and the launch; `a` comes with its query side and residual set.
+at::Tensor LaunchUpdate(detail::ImageToTokenUpdateArgs& a, const at::Tensor& kc, int64_t hw, int64_t heads,
+                        double scale, const at::Tensor& q_bias, const at::Tensor& uc, const at::Tensor& wc,
+                        const at::Tensor& bc, double eps, const internal::StreamScope& scope, const char* kernel) {
+  at::Tensor out = at::empty({kc.size(0), hw, uc.size(2)}, uc.options());
+  a.probs.k = kc.data_ptr();
+  a.probs.batch = kc.size(0);
+  a.probs.positions = hw;
+  a.probs.heads = static_cast<int>(heads);
+  a.probs.tokens = static_cast<int>(kc.size(1));
+  a.probs.scale = static_cast<float>(scale);
+  a.probs.q_bias = q_bias.defined() ? q_bias.data_ptr() : nullptr;
+  a.probs.q_bias_row_stride = q_bias.defined() ? q_bias.stride(0) : 0;
+  a.u = uc.data_ptr();
+  a.weight = wc.data_ptr();
+  a.bias = bc.data_ptr();
+  a.eps = static_cast<float>(eps);
+  a.out = out.data_ptr();
+  internal::CheckLaunch(detail::LaunchImageToTokenUpdate(a, internal::ToDType(uc.scalar_type(), "u"),
+                                                         internal::MultiProcessors(uc.device()), scope.get()),
+                        kernel);
+  return out;
+}
+}  // namespace
+#endif
+
 at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows, int64_t heads,
                               double scale, const at::Tensor& u, const at::Tensor& residual,
                               const at::Tensor& residual_rows, const at::Tensor& weight, const at::Tensor& bias,
@@ -186,39 +216,22 @@ at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at
     if (aligned(uc) && aligned(wc) && aligned(bc)) {
       const at::Tensor qr = q_rows.defined() ? q_rows.contiguous() : at::Tensor();
       const at::Tensor rr = residual_rows.defined() ? residual_rows.contiguous() : at::Tensor();
-      at::Tensor out = at::empty({b, hw, d}, q.options());
       detail::ImageToTokenUpdateArgs a;
       a.probs.q = q.data_ptr();
       a.probs.q_batch_stride = q.stride(0);
       a.probs.q_row_stride = q.stride(1);
       a.probs.q_rows = qr.defined() ? qr.data_ptr<int64_t>() : nullptr;
       a.probs.q_batches = q.size(0);
-      a.probs.k = kc.data_ptr();
-      a.probs.batch = b;
-      a.probs.positions = hw;
-      a.probs.heads = static_cast<int>(heads);
-      a.probs.tokens = static_cast<int>(t);
-      a.probs.scale = static_cast<float>(scale);
-      a.probs.q_bias = q_bias.defined() ? q_bias.data_ptr() : nullptr;
-      a.probs.q_bias_row_stride = q_bias.defined() ? q_bias.stride(0) : 0;
-      a.u = uc.data_ptr();
       a.residual = residual.data_ptr();
       // One residual for every prompt reads row 0 (batch stride 0), whatever its own stride.
       a.residual_batch_stride = !rr.defined() && residual.size(0) == 1 ? 0 : residual.stride(0);
       a.residual_rows = rr.defined() ? rr.data_ptr<int64_t>() : nullptr;
-      a.weight = wc.data_ptr();
-      a.bias = bc.data_ptr();
-      a.eps = static_cast<float>(eps);
-      a.out = out.data_ptr();
       // MASKD_UPDATE_PIPELINED=1: the pipelined kernel for T <= 8 (a same-binary comparison knob, off
       // until a GPU run shows it faster: kernels/NOTES.md). Read at each call (a test sets it; the
       // decoder's calls are captured in graphs).
       const char* pipelined = std::getenv("MASKD_UPDATE_PIPELINED");
-      a.pipelined = pipelined != nullptr && std::string(pipelined) == "1";
-      internal::CheckLaunch(detail::LaunchImageToTokenUpdate(a, internal::ToDType(q.scalar_type(), "q"),
-                                                             internal::MultiProcessors(q.device()), scope.get()),
-                            "ImageToTokenUpdateKernel");
-      return out;
+      a.pipelined = pipelined != nullptr && std::strcmp(pipelined, "1") == 0;
+      return LaunchUpdate(a, kc, hw, heads, scale, q_bias, uc, wc, bc, eps, scope, "ImageToTokenUpdateKernel");
     }
   }
 #endif
@@ -259,33 +272,18 @@ at::Tensor ImageToTokenUpdateOnKeys(const at::Tensor& wq, const at::Tensor& k, i
                              q_bias.stride(1) == 1 && q_bias.stride(0) % 8 == 0 && aligned(q_bias)))) {
     internal::StreamScope scope(stream, x.device());
     const at::Tensor kc = k.contiguous(), uc = u.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
-    // ka[h, b T + t] = Wq_h^T k[b, t, h]: [heads, B T, 16] x [heads, 16, D] (fp32 accumulation, one rounding).
-    const at::Tensor ka = at::bmm(kc.view({b * t, heads, kHeadDim}).transpose(0, 1),
-                                  wq.contiguous().view({heads, kHeadDim, d}));
-    if (aligned(kc) && aligned(uc) && aligned(wc) && aligned(bc) && aligned(ka) && ka.is_contiguous()) {
-      at::Tensor out = at::empty({b, hw, d}, x.options());
+    if (aligned(kc) && aligned(uc) && aligned(wc) && aligned(bc)) {
+      // ka[h, b T + t] = Wq_h^T k[b, t, h]: [heads, B T, 16] x [heads, 16, D] (fp32 accumulation, one
+      // rounding); a fresh contiguous tensor, 16-byte aligned as every allocation of LibTorch's.
+      const at::Tensor ka = at::bmm(kc.view({b * t, heads, kHeadDim}).transpose(0, 1),
+                                    wq.contiguous().view({heads, kHeadDim, d}));
       detail::ImageToTokenUpdateArgs a;
-      a.probs.k = kc.data_ptr();
-      a.probs.batch = b;
-      a.probs.positions = hw;
-      a.probs.heads = static_cast<int>(heads);
-      a.probs.tokens = static_cast<int>(t);
-      a.probs.scale = static_cast<float>(scale);
-      a.probs.q_bias = q_bias.defined() ? q_bias.data_ptr() : nullptr;
-      a.probs.q_bias_row_stride = q_bias.defined() ? q_bias.stride(0) : 0;
       a.ka = ka.data_ptr();
       a.ka_head_stride = b * t * d;
-      a.u = uc.data_ptr();
       a.residual = x.data_ptr();
       a.residual_batch_stride = x.stride(0);
-      a.weight = wc.data_ptr();
-      a.bias = bc.data_ptr();
-      a.eps = static_cast<float>(eps);
-      a.out = out.data_ptr();
-      internal::CheckLaunch(detail::LaunchImageToTokenUpdate(a, internal::ToDType(x.scalar_type(), "x"),
-                                                             internal::MultiProcessors(x.device()), scope.get()),
-                            "ImageToTokenUpdateKernel (on keys)");
-      return out;
+      return LaunchUpdate(a, kc, hw, heads, scale, q_bias, uc, wc, bc, eps, scope,
+                          "ImageToTokenUpdateKernel (on keys)");
     }
   }
 #endif

@@ -468,6 +468,65 @@ __device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int 
 }
 }  // namespace upd
 
+// Staging and per-prompt addressing both update kernels share (`tid` of `threads` threads).
+// The prompt's u [ht, 256] into u_s ([kpad][kUPitch]; the padding rows zero).
+template <typename T>
+__device__ __forceinline__ void StageU(const ImageToTokenUpdateArgs& a, T* u_s, int64_t b, int ht, int kpad, int tid,
+                                       int threads) {
+  const T* ub = static_cast<const T*>(a.u) + b * ht * upd::kD;
+  for (int i = tid; i < kpad * (upd::kD / 8); i += threads) {
+    const int row = i / (upd::kD / 8), c8 = i % (upd::kD / 8);
+    const uint4 v = row < ht ? reinterpret_cast<const uint4*>(ub + row * upd::kD)[c8] : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(u_s + row * upd::kUPitch + 8 * c8) = v;
+  }
+}
+// The prompt's token keys in fp32, pre-scaled, as [t][h][kKStride] (HeadSoftmax's layout).
+template <typename T>
+__device__ __forceinline__ void StageKeys(const ImageToTokenUpdateArgs& a, float* k_s, int64_t b, int tokens, int tid,
+                                          int threads) {
+  const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * (upd::kHeads * kProbsHeadDim);
+  for (int i = tid; i < tokens * upd::kHeads * kProbsHeadDim; i += threads) {
+    const int t = i / (upd::kHeads * kProbsHeadDim), h = (i / kProbsHeadDim) % upd::kHeads, c = i % kProbsHeadDim;
+    k_s[(t * upd::kHeads + h) * upd::kKStride + c] = ToFloat(kb[i]) * a.probs.scale;
+  }
+}
+// P's padding columns ht..kpad-1 zero: the probabilities write columns < ht only.
+template <typename T>
+__device__ __forceinline__ void ZeroPPadding(T* p_s, int ht, int kpad, int ppitch, int tid, int threads) {
+  for (int i = tid; i < upd::kTileRows * (kpad - ht); i += threads)
+    p_s[(i / (kpad - ht)) * ppitch + ht + i % (kpad - ht)] = FromFloat<T>(0.f);
+}
+// The prompt's rows: its q (row q_rows[b], 0 or b), the positional share, its residual (row
+// residual_rows[b] or b) and its output.
+template <typename T>
+struct PromptRows {
+  const T* q;
+  const T* q_bias;
+  const T* residual;
+  T* out;
+};
+template <typename T>
+__device__ __forceinline__ PromptRows<T> RowsOfPrompt(const ImageToTokenUpdateArgs& a, int64_t b) {
+  const int64_t bq = a.probs.q_rows ? a.probs.q_rows[b] : (a.probs.q_batches == 1 ? 0 : b);
+  const int64_t br = a.residual_rows ? a.residual_rows[b] : b;
+  return {static_cast<const T*>(a.probs.q) + bq * a.probs.q_batch_stride, static_cast<const T*>(a.probs.q_bias),
+          static_cast<const T*>(a.residual) + br * a.residual_batch_stride,
+          static_cast<T*>(a.out) + b * a.probs.positions * upd::kD};
+}
+// A tile's residual rows into x_s by 16-byte cp.async, by the tile's 256 threads: 64 x 32 chunks, a
+// warp per row and access; rows past the end are zero-filled (their outputs are not stored). The
+// caller commits.
+template <typename T>
+__device__ __forceinline__ void LoadResidualTile(T* x_s, const T* residual, int64_t row0, int64_t positions, int htid) {
+#pragma unroll
+  for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / kThreads; ++i) {
+    const int chunk = htid + i * kThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
+    const bool valid = row0 + r < positions;
+    CpAsync16(SmemAddr(x_s + r * upd::kXPitch + 8 * c8), residual + (valid ? (row0 + r) * upd::kD + 8 * c8 : 0),
+              valid);
+  }
+}
+
 // The update on q's step 1 for a tile (ImageToTokenUpdateKernel, and each half of the pipelined
 // kernel): thread `htid` of the tile's 256 makes two (row, head) pairs' probabilities (HeadSoftmax),
 // rounded to T into p_s.
@@ -693,12 +752,7 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   const int tid = threadIdx.x;
   const int64_t b = blockIdx.y;
   {
-    const T* ub = static_cast<const T*>(a.u) + b * ht * upd::kD;
-    for (int i = tid; i < kpad * (upd::kD / 8); i += kThreads) {
-      const int row = i / (upd::kD / 8), c8 = i % (upd::kD / 8);
-      const uint4 v = row < ht ? reinterpret_cast<const uint4*>(ub + row * upd::kD)[c8] : make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(u_s + row * upd::kUPitch + 8 * c8) = v;
-    }
+    StageU<T>(a, u_s, b, ht, kpad, tid, kThreads);
     if constexpr (kOnKeys) {
       const T* kab = static_cast<const T*>(a.ka) + b * tokens * upd::kD;
       for (int i = tid; i < kpad * (upd::kD / 8); i += kThreads) {
@@ -708,37 +762,18 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
         *reinterpret_cast<uint4*>(ka_s + row * upd::kUPitch + 8 * c8) = v;
       }
     } else {
-      const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * (upd::kHeads * kProbsHeadDim);
-      for (int i = tid; i < tokens * upd::kHeads * kProbsHeadDim; i += kThreads) {
-        const int t = i / (upd::kHeads * kProbsHeadDim), h = (i / kProbsHeadDim) % upd::kHeads, c = i % kProbsHeadDim;
-        k_s[(t * upd::kHeads + h) * upd::kKStride + c] = ToFloat(kb[i]) * a.probs.scale;
-      }
+      StageKeys<T>(a, k_s, b, tokens, tid, kThreads);
     }
-    // P's padding columns stay zero (phase 1 writes columns < ht only).
-    for (int i = tid; i < upd::kTileRows * (kpad - ht); i += kThreads)
-      p_s[(i / (kpad - ht)) * ppitch + ht + i % (kpad - ht)] = FromFloat<T>(0.f);
+    ZeroPPadding<T>(p_s, ht, kpad, ppitch, tid, kThreads);
   }
   const int warp = tid / 32, lane = tid % 32;
   const int64_t positions = a.probs.positions;
-  const int64_t bq = a.probs.q_rows ? a.probs.q_rows[b] : (a.probs.q_batches == 1 ? 0 : b);
-  const int64_t br = a.residual_rows ? a.residual_rows[b] : b;
-  const T* qbase = static_cast<const T*>(a.probs.q) + bq * a.probs.q_batch_stride;
-  const T* qbias = static_cast<const T*>(a.probs.q_bias);
-  const T* rbase = static_cast<const T*>(a.residual) + br * a.residual_batch_stride;
-  T* obase = static_cast<T*>(a.out) + b * positions * upd::kD;
+  const PromptRows<T> rows = RowsOfPrompt<T>(a, b);
   const int64_t tiles = (positions + upd::kTileRows - 1) / upd::kTileRows;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t row0 = tile * upd::kTileRows;
     __syncthreads();  // staging done; the previous tile's reads of p_s, x_s and the row totals done
-    // The tile's residual rows: 64 x 32 16-byte chunks, a warp per row and access; rows past the end
-    // are zero-filled (their outputs are not stored).
-#pragma unroll
-    for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / kThreads; ++i) {
-      const int chunk = tid + i * kThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
-      const bool valid = row0 + r < positions;
-      CpAsync16(SmemAddr(x_s + r * upd::kXPitch + 8 * c8), rbase + (valid ? (row0 + r) * upd::kD + 8 * c8 : 0),
-                valid);
-    }
+    LoadResidualTile<T>(x_s, rows.residual, row0, positions, tid);
     CpAsyncCommit();
     if constexpr (kOnKeys) {
       // The positional share of the scores while the residual tile arrives; then its share.
@@ -752,10 +787,10 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
         OnKeysSoftmax<T>(s, a.probs.scale, tokens, p_s, ppitch, 16 * warp, lane);
       }
     }
-    if constexpr (!kOnKeys) TileProbs<T>(a, qbase, qbias, k_s, p_s, ppitch, row0, tid);
+    if constexpr (!kOnKeys) TileProbs<T>(a, rows.q, rows.q_bias, k_s, p_s, ppitch, row0, tid);
     CpAsyncWait<0>();
     __syncthreads();
-    TileUpdateAndStore<T>(a, x_s, p_s, u_s, ppitch, kpad, red_sum, red_sq, row0, obase, tid,
+    TileUpdateAndStore<T>(a, x_s, p_s, u_s, ppitch, kpad, red_sum, red_sq, row0, rows.out, tid,
                           [] { __syncthreads(); });
   }
 }
@@ -799,45 +834,19 @@ __global__ void __launch_bounds__(pipe::kBlockThreads, 1) ImageToTokenUpdatePipe
   float* red_sum = reinterpret_cast<float*>(p_s + upd::kTileRows * ppitch);
   float* red_sq = red_sum + 2 * upd::kTileRows;
   const int64_t b = blockIdx.y;
-  {
-    const T* ub = static_cast<const T*>(a.u) + b * ht * upd::kD;
-    for (int i = tid; i < kpad * (upd::kD / 8); i += pipe::kBlockThreads) {
-      const int row = i / (upd::kD / 8), c8 = i % (upd::kD / 8);
-      const uint4 v = row < ht ? reinterpret_cast<const uint4*>(ub + row * upd::kD)[c8] : make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(u_s + row * upd::kUPitch + 8 * c8) = v;
-    }
-    const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * (upd::kHeads * kProbsHeadDim);
-    for (int i = tid; i < tokens * upd::kHeads * kProbsHeadDim; i += pipe::kBlockThreads) {
-      const int t = i / (upd::kHeads * kProbsHeadDim), h = (i / kProbsHeadDim) % upd::kHeads, c = i % kProbsHeadDim;
-      k_s[(t * upd::kHeads + h) * upd::kKStride + c] = ToFloat(kb[i]) * a.probs.scale;
-    }
-    // P's padding columns stay zero (the probabilities write columns < ht only).
-    for (int i = htid; i < upd::kTileRows * (kpad - ht); i += pipe::kHalfThreads)
-      p_s[(i / (kpad - ht)) * ppitch + ht + i % (kpad - ht)] = FromFloat<T>(0.f);
-  }
+  StageU<T>(a, u_s, b, ht, kpad, tid, pipe::kBlockThreads);
+  StageKeys<T>(a, k_s, b, tokens, tid, pipe::kBlockThreads);
+  ZeroPPadding<T>(p_s, ht, kpad, ppitch, htid, pipe::kHalfThreads);  // each half its own P
   __syncthreads();
   const int64_t positions = a.probs.positions;
-  const int64_t bq = a.probs.q_rows ? a.probs.q_rows[b] : (a.probs.q_batches == 1 ? 0 : b);
-  const int64_t br = a.residual_rows ? a.residual_rows[b] : b;
-  const T* qbase = static_cast<const T*>(a.probs.q) + bq * a.probs.q_batch_stride;
-  const T* qbias = static_cast<const T*>(a.probs.q_bias);
-  const T* rbase = static_cast<const T*>(a.residual) + br * a.residual_batch_stride;
-  T* obase = static_cast<T*>(a.out) + b * positions * upd::kD;
+  const PromptRows<T> rows = RowsOfPrompt<T>(a, b);
   const int64_t tiles = (positions + upd::kTileRows - 1) / upd::kTileRows;
   const int64_t step = 2 * static_cast<int64_t>(gridDim.x);
   // The tile's residual rows into buffer `buf` (rows past the end zero-filled), one commit group.
   auto load = [&](int64_t tile, int buf) {
-    if (tile < tiles) {
-      const int64_t row0 = tile * upd::kTileRows;
-      T* x_s = x_buf + buf * upd::kTileRows * upd::kXPitch;
-#pragma unroll
-      for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / pipe::kHalfThreads; ++i) {
-        const int chunk = htid + i * pipe::kHalfThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
-        const bool valid = row0 + r < positions;
-        CpAsync16(SmemAddr(x_s + r * upd::kXPitch + 8 * c8), rbase + (valid ? (row0 + r) * upd::kD + 8 * c8 : 0),
-                  valid);
-      }
-    }
+    if (tile < tiles)
+      LoadResidualTile<T>(x_buf + buf * upd::kTileRows * upd::kXPitch, rows.residual, tile * upd::kTileRows,
+                          positions, htid);
     CpAsyncCommit();  // possibly empty: one group per tile keeps wait_group 1 exact
   };
   int buf = 0;
@@ -846,11 +855,11 @@ __global__ void __launch_bounds__(pipe::kBlockThreads, 1) ImageToTokenUpdatePipe
   for (; tile < tiles; tile += step, buf ^= 1) {
     const int64_t row0 = tile * upd::kTileRows;
     load(tile + step, buf ^ 1);  // the other buffer's last tile went out before the previous end barrier
-    TileProbs<T>(a, qbase, qbias, k_s, p_s, ppitch, row0, htid);
+    TileProbs<T>(a, rows.q, rows.q_bias, k_s, p_s, ppitch, row0, htid);
     CpAsyncWait<1>();  // this tile's group (the next tile's may still be in flight)
     pipe::HalfSync(half);
     TileUpdateAndStore<T>(a, x_buf + buf * upd::kTileRows * upd::kXPitch, p_s, u_s, ppitch, kpad, red_sum, red_sq,
-                          row0, obase, htid, [half] { pipe::HalfSync(half); });
+                          row0, rows.out, htid, [half] { pipe::HalfSync(half); });
     pipe::HalfSync(half);  // the output read out of x_s and P and the row totals used: both reusable
   }
   CpAsyncWait<0>();  // no copy outstanding at exit (the last prefetch is an empty group)
