@@ -17,3 +17,5 @@ pack() {
   [ ${#keep[@]} -gt 0 ] || return 0
   (cd "$out" && tar czf /tmp/all.tgz "${keep[@]}" && rm -rf "${keep[@]}" && mv /tmp/all.tgz .)
 }
+# The steps the call scripts share (left, decode_cases, served, served_stages, finish).
+source scripts/gpu-host/call-steps.sh

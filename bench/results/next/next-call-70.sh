@@ -23,48 +23,24 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench kernels_fusion_gpu_test model_fast_decoder_gpu_test"}
 source scripts/gpu-host/call-prelude.sh
-left() { echo $(( ${CALL_LIMIT:-480} - ($(date +%s) - S) )); }
 { timeout 90 "$B/tests/kernels_fusion_gpu_test" --gtest_filter='*ImageSideKeys*:*ImageToTokenUpdate*'
   timeout 60 "$B/tests/model_fast_decoder_gpu_test"; } > "$out/tests.log" 2>&1
 echo "tests rc=$?" >> "$out/perf.log"
 grep -E "^\[  (PASSED|FAILED) |^\[ +FAILED |Failure|Expected|Which is|on keys|rel L2 vs fp32" "$out/tests.log" \
   | cut -c1-240 | head -60 >> "$out/perf.log"
 t tests
-cases() {  # cases TAG [VAR=VALUE]: the vit_b decode cases, profiled
-  local d="$out/cases-$1"; mkdir -p "$d"
-  env ${2:-MASKD_NONE=0} timeout 70 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 --rows "global attention" \
-    --decode-cases 256/32,64/16 --profile "$d" --profile-rows "global attention" > "$d/bench.log" 2>&1
-  echo "--- decode cases $1 (${2:-default}): rc=$?" >> "$out/perf.log"
-  grep -E "decoder shared-image" "$d/bench.log" | cut -c1-200 >> "$out/perf.log"
-  grep -hE "^===.*shared-image|ImageToToken|TNN|kernel total" "$d/profiles.txt" 2>/dev/null | grep -v "encoder, batch" \
-    | cut -c1-150 >> "$out/perf.log"
-  rm -f "$d"/trace-*.json
-  t "cases $1"
-}
-cases off-a
-cases on-a MASKD_IMAGE_TO_TOKEN_ON_KEYS=1
-cases pipe-a MASKD_UPDATE_PIPELINED=1
-[ "$(left)" -gt 130 ] && cases off-b
-[ "$(left)" -gt 115 ] && cases on-b MASKD_IMAGE_TO_TOKEN_ON_KEYS=1
-[ "$(left)" -gt 100 ] && cases pipe-b MASKD_UPDATE_PIPELINED=1
-served() {  # served TAG LEVEL (VARS: env assignments for maskd, space-separated)
-  env ${VARS:-MASKD_NONE=0} OUT=$out/served SERVED_TAG=$1 SERVED_DURATION=10 timeout 60 \
-    bash scripts/gpu-host/served-bench.sh "vit_b:bf16::interactive:$2" >> "$out/served.log" 2>&1
-  echo "--- served $1 (${VARS:-default})" >> "$out/perf.log"
-  grep -- "-$1 rc=" "$out/served.log" | cut -c1-230 >> "$out/perf.log"
-  t "served $1"
-}
+export CALL_LIMIT=${CALL_LIMIT:-480}
+export PROFILE_LINES="^===.*shared-image|ImageToToken|TNN|kernel total"
+decode_cases off-a 256/32,64/16
+decode_cases on-a 256/32,64/16 MASKD_IMAGE_TO_TOKEN_ON_KEYS=1
+decode_cases pipe-a 256/32,64/16 MASKD_UPDATE_PIPELINED=1
+[ "$(left)" -gt 130 ] && decode_cases off-b 256/32,64/16
+[ "$(left)" -gt 115 ] && decode_cases on-b 256/32,64/16 MASKD_IMAGE_TO_TOKEN_ON_KEYS=1
+[ "$(left)" -gt 100 ] && decode_cases pipe-b 256/32,64/16 MASKD_UPDATE_PIPELINED=1
 [ "$(left)" -gt 150 ] && served off 256
 [ "$(left)" -gt 125 ] && VARS="MASKD_UPDATE_PIPELINED=1" served pipelined 256
 [ "$(left)" -gt 100 ] && VARS="MASKD_IMAGE_TO_TOKEN_ON_KEYS=1" served on-keys 256
 [ "$(left)" -gt 150 ] && served copy-b 256
 [ "$(left)" -gt 120 ] && VARS="MASKD_RLE_IN_PLACE=1" served inplace-b 256
-grep -h -B1 -A2 "server per call" "$out"/served/maskload-*.log 2>/dev/null | cut -c1-200 >> "$out/perf.log"
-if [ "$(left)" -gt 60 ]; then
-  timeout $(( $(left) > 90 ? 85 : $(left) - 5 )) bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
-  t seed-quick
-fi
-grep -h RESULT "$out"/anchors/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 >> "$out/perf.log"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$out/perf.log" 2>&1
-pack cases-off-a cases-on-a cases-pipe-a cases-off-b cases-on-b cases-pipe-b anchors served served.log tests.log misc.tar.gz
-ls "$out"
+served_stages
+finish cases-off-a cases-on-a cases-pipe-a cases-off-b cases-on-b cases-pipe-b

@@ -1,0 +1,54 @@
+# Steps a device call's script repeats (sourced by call-prelude.sh, after $out, S, t, $B and pack).
+# The per-call scripts under bench/results/ from run 69 back define their own copies; they stay as
+# they ran.
+
+# left: seconds left of CALL_LIMIT (default 540) since the prelude started.
+left() { echo $(( ${CALL_LIMIT:-540} - ($(date +%s) - S) )); }
+
+# decode_cases TAG CASES [VAR=VALUE]: maskbench's vit_b decoder rows with --decode-cases CASES (e.g.
+# 256/32,64/16), profiled, with VAR set for maskbench; the rows and the profile's lines matching
+# PROFILE_LINES (default: the decoder tables' titles and kernel totals) into perf.log.
+decode_cases() {
+  local d="$out/cases-$1"; mkdir -p "$d"
+  env ${3:-MASKD_NONE=0} timeout 70 "$B/load_tests/maskbench" --arch vit_b --batch 1 --fp32-batch 1 \
+    --rows "global attention" --decode-cases "$2" --profile "$d" --profile-rows "global attention" \
+    > "$d/bench.log" 2>&1
+  echo "--- decode cases $1 (${3:-default}): rc=$?" >> "$out/perf.log"
+  grep -E "decoder shared-image" "$d/bench.log" | cut -c1-200 >> "$out/perf.log"
+  grep -hE "${PROFILE_LINES:-^===.*shared-image|kernel total}" "$d/profiles.txt" 2>/dev/null \
+    | grep -v "encoder, batch" | cut -c1-150 >> "$out/perf.log"
+  rm -f "$d"/trace-*.json
+  t "cases $1"
+}
+
+# served TAG LEVEL... : served vit_b clicks (interactive), 10 s a level, with VARS (space-separated
+# assignments) set for maskd; each level's summary line into perf.log.
+served() {
+  local tag=$1; shift
+  local specs=() c
+  for c in "$@"; do specs+=("vit_b:bf16::interactive:$c"); done
+  env ${VARS:-MASKD_NONE=0} OUT=$out/served SERVED_TAG=$tag SERVED_DURATION=10 timeout $(( 20 + 40 * $# )) \
+    bash scripts/gpu-host/served-bench.sh "${specs[@]}" >> "$out/served.log" 2>&1
+  echo "--- served $tag (${VARS:-default})" >> "$out/perf.log"
+  grep -- "-$tag rc=" "$out/served.log" | cut -c1-230 >> "$out/perf.log"
+  t "served $tag"
+}
+
+# served_stages: every served level's latency and server-stage lines into perf.log.
+served_stages() {
+  grep -h -B1 -A2 "server per call" "$out"/served/maskload-*.log 2>/dev/null | cut -c1-200 >> "$out/perf.log"
+}
+
+# finish NAME...: the seed's quick set if more than 60 s are left (at most 85 s), its RESULT lines
+# (and a vit_h row's from anchors-vit_h), the card, then NAME... packed into all.tgz.
+finish() {
+  if [ "$(left)" -gt 60 ]; then
+    timeout $(( $(left) > 90 ? 85 : $(left) - 5 )) bash .carry/anchors/run.sh "$out/anchors" quick > /dev/null 2>&1
+    t seed-quick
+  fi
+  grep -h RESULT "$out"/anchors/RESULTS.txt "$out"/anchors-vit_h/RESULTS.txt 2>/dev/null | head -8 | cut -c1-300 \
+    >> "$out/perf.log"
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$out/perf.log" 2>&1
+  pack "$@" anchors anchors-vit_h served served.log tests.log misc.tar.gz
+  ls "$out"
+}
