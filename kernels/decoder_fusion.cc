@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -146,35 +145,6 @@ at::Tensor ImageToTokenUpdateReference(const at::Tensor& q, const at::Tensor& k,
   return RowNorm(updated, weight, bias, eps, /*gelu=*/false);
 }
 
-#ifdef MASKD_WITH_CUDA
-namespace {
-// What both forms of the update pass alike (the prompts' token keys and shape, q's positional share,
-// u, the norm, a fresh output) and the launch; `a` comes with its query side and residual set.
-at::Tensor LaunchUpdate(detail::ImageToTokenUpdateArgs& a, const at::Tensor& kc, int64_t hw, int64_t heads,
-                        double scale, const at::Tensor& q_bias, const at::Tensor& uc, const at::Tensor& wc,
-                        const at::Tensor& bc, double eps, const internal::StreamScope& scope, const char* kernel) {
-  at::Tensor out = at::empty({kc.size(0), hw, uc.size(2)}, uc.options());
-  a.probs.k = kc.data_ptr();
-  a.probs.batch = kc.size(0);
-  a.probs.positions = hw;
-  a.probs.heads = static_cast<int>(heads);
-  a.probs.tokens = static_cast<int>(kc.size(1));
-  a.probs.scale = static_cast<float>(scale);
-  a.probs.q_bias = q_bias.defined() ? q_bias.data_ptr() : nullptr;
-  a.probs.q_bias_row_stride = q_bias.defined() ? q_bias.stride(0) : 0;
-  a.u = uc.data_ptr();
-  a.weight = wc.data_ptr();
-  a.bias = bc.data_ptr();
-  a.eps = static_cast<float>(eps);
-  a.out = out.data_ptr();
-  internal::CheckLaunch(detail::LaunchImageToTokenUpdate(a, internal::ToDType(uc.scalar_type(), "u"),
-                                                         internal::MultiProcessors(uc.device()), scope.get()),
-                        kernel);
-  return out;
-}
-}  // namespace
-#endif
-
 at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_rows, int64_t heads,
                               double scale, const at::Tensor& u, const at::Tensor& residual,
                               const at::Tensor& residual_rows, const at::Tensor& weight, const at::Tensor& bias,
@@ -216,80 +186,40 @@ at::Tensor ImageToTokenUpdate(const at::Tensor& q, const at::Tensor& k, const at
     if (aligned(uc) && aligned(wc) && aligned(bc)) {
       const at::Tensor qr = q_rows.defined() ? q_rows.contiguous() : at::Tensor();
       const at::Tensor rr = residual_rows.defined() ? residual_rows.contiguous() : at::Tensor();
+      at::Tensor out = at::empty({b, hw, d}, q.options());
       detail::ImageToTokenUpdateArgs a;
       a.probs.q = q.data_ptr();
       a.probs.q_batch_stride = q.stride(0);
       a.probs.q_row_stride = q.stride(1);
       a.probs.q_rows = qr.defined() ? qr.data_ptr<int64_t>() : nullptr;
       a.probs.q_batches = q.size(0);
+      a.probs.k = kc.data_ptr();
+      a.probs.batch = b;
+      a.probs.positions = hw;
+      a.probs.heads = static_cast<int>(heads);
+      a.probs.tokens = static_cast<int>(t);
+      a.probs.scale = static_cast<float>(scale);
+      a.probs.q_bias = q_bias.defined() ? q_bias.data_ptr() : nullptr;
+      a.probs.q_bias_row_stride = q_bias.defined() ? q_bias.stride(0) : 0;
+      a.u = uc.data_ptr();
       a.residual = residual.data_ptr();
       // One residual for every prompt reads row 0 (batch stride 0), whatever its own stride.
       a.residual_batch_stride = !rr.defined() && residual.size(0) == 1 ? 0 : residual.stride(0);
       a.residual_rows = rr.defined() ? rr.data_ptr<int64_t>() : nullptr;
-      // MASKD_UPDATE_PIPELINED=1: the pipelined kernel for T <= 8 (a same-binary comparison knob, off
-      // until a GPU run shows it faster: kernels/NOTES.md). Read at each call (a test sets it; the
-      // decoder's calls are captured in graphs).
-      const char* pipelined = std::getenv("MASKD_UPDATE_PIPELINED");
-      a.pipelined = pipelined != nullptr && std::strcmp(pipelined, "1") == 0;
-      return LaunchUpdate(a, kc, hw, heads, scale, q_bias, uc, wc, bc, eps, scope, "ImageToTokenUpdateKernel");
+      a.weight = wc.data_ptr();
+      a.bias = bc.data_ptr();
+      a.eps = static_cast<float>(eps);
+      a.out = out.data_ptr();
+      internal::CheckLaunch(detail::LaunchImageToTokenUpdate(a, internal::ToDType(q.scalar_type(), "q"),
+                                                             internal::MultiProcessors(q.device()), scope.get()),
+                            "ImageToTokenUpdateKernel");
+      return out;
     }
   }
 #endif
   (void)stream;
   return ImageToTokenUpdateReference(q, k, q_rows, heads, scale, u, residual, residual_rows, weight, bias, eps,
                                      q_bias);
-}
-
-at::Tensor ImageToTokenUpdateOnKeysReference(const at::Tensor& wq, const at::Tensor& k, int64_t heads, double scale,
-                                             const at::Tensor& u, const at::Tensor& x, const at::Tensor& weight,
-                                             const at::Tensor& bias, double eps, const at::Tensor& q_bias) {
-  return ImageToTokenUpdateReference(at::linear(x, wq), k, at::Tensor(), heads, scale, u, x, at::Tensor(), weight,
-                                     bias, eps, q_bias);
-}
-
-at::Tensor ImageToTokenUpdateOnKeys(const at::Tensor& wq, const at::Tensor& k, int64_t heads, double scale,
-                                    const at::Tensor& u, const at::Tensor& x, const at::Tensor& weight,
-                                    const at::Tensor& bias, double eps, const at::Tensor& q_bias, Stream stream) {
-  TORCH_CHECK(x.dim() == 3 && wq.dim() == 2 && wq.size(1) == x.size(2) && k.dim() == 3 && k.size(0) == x.size(0) &&
-                  k.size(2) == wq.size(0),
-              "ImageToTokenUpdateOnKeys: expected x [B, HW, D], wq [I, D] and k [B, T, I], got x ", Describe(x),
-              ", wq ", Describe(wq), " and k ", Describe(k));
-  for (const auto* y : {&wq, &k, &u, &weight, &bias})
-    TORCH_CHECK(y->scalar_type() == x.scalar_type() && y->device() == x.device(),
-                "ImageToTokenUpdateOnKeys: wq, k, u, weight and bias must have x's dtype and device, got ", Describe(*y),
-                " with x ", Describe(x));
-#ifdef MASKD_WITH_CUDA
-  const int64_t b = k.size(0), t = k.size(1), hw = x.size(1), d = x.size(2);
-  const auto aligned = [](const at::Tensor& y) { return reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0; };
-  constexpr int64_t kHeadDim = 16;
-  if (x.is_cuda() && x.scalar_type() != at::kFloat && heads == detail::kImageToTokenUpdateHeads &&
-      k.size(2) == kHeadDim * heads && t >= 1 && t <= detail::kImageToTokenOnKeysMaxTokens &&
-      d == detail::kImageToTokenUpdateChannels && b >= 1 && b <= 65535 && x.stride(2) == 1 && x.stride(1) == d &&
-      x.stride(0) % 8 == 0 && aligned(x) && u.dim() == 3 && u.size(0) == b && u.size(1) == heads * t &&
-      u.size(2) == d && weight.numel() == d && bias.numel() == d &&
-      (!q_bias.defined() || (q_bias.dim() == 2 && q_bias.size(0) == hw && q_bias.size(1) == k.size(2) &&
-                             q_bias.scalar_type() == x.scalar_type() && q_bias.device() == x.device() &&
-                             q_bias.stride(1) == 1 && q_bias.stride(0) % 8 == 0 && aligned(q_bias)))) {
-    internal::StreamScope scope(stream, x.device());
-    const at::Tensor kc = k.contiguous(), uc = u.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
-    if (aligned(kc) && aligned(uc) && aligned(wc) && aligned(bc)) {
-      // ka[h, b T + t] = Wq_h^T k[b, t, h]: [heads, B T, 16] x [heads, 16, D] (fp32 accumulation, one
-      // rounding); a fresh contiguous tensor, 16-byte aligned as every allocation of LibTorch's.
-      const at::Tensor ka = at::bmm(kc.view({b * t, heads, kHeadDim}).transpose(0, 1),
-                                    wq.contiguous().view({heads, kHeadDim, d}));
-      detail::ImageToTokenUpdateArgs a;
-      a.ka = ka.data_ptr();
-      a.ka_head_stride = b * t * d;
-      a.residual = x.data_ptr();
-      a.residual_batch_stride = x.stride(0);
-      return LaunchUpdate(a, kc, hw, heads, scale, q_bias, uc, wc, bc, eps, scope,
-                          "ImageToTokenUpdateKernel (on keys)");
-    }
-  }
-#endif
-  // Other shapes and devices: the projection, then the update on q (its kernel where that fits).
-  return ImageToTokenUpdate(at::linear(x, wq), k, at::Tensor(), heads, scale, u, x, at::Tensor(), weight, bias, eps,
-                            q_bias, stream);
 }
 
 at::Tensor UpscaleHyperReference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,

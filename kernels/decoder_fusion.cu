@@ -29,10 +29,7 @@
 // Replaces ImageToTokenProbs + baddbmm (with the residual copied in first) + RowNorm: one read of q
 // and the residual and one write per prompt instead of four passes, and the prompts of one image
 // read their shared residual in place (no expand or index_select copy). An optional q_bias [HW, I]
-// (the positional share of the query projection) is added to q as it is loaded. On keys (block 1,
-// where q = x Wq^T + q_bias of the residual x itself): the scores come from the residual tile
-// already in shared memory against the absorbed queries ka = Wq_h^T k_t,h on the tensor cores, plus
-// q_bias . k by MMA, so that neither the q projection nor its read exists (kernels/NOTES.md).
+// (the positional share of the query projection) is added to q as it is loaded.
 // ImageSideKeys: the shared decoder's image-side input for a batch of embeddings in one launch: each
 // [C, 64, 64] embedding plus the no-mask dense embedding (one value per channel), transposed to the
 // [4096, C] keys layout through shared-memory tiles (replaces a copy per image into a static input,
@@ -420,18 +417,12 @@ constexpr int kXPitch = kD + 8; // the residual/output tile's rows in shared mem
 // P's k dimension padded to the mma's 16, and its row pitch (an odd multiple of 16 bytes).
 __host__ __device__ constexpr int KPad(int ht) { return (ht + 15) / 16 * 16; }
 __host__ __device__ constexpr int PPitch(int ht) { return KPad(ht) + 8; }
-// The token keys' region: in fp32 for the scores on q, or (on keys) the absorbed queries ka as
-// [KPad(ht)][kUPitch] of T, rows (t, h) = 8 t + h, the padding rows zero.
-__host__ __device__ constexpr int KeysBytes(int elem, int ht, int tokens, bool on_keys) {
-  return on_keys ? KPad(ht) * kUPitch * elem : tokens * kHeads * kKStride * 4;
+// The token keys' region: in fp32, [t][h][kKStride].
+__host__ __device__ constexpr int KeysBytes(int tokens) { return tokens * kHeads * kKStride * 4; }
+__host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens) {
+  return KPad(ht) * kUPitch * elem + kTileRows * PPitch(ht) * elem + KeysBytes(tokens) + 2 * 2 * kTileRows * 4 +
+         kTileRows * kXPitch * elem;
 }
-__host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens, bool on_keys) {
-  return KPad(ht) * kUPitch * elem + kTileRows * PPitch(ht) * elem + KeysBytes(elem, ht, tokens, on_keys) +
-         2 * 2 * kTileRows * 4 + kTileRows * kXPitch * elem;
-}
-// On keys: 4 warps (a 16-row group each) make the tile's scores; at most 8 tokens (4 n-tile pairs).
-constexpr int kOnKeysTokens = kImageToTokenOnKeysMaxTokens;
-static_assert(kOnKeysTokens % 2 == 0, "the scores' n-tiles are loaded in pairs");
 
 template <typename T>
 __device__ __forceinline__ uint32_t Load32(const T* p) {
@@ -449,11 +440,8 @@ __device__ __forceinline__ void Store2(T* p, float x, float y) {
 }
 
 // A row's total over its 256 channels, held as (own, other) 16-row halves: the quad's four lanes
-// first, then the other warp's half through `red` ([2 halves][kTileRows]); one sync of the tile's
-// 8 warps (`sync`: __syncthreads, or the pipelined kernel's half barrier).
-template <typename Sync>
-__device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int half, int row0, bool writer,
-                                            Sync sync) {
+// first, then the other warp's half through `red` ([2 halves][kTileRows]); one __syncthreads.
+__device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int half, int row0, bool writer) {
   v0 += __shfl_xor_sync(0xffffffffu, v0, 1);
   v0 += __shfl_xor_sync(0xffffffffu, v0, 2);
   v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
@@ -462,13 +450,13 @@ __device__ __forceinline__ float2 RowTotals(float v0, float v1, float* red, int 
     red[half * kTileRows + row0] = v0;
     red[half * kTileRows + row0 + 8] = v1;
   }
-  sync();
+  __syncthreads();
   // Both warps of a row add the halves in the same order: one mean and one rstd per row.
   return make_float2(red[row0] + red[kTileRows + row0], red[row0 + 8] + red[kTileRows + row0 + 8]);
 }
 }  // namespace upd
 
-// Staging and per-prompt addressing both update kernels share (`tid` of `threads` threads).
+// The update kernel's staging and per-prompt addressing (`tid` of `threads` threads).
 // The prompt's u [ht, 256] into u_s ([kpad][kUPitch]; the padding rows zero).
 template <typename T>
 __device__ __forceinline__ void StageU(const ImageToTokenUpdateArgs& a, T* u_s, int64_t b, int ht, int kpad, int tid,
@@ -527,9 +515,8 @@ __device__ __forceinline__ void LoadResidualTile(T* x_s, const T* residual, int6
   }
 }
 
-// The update on q's step 1 for a tile (ImageToTokenUpdateKernel, and each half of the pipelined
-// kernel): thread `htid` of the tile's 256 makes two (row, head) pairs' probabilities (HeadSoftmax),
-// rounded to T into p_s.
+// Step 1 of ImageToTokenUpdateKernel for a tile: thread `htid` of the tile's 256 makes two (row,
+// head) pairs' probabilities (HeadSoftmax), rounded to T into p_s.
 template <typename T>
 __device__ __forceinline__ void TileProbs(const ImageToTokenUpdateArgs& a, const T* qbase, const T* qbias,
                                           const float* k_s, T* p_s, int ppitch, int64_t row0, int htid) {
@@ -555,16 +542,16 @@ __device__ __forceinline__ void TileProbs(const ImageToTokenUpdateArgs& a, const
   }
 }
 
-// Steps 2 and 3 of a tile and its output (both update kernels; the on-keys form too): thread `htid`
-// of the tile's 256, warp (row group rg = warp / 2, half = warp % 2) rows 16 rg..16 rg+15, channels
-// 128 half..+127: accumulators from the residual tile x_s, += P u on the tensor cores, the LayerNorm
-// from the accumulators (the row totals through red_sum / red_sq, `sync` the tile's barrier), the
-// output written back into x_s and, after a sync, out to global memory as 16-byte rows. The caller
-// syncs before x_s, p_s or the totals are written again.
-template <typename T, typename Sync>
+// Steps 2 and 3 of a tile and its output (ImageToTokenUpdateKernel): thread `htid` of the tile's 256,
+// warp (row group rg = warp / 2, half = warp % 2) rows 16 rg..16 rg+15, channels 128 half..+127:
+// accumulators from the residual tile x_s, += P u on the tensor cores, the LayerNorm from the
+// accumulators (the row totals through red_sum / red_sq), the output written back into x_s and, after
+// a __syncthreads, out to global memory as 16-byte rows. The caller syncs before x_s, p_s or the
+// totals are written again.
+template <typename T>
 __device__ __forceinline__ void TileUpdateAndStore(const ImageToTokenUpdateArgs& a, T* x_s, const T* p_s,
                                                    const T* u_s, int ppitch, int kpad, float* red_sum,
-                                                   float* red_sq, int64_t row0, T* obase, int htid, Sync sync) {
+                                                   float* red_sq, int64_t row0, T* obase, int htid) {
   const int warp = htid / 32, lane = htid % 32, rg = warp / 2, half = warp % 2, g = lane / 4, tq = lane % 4;
   const int col0 = half * (upd::kD / 2) + 2 * tq;  // this lane's first channel of each 8-channel n-tile
   const int64_t positions = a.probs.positions;
@@ -600,7 +587,7 @@ __device__ __forceinline__ void TileUpdateAndStore(const ImageToTokenUpdateArgs&
     s0 += acc[j][0] + acc[j][1];
     s1 += acc[j][2] + acc[j][3];
   }
-  const float2 total = upd::RowTotals(s0, s1, red_sum, half, r0, tq == 0, sync);
+  const float2 total = upd::RowTotals(s0, s1, red_sum, half, r0, tq == 0);
   const float mean0 = total.x / upd::kD, mean1 = total.y / upd::kD;
   float q0 = 0.f, q1 = 0.f;
 #pragma unroll
@@ -608,7 +595,7 @@ __device__ __forceinline__ void TileUpdateAndStore(const ImageToTokenUpdateArgs&
     q0 += (acc[j][0] - mean0) * (acc[j][0] - mean0) + (acc[j][1] - mean0) * (acc[j][1] - mean0);
     q1 += (acc[j][2] - mean1) * (acc[j][2] - mean1) + (acc[j][3] - mean1) * (acc[j][3] - mean1);
   }
-  const float2 sq = upd::RowTotals(q0, q1, red_sq, half, r0, tq == 0, sync);
+  const float2 sq = upd::RowTotals(q0, q1, red_sq, half, r0, tq == 0);
   const float rstd0 = rsqrtf(sq.x / upd::kD + a.eps), rstd1 = rsqrtf(sq.y / upd::kD + a.eps);
   const T* wp = static_cast<const T*>(a.weight) + col0;
   const T* bp = static_cast<const T*>(a.bias) + col0;
@@ -620,7 +607,7 @@ __device__ __forceinline__ void TileUpdateAndStore(const ImageToTokenUpdateArgs&
     upd::Store2(xa + 8 * upd::kXPitch + 8 * j, (acc[j][2] - mean1) * rstd1 * w.x + bi.x,
                 (acc[j][3] - mean1) * rstd1 * w.y + bi.y);
   }
-  sync();
+  __syncthreads();
 #pragma unroll
   for (int i = 0; i < upd::kTileRows * (upd::kD / 8) / kThreads; ++i) {
     const int chunk = htid + i * kThreads, r = chunk / (upd::kD / 8), c8 = chunk % (upd::kD / 8);
@@ -630,106 +617,12 @@ __device__ __forceinline__ void TileUpdateAndStore(const ImageToTokenUpdateArgs&
   }
 }
 
-// Block 1's scores on the keys themselves (kOnKeys: ImageToTokenUpdateOnKeys): warp w < 4 makes
-// the scores of tile rows 16 w..16 w+15 for every (head, token) on the tensor cores, n-tile t = token
-// t's 8 heads, so that each lane's C fragments s[t] hold the T scores of four (row, head) pairs: rows
-// g and g + 8, heads 2 tq and 2 tq + 1, and the softmax needs no other lane. In three steps, so that
-// the first overlaps the copy of the residual tile the second reads:
-//   OnKeysBiasScores, q_bias . k: 8 k-steps, one per head j: A = the positional rows' 16 channels of
-//     head j from global memory (the [HW, I] table every prompt shares: L2), B = the token keys
-//     block-diagonally (column h of n-tile t is k[b, t, h] in head h's k-step and zero in the others:
-//     lane (g, tq) holds head g's keys and gives them in k-step g only); s = 0 without q_bias;
-//   OnKeysResidualScores, + x . ka: the tile's rows (x_s, A by ldmatrix) against ka_s (B by
-//     ldmatrix, rows (t, h)), 16 k-steps of 16 channels;
-//   OnKeysSoftmax: scale, the softmax in fp32 (HeadSoftmax's arithmetic), P rounded to T into p_s.
 template <typename T>
-__device__ __forceinline__ void OnKeysBiasScores(const ImageToTokenUpdateArgs& a, float (&s)[upd::kOnKeysTokens][4],
-                                                 int64_t b, int64_t row0, int r16, int lane) {
-  const int tokens = a.probs.tokens, g = lane / 4, tq = lane % 4;
-#pragma unroll
-  for (int t = 0; t < upd::kOnKeysTokens; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
-  const T* qbias = static_cast<const T*>(a.probs.q_bias);
-  if (qbias) {
-    constexpr int kI = upd::kHeads * kProbsHeadDim;
-    const T* kb = static_cast<const T*>(a.probs.k) + b * tokens * kI + g * kProbsHeadDim + 2 * tq;
-    const int64_t positions = a.probs.positions, p0 = row0 + r16 + g, p1 = p0 + 8;
-    const T* q0 = qbias + p0 * a.probs.q_bias_row_stride + 2 * tq;
-    const T* q1 = qbias + p1 * a.probs.q_bias_row_stride + 2 * tq;
-#pragma unroll 1
-    for (int j = 0; j < upd::kHeads; ++j) {
-      uint32_t af[4];
-      af[0] = p0 < positions ? upd::Load32(q0 + j * kProbsHeadDim) : 0u;
-      af[1] = p1 < positions ? upd::Load32(q1 + j * kProbsHeadDim) : 0u;
-      af[2] = p0 < positions ? upd::Load32(q0 + j * kProbsHeadDim + 8) : 0u;
-      af[3] = p1 < positions ? upd::Load32(q1 + j * kProbsHeadDim + 8) : 0u;
-      // Head g's keys in k-step g (loaded then, from L1: a prompt's keys are 2 KB); zero otherwise.
-      const bool own = g == j;
-#pragma unroll
-      for (int t = 0; t < upd::kOnKeysTokens; ++t)
-        if (t < tokens)
-          Mma<T>::Run(s[t], af, own ? upd::Load32(kb + t * kI) : 0u, own ? upd::Load32(kb + t * kI + 8) : 0u);
-    }
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void OnKeysResidualScores(const T* x_s, const T* ka_s, int tokens,
-                                                     float (&s)[upd::kOnKeysTokens][4], int r16, int lane) {
-  const LdmOffset la = LdmRowsFirst(lane), lb = LdmColsFirst(lane);
-#pragma unroll 2
-  for (int kk = 0; kk < upd::kD; kk += 16) {
-    uint32_t af[4];
-    LdMatrixX4(af, SmemAddr(x_s + (r16 + la.row) * upd::kXPitch + kk + la.col));
-#pragma unroll
-    for (int tp = 0; tp < upd::kOnKeysTokens; tp += 2) {
-      if (tp < tokens) {
-        uint32_t bf[4];
-        LdMatrixX4(bf, SmemAddr(ka_s + (tp * upd::kHeads + lb.row) * upd::kUPitch + kk + lb.col));
-        Mma<T>::Run(s[tp], af, bf[0], bf[1]);
-        Mma<T>::Run(s[tp + 1], af, bf[2], bf[3]);
-      }
-    }
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void OnKeysSoftmax(float (&s)[upd::kOnKeysTokens][4], float scale, int tokens, T* p_s,
-                                              int ppitch, int r16, int lane) {
-  const int g = lane / 4, tq = lane % 4;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    float m = -__builtin_huge_valf();
-#pragma unroll
-    for (int t = 0; t < upd::kOnKeysTokens; ++t) {
-      if (t < tokens) {
-        s[t][e] *= scale;
-        m = fmaxf(m, s[t][e]);
-      }
-    }
-    float sum = 0.f;
-#pragma unroll
-    for (int t = 0; t < upd::kOnKeysTokens; ++t) {
-      if (t < tokens) {
-        s[t][e] = __expf(s[t][e] - m);
-        sum += s[t][e];
-      }
-    }
-    const float inv = 1.f / sum;
-    T* pr = p_s + (r16 + g + (e >= 2 ? 8 : 0)) * ppitch + (2 * tq + (e & 1)) * tokens;
-#pragma unroll
-    for (int t = 0; t < upd::kOnKeysTokens; ++t)
-      if (t < tokens) pr[t] = FromFloat<T>(s[t][e] * inv);
-  }
-}
-
-template <typename T, bool kOnKeys>
 __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const ImageToTokenUpdateArgs a) {
   // blockIdx.y: prompt b; blockIdx.x walks tiles of 64 positions (tile = blockIdx.x, + gridDim.x, ...).
   // Per tile:
-  //   1. the probabilities P [64, 8 T] (TileProbs: a thread's two (row, head) pairs, HeadSoftmax; on
-  //      keys: warps 0-3, OnKeysBiasScores while the residual tile arrives, then OnKeysResidualScores
-  //      and OnKeysSoftmax), rounded to T into shared memory (the unfused path's rounding of P),
-  //      columns 8 T..KPad-1 zero;
+  //   1. the probabilities P [64, 8 T] (TileProbs: a thread's two (row, head) pairs, HeadSoftmax),
+  //      rounded to T into shared memory (the unfused path's rounding of P), columns 8 T..KPad-1 zero;
   //   2. and 3. TileUpdateAndStore: warp (row group rg = warp / 2, half = warp % 2): rows 16 rg..16
   //      rg+15, channels 128 half..+127: accumulators start at the residual, += P u on the tensor cores
   //      (mma.m16n8k16, fp32; P by ldmatrix, u [k][n] by ldmatrix.trans); LayerNorm per row from the
@@ -744,29 +637,15 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
   T* u_s = reinterpret_cast<T*>(smem);
   T* p_s = u_s + kpad * upd::kUPitch;
   unsigned char* keys_s = reinterpret_cast<unsigned char*>(p_s + upd::kTileRows * ppitch);
-  float* k_s = reinterpret_cast<float*>(keys_s);  // the token keys in fp32 (scores on q)
-  T* ka_s = reinterpret_cast<T*>(keys_s);         // the absorbed queries (on keys)
-  float* red_sum = reinterpret_cast<float*>(keys_s + upd::KeysBytes(sizeof(T), ht, tokens, kOnKeys));
+  float* k_s = reinterpret_cast<float*>(keys_s);  // the token keys in fp32
+  float* red_sum = reinterpret_cast<float*>(keys_s + upd::KeysBytes(tokens));
   float* red_sq = red_sum + 2 * upd::kTileRows;
   T* x_s = reinterpret_cast<T*>(red_sq + 2 * upd::kTileRows);  // the residual tile, then the output tile
   const int tid = threadIdx.x;
   const int64_t b = blockIdx.y;
-  {
-    StageU<T>(a, u_s, b, ht, kpad, tid, kThreads);
-    if constexpr (kOnKeys) {
-      const T* kab = static_cast<const T*>(a.ka) + b * tokens * upd::kD;
-      for (int i = tid; i < kpad * (upd::kD / 8); i += kThreads) {
-        const int row = i / (upd::kD / 8), c8 = i % (upd::kD / 8), t = row / upd::kHeads, h = row % upd::kHeads;
-        const uint4 v = row < ht ? reinterpret_cast<const uint4*>(kab + h * a.ka_head_stride + t * upd::kD)[c8]
-                                 : make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(ka_s + row * upd::kUPitch + 8 * c8) = v;
-      }
-    } else {
-      StageKeys<T>(a, k_s, b, tokens, tid, kThreads);
-    }
-    ZeroPPadding<T>(p_s, ht, kpad, ppitch, tid, kThreads);
-  }
-  const int warp = tid / 32, lane = tid % 32;
+  StageU<T>(a, u_s, b, ht, kpad, tid, kThreads);
+  StageKeys<T>(a, k_s, b, tokens, tid, kThreads);
+  ZeroPPadding<T>(p_s, ht, kpad, ppitch, tid, kThreads);
   const int64_t positions = a.probs.positions;
   const PromptRows<T> rows = RowsOfPrompt<T>(a, b);
   const int64_t tiles = (positions + upd::kTileRows - 1) / upd::kTileRows;
@@ -775,124 +654,23 @@ __global__ void __launch_bounds__(kThreads, 2) ImageToTokenUpdateKernel(const Im
     __syncthreads();  // staging done; the previous tile's reads of p_s, x_s and the row totals done
     LoadResidualTile<T>(x_s, rows.residual, row0, positions, tid);
     CpAsyncCommit();
-    if constexpr (kOnKeys) {
-      // The positional share of the scores while the residual tile arrives; then its share.
-      float s[upd::kOnKeysTokens][4];
-      const bool scorer = warp < upd::kTileRows / 16;
-      if (scorer) OnKeysBiasScores<T>(a, s, b, row0, 16 * warp, lane);
-      CpAsyncWait<0>();
-      __syncthreads();
-      if (scorer) {
-        OnKeysResidualScores<T>(x_s, ka_s, tokens, s, 16 * warp, lane);
-        OnKeysSoftmax<T>(s, a.probs.scale, tokens, p_s, ppitch, 16 * warp, lane);
-      }
-    }
-    if constexpr (!kOnKeys) TileProbs<T>(a, rows.q, rows.q_bias, k_s, p_s, ppitch, row0, tid);
+    TileProbs<T>(a, rows.q, rows.q_bias, k_s, p_s, ppitch, row0, tid);
     CpAsyncWait<0>();
     __syncthreads();
-    TileUpdateAndStore<T>(a, x_s, p_s, u_s, ppitch, kpad, red_sum, red_sq, row0, rows.out, tid,
-                          [] { __syncthreads(); });
+    TileUpdateAndStore<T>(a, x_s, p_s, u_s, ppitch, kpad, red_sum, red_sq, row0, rows.out, tid);
   }
 }
 
-namespace pipe {
-// ImageToTokenUpdatePipelinedKernel: 16 warps a block, one block an SM; two halves of 8 warps walk
-// alternate tiles of the prompt, each with two residual/output tiles, so that a tile's copy is in
-// flight while the half computes the previous one (the single-tile kernel's copy starts only after
-// the previous tile's output has gone out). u and the token keys are staged once for both halves.
-constexpr int kHalfThreads = kThreads;  // 8 warps: one tile's work as in ImageToTokenUpdateKernel
-constexpr int kBlockThreads = 2 * kHalfThreads;
-constexpr int kMaxTokens = 8;           // u, P and four tiles in shared memory (~190 KB at T = 8)
-__host__ __device__ constexpr int HalfBytes(int elem, int ht) {
-  return 2 * upd::kTileRows * upd::kXPitch * elem + upd::kTileRows * upd::PPitch(ht) * elem + 2 * 2 * upd::kTileRows * 4;
-}
-__host__ __device__ constexpr int SharedBytes(int elem, int ht, int tokens) {
-  return upd::KPad(ht) * upd::kUPitch * elem + tokens * upd::kHeads * upd::kKStride * 4 + 2 * HalfBytes(elem, ht);
-}
-// The half's own barrier (ids 1 and 2; __syncthreads is id 0).
-__device__ __forceinline__ void HalfSync(int half) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + half), "r"(kHalfThreads) : "memory");
-}
-}  // namespace pipe
-
-// The same function as ImageToTokenUpdateKernel<T, false> (the same arithmetic per tile: HeadSoftmax,
-// P rounded to T, residual + P u on the tensor cores, the LayerNorm from the accumulators) for T <= 8,
-// pipelined as pipe:: says. Per half and tile: the next tile's cp.async into the other buffer, the
-// probabilities, wait for this tile's group (cp.async.wait_group 1), step 2 and the norm, the output
-// through the same buffer; the half's named barrier between the phases.
 template <typename T>
-__global__ void __launch_bounds__(pipe::kBlockThreads, 1) ImageToTokenUpdatePipelinedKernel(const ImageToTokenUpdateArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int tokens = a.probs.tokens, ht = upd::kHeads * tokens, kpad = upd::KPad(ht), ppitch = upd::PPitch(ht);
-  const int tid = threadIdx.x, half = tid / pipe::kHalfThreads, htid = tid % pipe::kHalfThreads;
-  T* u_s = reinterpret_cast<T*>(smem);
-  float* k_s = reinterpret_cast<float*>(u_s + kpad * upd::kUPitch);
-  unsigned char* half_s = reinterpret_cast<unsigned char*>(k_s + tokens * upd::kHeads * upd::kKStride) +
-                          half * pipe::HalfBytes(sizeof(T), ht);
-  T* x_buf = reinterpret_cast<T*>(half_s);  // two tiles: x_buf + buf * kTileRows * kXPitch
-  T* p_s = x_buf + 2 * upd::kTileRows * upd::kXPitch;
-  float* red_sum = reinterpret_cast<float*>(p_s + upd::kTileRows * ppitch);
-  float* red_sq = red_sum + 2 * upd::kTileRows;
-  const int64_t b = blockIdx.y;
-  StageU<T>(a, u_s, b, ht, kpad, tid, pipe::kBlockThreads);
-  StageKeys<T>(a, k_s, b, tokens, tid, pipe::kBlockThreads);
-  ZeroPPadding<T>(p_s, ht, kpad, ppitch, htid, pipe::kHalfThreads);  // each half its own P
-  __syncthreads();
-  const int64_t positions = a.probs.positions;
-  const PromptRows<T> rows = RowsOfPrompt<T>(a, b);
-  const int64_t tiles = (positions + upd::kTileRows - 1) / upd::kTileRows;
-  const int64_t step = 2 * static_cast<int64_t>(gridDim.x);
-  // The tile's residual rows into buffer `buf` (rows past the end zero-filled), one commit group.
-  auto load = [&](int64_t tile, int buf) {
-    if (tile < tiles)
-      LoadResidualTile<T>(x_buf + buf * upd::kTileRows * upd::kXPitch, rows.residual, tile * upd::kTileRows,
-                          positions, htid);
-    CpAsyncCommit();  // possibly empty: one group per tile keeps wait_group 1 exact
-  };
-  int buf = 0;
-  int64_t tile = 2 * static_cast<int64_t>(blockIdx.x) + half;
-  load(tile, 0);
-  for (; tile < tiles; tile += step, buf ^= 1) {
-    const int64_t row0 = tile * upd::kTileRows;
-    load(tile + step, buf ^ 1);  // the other buffer's last tile went out before the previous end barrier
-    TileProbs<T>(a, rows.q, rows.q_bias, k_s, p_s, ppitch, row0, htid);
-    CpAsyncWait<1>();  // this tile's group (the next tile's may still be in flight)
-    pipe::HalfSync(half);
-    TileUpdateAndStore<T>(a, x_buf + buf * upd::kTileRows * upd::kXPitch, p_s, u_s, ppitch, kpad, red_sum, red_sq,
-                          row0, rows.out, htid, [half] { pipe::HalfSync(half); });
-    pipe::HalfSync(half);  // the output read out of x_s and P and the row totals used: both reusable
-  }
-  CpAsyncWait<0>();  // no copy outstanding at exit (the last prefetch is an empty group)
-}
-
-template <typename T>
-cudaError_t LaunchImageToTokenUpdatePipelinedT(const ImageToTokenUpdateArgs& a, int sms, cudaStream_t stream) {
-  const int ht = upd::kHeads * a.probs.tokens;
-  const int bytes = pipe::SharedBytes(static_cast<int>(sizeof(T)), ht, a.probs.tokens);
-  const cudaError_t attr = cudaFuncSetAttribute(ImageToTokenUpdatePipelinedKernel<T>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (attr != cudaSuccess) return attr;
-  // One block an SM: about 4 blocks an SM over all prompts (each half then walks ~2 tiles or more
-  // at 64 prompts); a click gets a block per two tiles.
-  const int64_t tiles = (a.probs.positions + upd::kTileRows - 1) / upd::kTileRows;
-  const int64_t per_prompt = std::max<int64_t>(1, (4 * static_cast<int64_t>(std::max(sms, 1)) + a.probs.batch - 1) /
-                                                      a.probs.batch);
-  const dim3 grid(static_cast<unsigned>(std::min((tiles + 1) / 2, per_prompt)), static_cast<unsigned>(a.probs.batch));
-  ImageToTokenUpdatePipelinedKernel<T><<<grid, pipe::kBlockThreads, bytes, stream>>>(a);
-  return cudaGetLastError();
-}
-
-template <typename T, bool kOnKeys>
 cudaError_t LaunchImageToTokenUpdateT(const ImageToTokenUpdateArgs& a, int sms, cudaStream_t stream) {
   const int ht = upd::kHeads * a.probs.tokens;
-  const int bytes = upd::SharedBytes(static_cast<int>(sizeof(T)), ht, a.probs.tokens, kOnKeys);
+  const int bytes = upd::SharedBytes(static_cast<int>(sizeof(T)), ht, a.probs.tokens);
   // Above the default 48 KB from T = 1 on (the residual/output tile is 33 KB, u 4 KB a token in 16
-  // bits; ~82 KB at T = 7, two blocks per SM; on keys ka adds 33 KB at T = 7 or 8: 109 KB, still two).
-  // Set at each such launch, as flash-attention does: the attribute is per device, and the call is
-  // legal in a capture.
+  // bits; ~82 KB at T = 7, two blocks per SM). Set at each such launch, as flash-attention does: the
+  // attribute is per device, and the call is legal in a capture.
   if (bytes > 48 * 1024) {
-    const cudaError_t attr = cudaFuncSetAttribute(ImageToTokenUpdateKernel<T, kOnKeys>,
-                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    const cudaError_t attr =
+        cudaFuncSetAttribute(ImageToTokenUpdateKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (attr != cudaSuccess) return attr;
   }
   // A block walks several tiles so that u is staged once per about 4 tiles (u is 32 KB at T = 7 and
@@ -902,7 +680,7 @@ cudaError_t LaunchImageToTokenUpdateT(const ImageToTokenUpdateArgs& a, int sms, 
   const int64_t per_prompt = std::max<int64_t>(1, (8 * static_cast<int64_t>(std::max(sms, 1)) + a.probs.batch - 1) /
                                                       a.probs.batch);
   const dim3 grid(static_cast<unsigned>(std::min(tiles, per_prompt)), static_cast<unsigned>(a.probs.batch));
-  ImageToTokenUpdateKernel<T, kOnKeys><<<grid, kThreads, bytes, stream>>>(a);
+  ImageToTokenUpdateKernel<T><<<grid, kThreads, bytes, stream>>>(a);
   return cudaGetLastError();
 }
 }  // namespace
@@ -991,24 +769,13 @@ cudaError_t LaunchImageToTokenUpdate(const ImageToTokenUpdateArgs& a, DType dtyp
   const ImageToTokenProbsArgs& p = a.probs;
   if (p.batch <= 0 || p.positions <= 0) return cudaSuccess;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  const bool on_keys = a.ka != nullptr;
-  // The query: q's rows, or on keys ka (rows of the residual, which is then the prompt's own keys).
-  const bool query_ok = on_keys ? aligned(a.ka) && a.ka_head_stride % 8 == 0 && aligned(p.k) &&
-                                      p.tokens <= upd::kOnKeysTokens && a.residual_rows == nullptr
-                                : p.q_batch_stride % 8 == 0 && p.q_row_stride % 8 == 0 && aligned(p.q);
   if (dtype == DType::kFloat32 || p.tokens < 1 || p.tokens > kProbsMaxTokens || p.heads != upd::kHeads ||
-      !query_ok || p.batch > 65535 || a.residual_batch_stride % 8 != 0 || !aligned(a.residual) || !aligned(a.u) ||
-      !aligned(a.weight) || !aligned(a.bias) || !aligned(a.out) ||
-      (p.q_bias && (!aligned(p.q_bias) || p.q_bias_row_stride % 8 != 0)))
+      p.q_batch_stride % 8 != 0 || p.q_row_stride % 8 != 0 || !aligned(p.q) || p.batch > 65535 ||
+      a.residual_batch_stride % 8 != 0 || !aligned(a.residual) || !aligned(a.u) || !aligned(a.weight) ||
+      !aligned(a.bias) || !aligned(a.out) || (p.q_bias && (!aligned(p.q_bias) || p.q_bias_row_stride % 8 != 0)))
     return cudaErrorInvalidValue;
-  if (on_keys)
-    return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdateT<__nv_bfloat16, true>(a, sms, stream)
-                                     : LaunchImageToTokenUpdateT<__half, true>(a, sms, stream);
-  if (a.pipelined && p.tokens <= pipe::kMaxTokens)
-    return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdatePipelinedT<__nv_bfloat16>(a, sms, stream)
-                                     : LaunchImageToTokenUpdatePipelinedT<__half>(a, sms, stream);
-  return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdateT<__nv_bfloat16, false>(a, sms, stream)
-                                   : LaunchImageToTokenUpdateT<__half, false>(a, sms, stream);
+  return dtype == DType::kBFloat16 ? LaunchImageToTokenUpdateT<__nv_bfloat16>(a, sms, stream)
+                                   : LaunchImageToTokenUpdateT<__half>(a, sms, stream);
 }
 
 }  // namespace maskd::kernels::detail

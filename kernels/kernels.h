@@ -202,23 +202,6 @@ at::Tensor ImageToTokenUpdateReference(const at::Tensor& q, const at::Tensor& k,
                                        int64_t heads, double scale, const at::Tensor& u, const at::Tensor& residual,
                                        const at::Tensor& residual_rows, const at::Tensor& weight,
                                        const at::Tensor& bias, double eps, const at::Tensor& q_bias = at::Tensor());
-// Block 1's image->token step, whose query is made from the residual itself: the same as
-// ImageToTokenUpdate(linear(x, wq), k, {}, heads, scale, u, x, {}, weight, bias, eps, q_bias) with
-// x [B, HW, D] the prompts' own keys and wq [I, D] the query projection's weight (its bias and
-// positional share in q_bias). CUDA kernel for bf16/fp16 with 8 heads of 16 channels, T <= 8, D = 256
-// and x contiguous rows: the scores x_p . (Wq_h^T k_t,h) + q_bias_p,h . k_t,h on the tensor cores
-// (the absorbed queries Wq_h^T k_t,h made by one batched GEMM and rounded to the 16-bit type, the
-// rows of x already in the kernel's shared memory as its residual), so the [B, HW, I] projection is
-// neither written nor read; otherwise that composition (the update on q by its own kernel where it
-// fits). ImageToTokenUpdateOnKeysReference: the composition on the reference path.
-at::Tensor ImageToTokenUpdateOnKeys(const at::Tensor& wq, const at::Tensor& k, int64_t heads, double scale,
-                                    const at::Tensor& u, const at::Tensor& x, const at::Tensor& weight,
-                                    const at::Tensor& bias, double eps, const at::Tensor& q_bias = at::Tensor(),
-                                    Stream stream = nullptr);
-at::Tensor ImageToTokenUpdateOnKeysReference(const at::Tensor& wq, const at::Tensor& k, int64_t heads, double scale,
-                                             const at::Tensor& u, const at::Tensor& x, const at::Tensor& weight,
-                                             const at::Tensor& bias, double eps,
-                                             const at::Tensor& q_bias = at::Tensor());
 // softmax(scale q k^T) v for a few queries against many keys: q [N, H, L, C], k and v [N, H, S, C]
 // (any strides, last dimension contiguous; the decoder's projections viewed per head). Returns
 // [N, L, H, C] contiguous in q's dtype (the layout of out_proj's input), scores, softmax and the

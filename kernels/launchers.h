@@ -177,20 +177,9 @@ struct ImageToTokenUpdateArgs {
   const void* bias = nullptr;
   float eps = 1e-5f;
   void* out = nullptr;                    // [B, positions, 256] contiguous
-  // Block 1's form (the query made from the residual itself, ImageToTokenUpdateOnKeys): when ka is
-  // set, probs.q is unused and the scores are scale * (x_p . ka[b, t, h] + q_bias[p, h] . k[b, t, h])
-  // with x = the prompt's residual rows (residual_rows null) and ka[b, t, h] = Wq_h^T k[b, t, h]
-  // ([256] per (b, t, h), 16-byte aligned, at ka + h * ka_head_stride + (b * T + t) * 256: the
-  // per-head batched product's [heads, B * T, 256] output); tokens <= kImageToTokenOnKeysMaxTokens.
-  const void* ka = nullptr;
-  int64_t ka_head_stride = 0;             // elements, multiple of 8
-  // The update on q with T <= 8 by the pipelined kernel (two tile pipelines a block, each with two
-  // residual tiles in flight; MASKD_UPDATE_PIPELINED=1) instead of one tile at a time.
-  bool pipelined = false;
 };
 constexpr int kImageToTokenUpdateChannels = 256;
 constexpr int kImageToTokenUpdateHeads = 8;
-constexpr int kImageToTokenOnKeysMaxTokens = 8;
 // sms: the device's multiprocessors (the grid walks tiles so that each block stages u once for several).
 cudaError_t LaunchImageToTokenUpdate(const ImageToTokenUpdateArgs& args, DType dtype, int sms, cudaStream_t stream);
 // softmax(scale q k^T) v for at most kFewQueryMaxQueries queries per (batch, head) against many keys

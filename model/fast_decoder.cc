@@ -68,8 +68,6 @@ SharedImageDecoder::SharedImageDecoder(MaskDecoderImpl& decoder, const at::Tenso
   absorb_min_prompts_ = absorb != nullptr && std::strcmp(absorb, "1") == 0   ? 1
                         : absorb != nullptr && std::strcmp(absorb, "0") == 0 ? std::numeric_limits<int64_t>::max()
                                                                               : kAbsorbMinPrompts;
-  const char* on_keys = std::getenv("MASKD_IMAGE_TO_TOKEN_ON_KEYS");
-  image_to_token_on_keys_ = on_keys != nullptr && std::strcmp(on_keys, "1") == 0;
   if (absorb_min_prompts_ != std::numeric_limits<int64_t>::max()) {
     // Block 0 reads the groups' image side (never the prompts' own keys): no tables for it.
     for (size_t i = 0; i < tr.layer_list.size(); ++i)
@@ -215,9 +213,6 @@ at::Tensor SharedImageDecoder::ImageToToken(const TwoWayAttentionBlockImpl& blk,
   // shapes: ImageToTokenProbs, baddbmm, RowNorm). The residual is read where it is: the image's one
   // row of keys for all its prompts, a group's row (residual_rows), or the prompt's own keys.
   auto& n4 = blk.norm4;
-  if (!q_img.defined())
-    return kernels::ImageToTokenUpdateOnKeys(t.w_q, kt, heads_, scale, u, residual, n4->weight, n4->bias,
-                                             n4->options.eps(), q_bias);
   return kernels::ImageToTokenUpdate(q_img, kt, q_rows, heads_, scale, u, residual, residual_rows, n4->weight,
                                      n4->bias, n4->options.eps(), q_bias);
 }
@@ -253,14 +248,11 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
     // The prompts' own keys, in a pass of enough prompts (Absorbs): the token->image attention runs on
     // x itself (AbsorbedTokenToImage) and the GEMM makes only the image->token q.
     const bool absorbed = !group_level && Absorbs(x, tt);
-    // ... and with image_to_token_on_keys_, no GEMM at all: the image->token q is made in the update.
-    const bool on_keys = absorbed && image_to_token_on_keys_;
     // token->image k, v and image->token q of this block from one GEMM. Their positional shares and
     // biases (the table): added to the group's few rows here; for the prompts' own keys (B x 4096
     // rows) the kernels that read k, v and q add them as they load (FewQueryAttentionBiased,
     // ImageToTokenUpdate's q_bias), which saves a read and a write of the [B, HW, 3I] projection.
-    // [N, HW, 3I] ([N, HW, I] absorbed; none on keys)
-    at::Tensor y = on_keys ? at::Tensor() : at::linear(x, absorbed ? t.w_q : t.w);
+    at::Tensor y = at::linear(x, absorbed ? t.w_q : t.w);  // [N, HW, 3I] ([N, HW, I] absorbed)
     at::Tensor k_bias, v_bias, q_bias;
     if (group_level) {
       kernels::AddRowsBroadcast(y, t.pe_bias);
@@ -269,7 +261,7 @@ MaskDecoderImpl::Output SharedImageDecoder::ForwardKeys(const at::Tensor& group_
       v_bias = blk.cross_attn_token_to_image->v_proj->bias;
       q_bias = t.pe_bias.narrow(1, 2 * internal_, internal_);
     }
-    const at::Tensor q_img = on_keys ? at::Tensor() : absorbed ? y : y.narrow(2, 2 * internal_, internal_);
+    const at::Tensor q_img = absorbed ? y : y.narrow(2, 2 * internal_, internal_);
     const at::Tensor k = absorbed ? at::Tensor() : y.narrow(2, 0, internal_),
                      v = absorbed ? at::Tensor() : y.narrow(2, internal_, internal_);
     const at::Tensor q_tokens = queries + query_pe;

@@ -89,8 +89,6 @@ class SharedImageDecoder {
   // q_img and residual: [1, HW, .] (one image for every prompt), [B, HW, .], or the groups'
   // [G, HW, .] with q_rows / residual_rows [B] (int64) naming each prompt's group.
   // q_bias [HW, I]: q_img's positional share when q_img lacks it (the prompts' own keys), else undefined.
-  // q_img undefined: the query is made from the residual (the prompts' own keys) in the update itself
-  // (kernels::ImageToTokenUpdateOnKeys with t.w_q).
   at::Tensor ImageToToken(const TwoWayAttentionBlockImpl& blk, const BlockTables& t, const at::Tensor& q_img,
                           const at::Tensor& q_rows, const at::Tensor& residual, const at::Tensor& residual_rows,
                           const at::Tensor& queries, const at::Tensor& query_pe, const at::Tensor& q_bias) const;
@@ -118,10 +116,6 @@ class SharedImageDecoder {
   // images -0.6 ms.
   static constexpr int64_t kAbsorbMinPrompts = 8;
   int64_t absorb_min_prompts_ = kAbsorbMinPrompts;
-  // MASKD_IMAGE_TO_TOKEN_ON_KEYS=1 (read at construction; off by default until its GPU test and
-  // timing): in an absorbed pass, block 1's image->token scores on the prompts' own keys
-  // (kernels::ImageToTokenUpdateOnKeys) instead of the q projection GEMM and the update on q.
-  bool image_to_token_on_keys_ = false;
   std::vector<AbsorbedTables> absorbed_blocks_;  // per block (block 0's empty: it reads the image side)
   AbsorbedTables absorbed_final_;
   at::Tensor up1_w_, up1_b_, up2_w_, up2_b_;  // channels-last transposed-convolution GEMM operands

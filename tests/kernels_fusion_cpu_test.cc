@@ -96,39 +96,6 @@ TEST(kernels_fusion_cpu, ImageToTokenUpdateIsProbsValueProductAndNorm) {
   EXPECT_THROW(mk::ImageToTokenUpdate(q, k, {}, heads, scale, u, own, {}, w.narrow(0, 0, 8), bias, eps), c10::Error);
 }
 
-// Block 1's form, the query made from the residual (the prompts' own keys x): SAM's arithmetic with
-// q = x Wq^T + q_bias per prompt; mismatched shapes or dtypes are refused naming the arguments.
-TEST(kernels_fusion_cpu, ImageToTokenUpdateOnKeysIsTheUpdateOnTheProjectedKeys) {
-  const int64_t B = 3, HW = 20, heads = 8, c = 16, I = heads * c, T = 5, D = 24;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c)), eps = 1e-5;
-  const at::Tensor x = Randn({B, HW, D}, 51), wq = Randn({I, D}, 52) * 0.2, q_bias = Randn({HW, I}, 53);
-  const at::Tensor k = Randn({B, T, I}, 54), u = Randn({B, heads * T, D}, 55);
-  const at::Tensor w = Randn({D}, 56) * 0.2 + 1, bias = Randn({D}, 57) * 0.2;
-  std::vector<at::Tensor> expected;
-  for (int64_t b = 0; b < B; ++b) {
-    const at::Tensor q = at::mm(x[b], wq.t()) + q_bias;                       // [HW, I]
-    const at::Tensor qh = q.reshape({HW, heads, c}).permute({1, 0, 2});       // [h, HW, c]
-    const at::Tensor kh = k[b].reshape({T, heads, c}).permute({1, 2, 0});     // [h, c, T]
-    const at::Tensor p = at::softmax(at::bmm(qh, kh) * scale, -1).permute({1, 0, 2}).reshape({HW, heads * T});
-    expected.push_back(at::layer_norm(x[b] + at::mm(p, u[b]), {D}, w, bias, eps));
-  }
-  EXPECT_LT(MaxAbs(mk::ImageToTokenUpdateOnKeys(wq, k, heads, scale, u, x, w, bias, eps, q_bias), at::stack(expected)),
-            1e-5);
-  EXPECT_LT(MaxAbs(mk::ImageToTokenUpdateOnKeysReference(wq, k, heads, scale, u, x, w, bias, eps, q_bias),
-                   at::stack(expected)),
-            1e-5);
-  EXPECT_THROW(mk::ImageToTokenUpdateOnKeys(wq.narrow(1, 0, 8), k, heads, scale, u, x, w, bias, eps, q_bias),
-               c10::Error);
-  EXPECT_THROW(mk::ImageToTokenUpdateOnKeys(wq, k.narrow(0, 0, 2), heads, scale, u, x, w, bias, eps, q_bias),
-               c10::Error);
-  EXPECT_THROW(mk::ImageToTokenUpdateOnKeys(wq.to(at::kDouble), k, heads, scale, u, x, w, bias, eps, q_bias),
-               c10::Error);
-  EXPECT_THROW(mk::ImageToTokenUpdateOnKeys(wq, k, heads, scale, u, x, w, bias, eps, q_bias.narrow(0, 0, 8)),
-               c10::Error);
-  EXPECT_THROW(mk::ImageToTokenUpdateOnKeys(wq, k, heads, scale, u.to(at::kDouble), x, w, bias, eps, q_bias),
-               c10::Error);
-}
-
 // FewQueryAttention's CPU path (its reference) is SDPA's function in the [N, L, H, C] layout, on
 // strided per-head views as the decoder passes them; the CUDA kernel is held to it on the GPU.
 TEST(kernels_fusion_cpu, FewQueryAttentionIsSdpaInTheOutProjLayout) {

@@ -398,8 +398,7 @@ TEST(kernels_fusion_gpu, ImageToTokenProbsMatchesReference) {
 // be no further from fp32 than the unfused composition it replaces (which also rounds the updated
 // keys first). Residual per prompt, shared by all prompts, and picked by residual_rows; T from one
 // token to the kernel's 16 (k padded to the mma's 16; above 48 KB of shared memory); a position count
-// that ends mid-tile; at T = 7 with and without the positional q_bias added on load. The pipelined
-// kernel (MASKD_UPDATE_PIPELINED=1) gives the same bits in every case.
+// that ends mid-tile; at T = 7 with and without the positional q_bias added on load.
 TEST(kernels_fusion_gpu, ImageToTokenUpdateMatchesFp32AndBeatsTheUnfusedPath) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 1200;
@@ -442,89 +441,7 @@ TEST(kernels_fusion_gpu, ImageToTokenUpdateMatchesFp32AndBeatsTheUnfusedPath) {
             EXPECT_LE(e.max_abs, MaxAbsTol(t)) << name;
             EXPECT_LE(e.rel_l2, RelTol(t)) << name;
             EXPECT_LE(e.rel_l2, eu.rel_l2 * 1.05) << name << ": unfused rel L2 " << eu.rel_l2;
-            // MASKD_UPDATE_PIPELINED=1 (T <= 8: two tile pipelines a block; T = 16 keeps the tile
-            // kernel): the same arithmetic per tile, so the same bits, every row written.
-            const mt::ScopedEnv pipelined("MASKD_UPDATE_PIPELINED", "1");
-            Poison(B * HW * D * 2);
-            const at::Tensor out_p =
-                mk::ImageToTokenUpdate(q, k, q_rows, heads, scale, u, residual, rows, w, bias, eps, q_bias);
-            EXPECT_TRUE(at::equal(out_p, out)) << name << ": pipelined, max abs "
-                                               << (out_p.to(at::kFloat) - out.to(at::kFloat)).abs().max().item<float>();
           }
-        }
-      }
-    }
-  }
-}
-
-// The pipelined update (MASKD_UPDATE_PIPELINED=1) where its halves walk several tiles each: 64
-// prompts (9 blocks a prompt on 132 SMs: 3-4 tiles a half) and 150 (4 blocks: 8 a half), a tile
-// count that is odd (4001 positions: one half has one tile fewer), against the tile kernel's bits.
-TEST(kernels_fusion_gpu, ImageToTokenUpdatePipelinedWalksSeveralTilesAHalf) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 1400;
-  for (int64_t B : {64, 150}) {
-    for (int64_t HW : {4096, 4001}) {
-      const int64_t heads = 8, I = 16 * heads, D = 256, T = 7;
-      const at::ScalarType t = at::kBFloat16;
-      const at::Tensor q = Randn({B, HW, I}, seed++, t, 2.0);
-      const at::Tensor k = Randn({B, T, I}, seed++, t, 2.0);
-      const at::Tensor u = Randn({B, heads * T, D}, seed++, t, 0.5);
-      const at::Tensor residual = Randn({B, HW, D}, seed++, t, 1.0, 0.3);
-      const at::Tensor w = Randn({D}, seed++, t, 0.2, 1.0), bias = Randn({D}, seed++, t, 0.2);
-      const at::Tensor q_bias = Randn({HW, I}, seed++, t, 1.0);
-      const at::Tensor tile = mk::ImageToTokenUpdate(q, k, {}, heads, 0.25, u, residual, {}, w, bias, 1e-5, q_bias);
-      const mt::ScopedEnv pipelined("MASKD_UPDATE_PIPELINED", "1");
-      Poison(B * HW * D * 2);
-      const at::Tensor out = mk::ImageToTokenUpdate(q, k, {}, heads, 0.25, u, residual, {}, w, bias, 1e-5, q_bias);
-      EXPECT_TRUE(at::equal(out, tile)) << "B " << B << " HW " << HW << ": max abs "
-                                        << (out.to(at::kFloat) - tile.to(at::kFloat)).abs().max().item<float>();
-    }
-  }
-}
-
-// Block 1's image->token step with its query made in the kernel from the residual (on keys: the
-// scores x . (Wq_h^T k) + q_bias . k on the tensor cores) against the fp32 composition (q = x Wq^T,
-// then the update), held to the output rounding as the update on q is, and no further from fp32
-// than the path it replaces (the projection rounded to the 16-bit type, then the update on q) by
-// more than 10 %. T from 1 to the kernel's 8 (odd T: the last n-tile pair's second tile is padding),
-// a position count that ends mid-tile, with and without q_bias (strided as the decoder's table); T
-// = 9 takes the fallback (the projection, then the update on q) and must give the same function.
-TEST(kernels_fusion_gpu, ImageToTokenUpdateOnKeysMatchesFp32AndTheUpdateOnQ) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 1300;
-  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
-    for (int64_t T : {1, 2, 7, 8, 9}) {
-      for (int64_t HW : {4096, 4001}) {
-        if (HW == 4001 && T != 7) continue;
-        for (bool with_bias : {true, false}) {
-          if (!with_bias && T != 7) continue;
-          const int64_t B = 5, heads = 8, I = 16 * heads, D = 256;
-          const at::Tensor x = Randn({B, HW, D}, seed++, t, 1.0, 0.3);
-          const at::Tensor wq = Randn({I, D}, seed++, t, 0.06);  // q = x Wq^T of std ~1, as the decoder's
-          const at::Tensor k = Randn({B, T, I}, seed++, t, 2.0);
-          const at::Tensor u = Randn({B, heads * T, D}, seed++, t, 0.5);
-          const at::Tensor w = Randn({D}, seed++, t, 0.2, 1.0), bias = Randn({D}, seed++, t, 0.2);
-          const at::Tensor q_bias = with_bias ? Randn({HW, 3 * I}, seed++, t, 1.0).narrow(1, 2 * I, I) : at::Tensor();
-          const double scale = 0.25, eps = 1e-5;
-          Poison(B * HW * D * 2);
-          const at::Tensor out = mk::ImageToTokenUpdateOnKeys(wq, k, heads, scale, u, x, w, bias, eps, q_bias);
-          auto f32 = [](const at::Tensor& y) { return y.defined() ? y.to(at::kFloat) : y; };
-          const at::Tensor truth = mk::ImageToTokenUpdateOnKeysReference(f32(wq), f32(k), heads, scale, f32(u), f32(x),
-                                                                          f32(w), f32(bias), eps, f32(q_bias));
-          const at::Tensor on_q =
-              mk::ImageToTokenUpdate(at::linear(x, wq), k, {}, heads, scale, u, x, {}, w, bias, eps, q_bias);
-          ASSERT_EQ(out.sizes(), truth.sizes());
-          ASSERT_EQ(out.scalar_type(), t);
-          const Err e = Compare(out, truth), eq = Compare(on_q, truth);
-          const std::string name = c10::toString(t) + std::string(" T ") + std::to_string(T) + " HW " +
-                                   std::to_string(HW) + (with_bias ? " q_bias" : "");
-          EXPECT_TRUE(e.finite) << name;
-          EXPECT_LE(e.max_abs, MaxAbsTol(t)) << name;
-          EXPECT_LE(e.rel_l2, RelTol(t)) << name;
-          EXPECT_LE(e.rel_l2, eq.rel_l2 * 1.1) << name << ": on q rel L2 " << eq.rel_l2;
-          std::printf("on keys %s: rel L2 %.3e (on q %.3e), max abs %.3e (on q %.3e)\n", name.c_str(), e.rel_l2,
-                      eq.rel_l2, e.max_abs, eq.max_abs);
         }
       }
     }

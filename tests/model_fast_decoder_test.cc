@@ -100,31 +100,6 @@ TEST(SharedImageDecoder, AbsorbedAttentionsEqualTheOriginal) {
   }
 }
 
-// MASKD_IMAGE_TO_TOKEN_ON_KEYS=1 with the absorbed form: block 1's image->token step goes through
-// kernels::ImageToTokenUpdateOnKeys with the block's query weight and positional share. On the CPU
-// that is the projection and the update on q, so the decoder gives the absorbed path's bits, and the
-// original's function for one image and for jagged groups (the GPU kernel: model_fast_decoder_gpu_test).
-TEST(SharedImageDecoder, ImageToTokenOnKeysEqualsTheOriginal) {
-  torch::NoGradGuard no_grad;
-  Fixture f(37);
-  const at::Tensor groups = torch::randn({3, 256, 64, 64});
-  const at::Tensor group_of = torch::tensor({2, 0, 1, 0, 2, 1, 1, 0, 2}, torch::kLong);
-  const at::Tensor sparse = torch::randn({9, 2, 256});
-  const testing::ScopedEnv absorb("MASKD_DECODER_ABSORB", "1");
-  std::optional<SharedImageDecoder> absorbed;
-  {
-    const testing::ScopedEnv off("MASKD_IMAGE_TO_TOKEN_ON_KEYS", nullptr);
-    absorbed.emplace(*f.dec, f.pos);
-  }
-  const testing::ScopedEnv on("MASKD_IMAGE_TO_TOKEN_ON_KEYS", "1");
-  SharedImageDecoder on_keys(*f.dec, f.pos);
-  const auto got = on_keys.forward(groups, group_of, sparse);
-  ExpectSame(got, f.dec->forward(groups.index_select(0, group_of), f.pos, sparse), "3 groups");
-  EXPECT_TRUE(at::equal(got.masks, absorbed->forward(groups, group_of, sparse).masks));
-  const auto one_ref = f.dec->forward(groups.slice(0, 0, 1).expand({9, -1, -1, -1}), f.pos, sparse);
-  ExpectSame(on_keys.forward(groups.slice(0, 0, 1), at::Tensor(), sparse), one_ref, "one image");
-}
-
 // Without MASKD_DECODER_ABSORB the absorbed form serves passes of 8 prompts or more (run 60's
 // crossover) and "0" none: below the threshold the default decoder gives the projected path's bits,
 // from it not.
