@@ -1,22 +1,47 @@
 #!/usr/bin/env bash
 # Run 71 (written in the fourteenth session; the device time ran out before a machine started for
-# it), any card, ~5 minutes. After the on-keys and pipelined update kernels' removal (05f2a07; run 70
-# measured both slower; checked without a GPU: every remaining decoder_fusion kernel's SASS identical
-# to the tested build's): kernels_fusion_gpu_test whole and model_fast_decoder_gpu_test on the build
-# without them, then the served click at 1 and 16 clients (#13's c1 p99 3 ms was last measured in
-# run 64: 4.12 ms, outside the server's stages; c16 in run 67), then the seed's quick set.
-#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=330 timeout 345 bash bench/results/next/next-call-71.sh
+# it), any card (an H200 gives #13's figures on the card its targets name), ~9 minutes: every #13
+# figure the served path owes, in one call beside the seed, so that the issue can be closed on them.
+#   1. tests: kernels_fusion_gpu_test whole and model_fast_decoder_gpu_test, on the build without the
+#      on-keys and pipelined update kernels (05f2a07; run 70 measured both slower; checked without a
+#      GPU: every remaining decoder_fusion kernel's SASS identical to the tested build's)
+#   2. served vit_b clicks at 1 and 16 clients (c1 p99 3 ms: last measured in run 64, 4.12 ms, outside
+#      the server's stages; c16 in run 67) and at 256 (20k prompts/s)
+#   3. served batch mode, vit_b c64 and vit_h c32, and the offline maskbench rows of both at bs32 in
+#      the same call (>= 0.9 of offline: last measured in runs 51-52, before the encoder's later gains)
+#   4. the seed's quick set (and its vit_h row on an H200 if time is left)
+#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=540 timeout 560 bash bench/results/next/next-call-71.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl kernels_fusion_gpu_test model_fast_decoder_gpu_test"}
+export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench kernels_fusion_gpu_test model_fast_decoder_gpu_test"}
 source scripts/gpu-host/call-prelude.sh
-export CALL_LIMIT=${CALL_LIMIT:-330}
+export CALL_LIMIT=${CALL_LIMIT:-540}
+h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
 { timeout 60 "$B/tests/kernels_fusion_gpu_test"
   timeout 45 "$B/tests/model_fast_decoder_gpu_test"; } > "$out/tests.log" 2>&1
 echo "tests rc=$?" >> "$out/perf.log"
 grep -E "^\[  (PASSED|FAILED) |^\[ +FAILED |Failure|Expected|Which is|rel L2 vs fp32" "$out/tests.log" \
   | cut -c1-240 | head -40 >> "$out/perf.log"
 t tests
-[ "$(left)" -gt 150 ] && served levels 1 16
+[ "$(left)" -gt 300 ] && served levels 1 16
+[ "$(left)" -gt 260 ] && served c256 256
+if [ "$(left)" -gt 220 ]; then
+  OUT=$out/served SERVED_TAG=batch SERVED_DURATION=15 timeout 150 \
+    bash scripts/gpu-host/served-bench.sh vit_b:bf16::batch:64 vit_h:bf16::batch:32 >> "$out/served.log" 2>&1
+  echo "--- served batch" >> "$out/perf.log"
+  grep -- "-batch rc=" "$out/served.log" | cut -c1-230 >> "$out/perf.log"
+  t "served batch"
+fi
+if [ "$(left)" -gt 150 ]; then
+  d="$out/offline"; mkdir -p "$d"
+  timeout $(( $(left) - 60 )) "$B/load_tests/maskbench" --arch vit_b,vit_h --batch 32 --fp32-batch 1 --no-latency \
+    --rows "global attention" --json "$d/bench.json" > "$d/bench.log" 2> "$d/bench.err"
+  echo "--- offline: maskbench rc=$?" >> "$out/perf.log"
+  grep -E "^vit|^peak" "$d/bench.log" | cut -c1-220 >> "$out/perf.log"
+  t offline
+fi
 served_stages
-finish
+h200 && [ "$(left)" -gt 170 ] && {
+  bash scripts/gpu-host/seed-row.sh "$out/anchors-vit_h" fast_vit_h_bs32 100 offline --impl fast --model vit_h --batch 32
+  t seed-vit_h; }
+finish offline
