@@ -5,6 +5,20 @@
 # left: seconds left of CALL_LIMIT (default 540) since the prelude started.
 left() { echo $(( ${CALL_LIMIT:-540} - ($(date +%s) - S) )); }
 
+# gpu_tests "BINARY [GTEST ARGS]"...: each test binary under $B/tests (60 s each at most) into
+# tests.log, then the status and the result, failure and error-figure lines into perf.log.
+gpu_tests() {
+  local spec rc=0
+  for spec in "$@"; do
+    # shellcheck disable=SC2086
+    timeout 60 "$B/tests/"$spec >> "$out/tests.log" 2>&1 || rc=$?
+  done
+  echo "tests rc=$rc" >> "$out/perf.log"
+  grep -E "^\[  (PASSED|FAILED) |^\[ +FAILED |Failure|Expected|Which is|rel L2 vs fp32" "$out/tests.log" \
+    | cut -c1-240 | head -60 >> "$out/perf.log"
+  t tests
+}
+
 # decode_cases TAG CASES [VAR=VALUE]: maskbench's vit_b decoder rows with --decode-cases CASES (e.g.
 # 256/32,64/16), profiled, with VAR set for maskbench; the rows and the profile's lines matching
 # PROFILE_LINES (default: the decoder tables' titles and kernel totals) into perf.log.

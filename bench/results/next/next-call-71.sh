@@ -18,12 +18,7 @@ export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench kernels_
 source scripts/gpu-host/call-prelude.sh
 export CALL_LIMIT=${CALL_LIMIT:-540}
 h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
-{ timeout 60 "$B/tests/kernels_fusion_gpu_test"
-  timeout 45 "$B/tests/model_fast_decoder_gpu_test"; } > "$out/tests.log" 2>&1
-echo "tests rc=$?" >> "$out/perf.log"
-grep -E "^\[  (PASSED|FAILED) |^\[ +FAILED |Failure|Expected|Which is|rel L2 vs fp32" "$out/tests.log" \
-  | cut -c1-240 | head -40 >> "$out/perf.log"
-t tests
+gpu_tests kernels_fusion_gpu_test model_fast_decoder_gpu_test
 [ "$(left)" -gt 300 ] && served levels 1 16
 [ "$(left)" -gt 260 ] && served c256 256
 if [ "$(left)" -gt 220 ]; then
