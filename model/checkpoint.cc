@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -725,8 +726,30 @@ StatusOr<StateDict> ReadSafetensors(const std::string& path, uint64_t file_size)
       auto d = kDtypes.find(dt);
       if (d == kDtypes.end())
         return InvalidArgument(path + ": tensor '" + it.key() + "' has unsupported dtype " + dt);
-      std::vector<int64_t> shape = e.at("shape").get<std::vector<int64_t>>();
-      auto off = e.at("data_offsets").get<std::vector<uint64_t>>();
+      // Integers only: JSON reads 1e28 or 3.5 as a double, whose conversion to an integer type is
+      // undefined (the checkpoint fuzzer found 1e28 in data_offsets). Shape entries must fit int64
+      // (a negative one is refused below), offsets uint64.
+      const auto refuse = [&](const char* field, const nlohmann::json& x) {
+        return InvalidArgument(path + ": tensor '" + it.key() + "' has a " + field + " entry " + x.dump() +
+                               " that is not " + (std::strcmp(field, "shape") == 0 ? "a 64-bit integer"
+                                                                                   : "a non-negative 64-bit integer"));
+      };
+      const auto& shape_json = e.at("shape");
+      const auto& off_json = e.at("data_offsets");
+      if (!shape_json.is_array() || !off_json.is_array())
+        return InvalidArgument(path + ": tensor '" + it.key() + "' has a shape or data offsets that are not arrays");
+      std::vector<int64_t> shape;
+      for (const auto& x : shape_json) {
+        if (!x.is_number_integer() ||
+            (x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
+          return refuse("shape", x);
+        shape.push_back(x.get<int64_t>());
+      }
+      std::vector<uint64_t> off;
+      for (const auto& x : off_json) {
+        if (!x.is_number_unsigned()) return refuse("data offsets", x);  // nlohmann: non-negative integers
+        off.push_back(x.get<uint64_t>());
+      }
       int64_t numel = 1;
       for (auto s : shape) {
         if (s < 0) return InvalidArgument(path + ": tensor '" + it.key() + "' has a negative size");

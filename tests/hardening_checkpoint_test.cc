@@ -135,6 +135,30 @@ TEST(HardeningCheckpoint, SafetensorsOffsetsThatWrapAroundAreRefused) {
   ExpectInvalid(r.status(), "data offsets");
 }
 
+// JSON numbers that are not integers (1e28 parses as a double; converting it was undefined behaviour:
+// the checkpoint fuzzer's find) and shape entries past int64 are refused, naming the field.
+TEST(HardeningCheckpoint, SafetensorsNonIntegerShapesAndOffsetsAreRefused) {
+  const std::string data(16, '\0');
+  for (const auto& [header, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,9999999999999999999999999924]}})", "data offsets"},
+           {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16.0]}})", "data offsets"},
+           {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[-16,0]}})", "data offsets"},
+           {R"({"w":{"dtype":"F32","shape":[4.5],"data_offsets":[0,16]}})", "shape"},
+           {R"({"w":{"dtype":"F32","shape":[1e30],"data_offsets":[0,16]}})", "shape"},
+           {R"({"w":{"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,16]}})", "shape"},
+           {R"({"w":{"dtype":"F32","shape":4,"data_offsets":[0,16]}})", "not arrays"}}) {
+    const std::string path = TempPath("nonint.safetensors");
+    WriteAll(path, Safetensors(header, data));
+    auto r = ReadStateDict(path);
+    ASSERT_FALSE(r.ok()) << header;
+    ExpectInvalid(r.status(), field);
+  }
+  // The same file with integers reads.
+  const std::string path = TempPath("int.safetensors");
+  WriteAll(path, Safetensors(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", data));
+  EXPECT_TRUE(ReadStateDict(path).ok());
+}
+
 TEST(HardeningCheckpoint, SafetensorsShapeOverflowIsInvalidArgument) {
   // 2^62 * 4 elements wraps to 0, which matches empty offsets.
   const std::string path = TempPath("overflow.safetensors");
