@@ -729,10 +729,9 @@ StatusOr<StateDict> ReadSafetensors(const std::string& path, uint64_t file_size)
       // Integers only: JSON reads 1e28 or 3.5 as a double, whose conversion to an integer type is
       // undefined (the checkpoint fuzzer found 1e28 in data_offsets). Shape entries must fit int64
       // (a negative one is refused below), offsets uint64.
-      const auto refuse = [&](const char* field, const nlohmann::json& x) {
+      const auto refuse = [&](const char* field, const nlohmann::json& x, const char* expected) {
         return InvalidArgument(path + ": tensor '" + it.key() + "' has a " + field + " entry " + x.dump() +
-                               " that is not " + (std::strcmp(field, "shape") == 0 ? "a 64-bit integer"
-                                                                                   : "a non-negative 64-bit integer"));
+                               " that is not " + expected);
       };
       const auto& shape_json = e.at("shape");
       const auto& off_json = e.at("data_offsets");
@@ -742,12 +741,13 @@ StatusOr<StateDict> ReadSafetensors(const std::string& path, uint64_t file_size)
       for (const auto& x : shape_json) {
         if (!x.is_number_integer() ||
             (x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
-          return refuse("shape", x);
+          return refuse("shape", x, "a 64-bit integer");
         shape.push_back(x.get<int64_t>());
       }
       std::vector<uint64_t> off;
       for (const auto& x : off_json) {
-        if (!x.is_number_unsigned()) return refuse("data offsets", x);  // nlohmann: non-negative integers
+        if (!x.is_number_unsigned())  // nlohmann: the non-negative integers
+          return refuse("data offsets", x, "a non-negative 64-bit integer");
         off.push_back(x.get<uint64_t>());
       }
       int64_t numel = 1;
