@@ -35,17 +35,37 @@ decode_cases() {
   t "cases $1"
 }
 
-# served TAG LEVEL... : served vit_b clicks (interactive), 10 s a level, with VARS (space-separated
-# assignments) set for maskd; each level's summary line into perf.log.
+# served TAG LEVEL... : served clicks (WORKLOAD, default interactive) of ARCH (default vit_b) at each
+# concurrency LEVEL, DURATION s a level (default 10), maskd run with MASKD_FLAGS (its command-line
+# flags, space-separated) and VARS (space-separated environment assignments); each level's summary
+# line into perf.log.
 served() {
   local tag=$1; shift
   local specs=() c
-  for c in "$@"; do specs+=("vit_b:bf16::interactive:$c"); done
-  env ${VARS:-MASKD_NONE=0} OUT=$out/served SERVED_TAG=$tag SERVED_DURATION=10 timeout $(( 20 + 40 * $# )) \
+  for c in "$@"; do specs+=("${ARCH:-vit_b}:bf16:${MASKD_FLAGS:-}:${WORKLOAD:-interactive}:$c"); done
+  env ${VARS:-MASKD_NONE=0} OUT=$out/served SERVED_TAG=$tag SERVED_DURATION=${DURATION:-10} \
+    timeout $(( 20 + (${DURATION:-10} + 30) * $# )) \
     bash scripts/gpu-host/served-bench.sh "${specs[@]}" >> "$out/served.log" 2>&1
-  echo "--- served $tag (${VARS:-default})" >> "$out/perf.log"
+  echo "--- served $tag (${ARCH:-vit_b} ${WORKLOAD:-interactive}${MASKD_FLAGS:+ $MASKD_FLAGS}${VARS:+ $VARS})" \
+    >> "$out/perf.log"
   grep -- "-$tag rc=" "$out/served.log" | cut -c1-230 >> "$out/perf.log"
   t "served $tag"
+}
+
+# encoder_rows TAG ARCHS BATCHES ROWS [PROFILE_ROWS]: maskbench's encoder rows (the rows whose names
+# contain one of ROWS, comma-separated) at BATCHES, within the time left less 60 s; profiled when
+# PROFILE_ROWS is given; the rows (and the profile's titles and kernel totals) into perf.log.
+encoder_rows() {
+  local d="$out/$1"; mkdir -p "$d"
+  local profile=()
+  [ -n "${5:-}" ] && profile=(--profile "$d" --profile-rows "$5")
+  timeout $(( $(left) - 60 )) "$B/load_tests/maskbench" --arch "$2" --batch "$3" --fp32-batch 1 --no-latency \
+    --rows "$4" "${profile[@]}" --json "$d/bench.json" > "$d/bench.log" 2> "$d/bench.err"
+  echo "--- encoder rows $1 ($4): maskbench rc=$?" >> "$out/perf.log"
+  grep -E "^vit|^peak" "$d/bench.log" | cut -c1-220 >> "$out/perf.log"
+  grep -hE "^===|kernel total" "$d/profiles.txt" 2>/dev/null | cut -c1-150 >> "$out/perf.log"
+  rm -f "$d"/trace-*.json
+  t "$1"
 }
 
 # served_stages: every served level's latency and server-stage lines into perf.log.

@@ -22,30 +22,14 @@ gpu_tests kernels_fusion_gpu_test model_fast_decoder_gpu_test
 [ "$(left)" -gt 300 ] && served levels 1 16
 [ "$(left)" -gt 260 ] && served c256 256
 if [ "$(left)" -gt 220 ]; then
-  OUT=$out/served SERVED_TAG=batch SERVED_DURATION=15 timeout 150 \
-    bash scripts/gpu-host/served-bench.sh vit_b:bf16::batch:64 vit_h:bf16::batch:32 >> "$out/served.log" 2>&1
-  echo "--- served batch" >> "$out/perf.log"
-  grep -- "-batch rc=" "$out/served.log" | cut -c1-230 >> "$out/perf.log"
-  t "served batch"
+  WORKLOAD=batch DURATION=15 served batch-b 64
+  ARCH=vit_h WORKLOAD=batch DURATION=15 served batch-h 32
 fi
-if [ "$(left)" -gt 150 ]; then
-  d="$out/offline"; mkdir -p "$d"
-  timeout $(( $(left) - 60 )) "$B/load_tests/maskbench" --arch vit_b,vit_h --batch 32 --fp32-batch 1 --no-latency \
-    --rows "global attention" --json "$d/bench.json" > "$d/bench.log" 2> "$d/bench.err"
-  echo "--- offline: maskbench rc=$?" >> "$out/perf.log"
-  grep -E "^vit|^peak" "$d/bench.log" | cut -c1-220 >> "$out/perf.log"
-  t offline
-fi
+[ "$(left)" -gt 150 ] && encoder_rows offline vit_b,vit_h 32 "global attention"
 # If time is left: 256 clients with 12 post-processing threads instead of half the cores (8 on the
 # 16-core host; run 69's c256 calls waited 1.36 ms for one, while a drain holds its thread through
 # the batch's 3.6 ms of mask evaluation and copies).
-if [ "$(left)" -gt 130 ]; then
-  OUT=$out/served SERVED_TAG=pt12 SERVED_DURATION=10 timeout 70 \
-    bash scripts/gpu-host/served-bench.sh "vit_b:bf16:--postprocess-threads=12:interactive:256" >> "$out/served.log" 2>&1
-  echo "--- served c256, --postprocess-threads=12" >> "$out/perf.log"
-  grep -- "-pt12 rc=" "$out/served.log" | cut -c1-230 >> "$out/perf.log"
-  t "served pt12"
-fi
+[ "$(left)" -gt 130 ] && MASKD_FLAGS="--postprocess-threads=12" served pt12 256
 served_stages
 h200 && [ "$(left)" -gt 170 ] && {
   bash scripts/gpu-host/seed-row.sh "$out/anchors-vit_h" fast_vit_h_bs32 100 offline --impl fast --model vit_h --batch 32
