@@ -5,6 +5,9 @@
 # left: seconds left of CALL_LIMIT (default 540) since the prelude started.
 left() { echo $(( ${CALL_LIMIT:-540} - ($(date +%s) - S) )); }
 
+# h200: whether the call's card is an H200 (#12's and #13's targets are H200 figures).
+h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
+
 # gpu_tests "BINARY [GTEST ARGS]"...: each test binary under $B/tests (60 s each at most) into
 # tests.log, then the status and the result, failure and error-figure lines into perf.log.
 gpu_tests() {

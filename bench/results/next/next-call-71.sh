@@ -17,7 +17,6 @@ cd "$(dirname "$0")/../../.."
 export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench kernels_fusion_gpu_test model_fast_decoder_gpu_test"}
 source scripts/gpu-host/call-prelude.sh
 export CALL_LIMIT=${CALL_LIMIT:-540}
-h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
 gpu_tests kernels_fusion_gpu_test model_fast_decoder_gpu_test
 [ "$(left)" -gt 300 ] && served levels 1 16
 [ "$(left)" -gt 260 ] && served c256 256
