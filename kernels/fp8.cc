@@ -30,14 +30,17 @@ std::pair<at::Tensor, at::Tensor> QuantizeRows(const at::Tensor& x) {
   const at::Tensor scales =
       (x.abs().amax(1, /*keepdim=*/true).to(at::kFloat) * (1.0 / kE4m3Max)).clamp_min(kMinScale);
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
-  // The division runs in fp32, in row chunks: an fp32 copy of a whole activation (vit_h's fc2 input
-  // at batch 32 is 131072 x 5120) would cost gigabytes.
+  // x * fl(1/s): the product by the row's correctly rounded reciprocal (what the CUDA kernel
+  // computes, bit for bit), in fp32, in row chunks: an fp32 copy of a whole activation (vit_h's fc2
+  // input at batch 32 is 131072 x 5120) would cost gigabytes. The clamp keeps the cast finite
+  // (float8_e4m3fn has no infinity).
+  const at::Tensor inv_scales = scales.reciprocal();
   const int64_t rows = x.size(0);
   const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 26) / std::max<int64_t>(1, x.size(1)));
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t n = std::min(chunk, rows - r0);
     q.narrow(0, r0, n).copy_(
-        (x.narrow(0, r0, n).to(at::kFloat) / scales.narrow(0, r0, n)).clamp(-kE4m3Max, kE4m3Max));
+        (x.narrow(0, r0, n).to(at::kFloat) * inv_scales.narrow(0, r0, n)).clamp(-kE4m3Max, kE4m3Max));
   }
   return {q, scales};
 }

@@ -1,13 +1,17 @@
 // fp8 (e4m3) row-wise activation quantisation in one pass (kernels.h: QuantizeRowsFp8), optionally
 // applying the erf GELU first (fc2's input: the GELU pass after fc1 disappears). Rows of up to
 // 8192 values (4096 in fp32) are held in registers by a 128-thread block between the |max| and the
-// scale/clamp/round, so each value is read and (with GELU) its erf evaluated once: run 13 measured
-// the GELU variant compute-bound at ~1 TB/s with the warp-per-row kernel, which reads the row again
-// and evaluates GELU twice. Longer rows keep that warp-per-row kernel.
+// scale/round, so each value is read and (with GELU) its erf evaluated once: run 13 measured the
+// GELU variant compute-bound at ~1 TB/s with the warp-per-row kernel, which reads the row again and
+// evaluates GELU twice. Longer rows keep that warp-per-row kernel.
 //
 // The operations are those of the LibTorch reference in fp8.cc, each IEEE-rounded (__fmul_rn,
-// __fdiv_rn: no contraction, no fast reciprocal), so without GELU the result is bit-identical to it:
-// s = max(amax * fl(1/448), smallest normal), q = e4m3_rne(clamp(x / s, +-448)).
+// __frcp_rn: no contraction, no fast reciprocal), so without GELU the result is bit-identical to it:
+// s = max(amax * fl(1/448), smallest normal), q = e4m3_rne(clamp(x * fl(1/s), +-448)). The product
+// by the row's reciprocal replaced a division per value (run 70's SASS: the IEEE division was ~10 of
+// the GELU kernel's ~52 instructions a value, with a call to its slow path), and the clamp is the
+// conversion's own saturation (satfinite: finite values past 448 become +-448, NaN stays NaN, as
+// at::clamp then the cast do), converting two values per instruction.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -36,11 +40,29 @@ __device__ __forceinline__ float Prepare(float v) {
   }
 }
 
-__device__ __forceinline__ __nv_fp8_storage_t ToE4m3(float v, float s) {
-  float q = __fdiv_rn(v, s);
-  // clamp as at::clamp does: NaN stays NaN (fminf/fmaxf would turn it into a bound).
-  if (!(q != q)) q = fminf(fmaxf(q, -kE4m3Max), kE4m3Max);
-  return __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);  // round to nearest even
+// e4m3 of v * r (r = fl(1/s)), saturating: the clamp to +-448 without its instructions.
+__device__ __forceinline__ __nv_fp8x2_storage_t ToE4m3x2(float a, float b, float r) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, r), __fmul_rn(b, r)), __NV_SATFINITE, __NV_E4M3);
+}
+
+// kVec (4 or 8) values -> e4m3, stored as one 4- or 8-byte word.
+template <int kVec>
+__device__ __forceinline__ void StoreE4m3(const float (&v)[kVec], float r, __nv_fp8_storage_t* dst) {
+  static_assert(kVec == 4 || kVec == 8, "4 or 8 values");
+  uint32_t w[kVec / 4];
+#pragma unroll
+  for (int i = 0; i < kVec / 4; ++i)
+    w[i] = static_cast<uint32_t>(ToE4m3x2(v[4 * i], v[4 * i + 1], r)) |
+           (static_cast<uint32_t>(ToE4m3x2(v[4 * i + 2], v[4 * i + 3], r)) << 16);
+  if constexpr (kVec == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  } else {
+    *reinterpret_cast<uint32_t*>(dst) = w[0];
+  }
+}
+
+__device__ __forceinline__ __nv_fp8_storage_t ToE4m3(float v, float r) {
+  return __nv_cvt_float_to_fp8(__fmul_rn(v, r), __NV_SATFINITE, __NV_E4M3);
 }
 
 template <typename T, int kVec, bool kGelu>
@@ -63,22 +85,18 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
   const float s = fmaxf(__fmul_rn(amax, 1.0f / kE4m3Max), kMinScale);
+  const float r = __frcp_rn(s);
   if (lane == 0) scales[row] = s;
 
   for (int64_t c = static_cast<int64_t>(lane) * kVec; c < cols; c += 32 * kVec) {
     float v[kVec];
     LoadWidened<T, kVec>(xr + c, v);
-    if constexpr (kVec == 1) {
-      qr[c] = ToE4m3(Prepare<kGelu>(v[0]), s);
-    } else {
-      alignas(8) __nv_fp8_storage_t packed[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) packed[i] = ToE4m3(Prepare<kGelu>(v[i]), s);
-      if constexpr (kVec == 8) {
-        *reinterpret_cast<uint2*>(qr + c) = *reinterpret_cast<const uint2*>(packed);
-      } else {
-        *reinterpret_cast<uint32_t*>(qr + c) = *reinterpret_cast<const uint32_t*>(packed);
-      }
+    for (int i = 0; i < kVec; ++i) v[i] = Prepare<kGelu>(v[i]);
+    if constexpr (kVec == 1) {
+      qr[c] = ToE4m3(v[0], r);
+    } else {
+      StoreE4m3<kVec>(v, r, qr + c);
     }
   }
 }
@@ -118,20 +136,12 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
   for (int w = 0; w < kRowThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
   const float s = fmaxf(__fmul_rn(amax, 1.0f / kE4m3Max), kMinScale);
+  const float r = __frcp_rn(s);
   if (threadIdx.x == 0) scales[row] = s;
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
     const int64_t c = (static_cast<int64_t>(it) * kRowThreads + threadIdx.x) * kVec;
-    if (c < cols) {
-      alignas(8) __nv_fp8_storage_t packed[kVec];
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) packed[i] = ToE4m3(v[it][i], s);
-      if constexpr (kVec == 8) {
-        *reinterpret_cast<uint2*>(qr + c) = *reinterpret_cast<const uint2*>(packed);
-      } else {
-        *reinterpret_cast<uint32_t*>(qr + c) = *reinterpret_cast<const uint32_t*>(packed);
-      }
-    }
+    if (c < cols) StoreE4m3<kVec>(v[it], r, qr + c);
   }
 }
 

@@ -328,8 +328,8 @@ MaskPostprocessOutput MaskPostprocessReference(const at::Tensor& logits, const a
 // (CUTLASS's f8f8bf16 row-wise kernel: fp32 accumulation, scales and bf16 bias in the epilogue).
 //
 // Weights are quantised once per output channel, activations per row at each call:
-// q = clamp(round_e4m3(v / s), +-448), s = max|row| / 448 (the smallest normal scale where a row is
-// all zero). e4m3 keeps 3 mantissa bits: each value within 2^-4 relative, so the product's error
+// q = round_e4m3(clamp(v * fl(1/s), +-448)), s = max|row| * fl(1/448) (the smallest normal scale
+// where a row is all zero). e4m3 keeps 3 mantissa bits: each value within 2^-4 relative, so the product's error
 // is that of the inputs' rounding, not of the accumulation.
 struct Fp8Rows {
   at::Tensor values;  // float8_e4m3fn [M, K]
@@ -352,6 +352,16 @@ at::Tensor Fp8Linear(const Fp8Rows& x, const Fp8Weight& w, const at::Tensor& bia
 // The same in fp32 on the dequantised values, any device.
 at::Tensor Fp8LinearReference(const Fp8Rows& x, const Fp8Weight& w, const at::Tensor& bias,
                               at::ScalarType out_dtype);
+// AddLayerNorm (same arguments and effect on x) with its output quantised to e4m3 rows in the same
+// pass, for the qkv / fc1 input of an fp8 encoder: bit for bit QuantizeRowsFp8 of AddLayerNorm's
+// output. values: float8_e4m3fn in AddLayerNorm's output shape (padding tokens: zeros);
+// scales [tokens, 1]. One CUDA kernel for bf16/fp16 with C = 256 k (k <= 6); otherwise
+// AddLayerNorm then QuantizeRowsFp8 (any device).
+Fp8Rows AddLayerNormFp8(at::Tensor& x, const at::Tensor& delta, int64_t delta_window, const at::Tensor& weight,
+                        const at::Tensor& bias, double eps, int64_t out_window, Stream stream = nullptr);
+// AddLayerNormReference then QuantizeRowsFp8Reference.
+Fp8Rows AddLayerNormFp8Reference(at::Tensor& x, const at::Tensor& delta, int64_t delta_window,
+                                 const at::Tensor& weight, const at::Tensor& bias, double eps, int64_t out_window);
 
 
 // ---------------------------------------------------------------------------------------------------

@@ -580,7 +580,7 @@ TEST(kernels_gpu, TunedLinearMatchesLibTorch) {
 }
 
 // The one-pass fp8 quantisation kernel against the LibTorch reference: bit-identical without GELU
-// (the same IEEE-rounded operations: scale = amax * fl(1/448), q = e4m3_rne(clamp(x / s))), for
+// (the same IEEE-rounded operations: scale = amax * fl(1/448), q = e4m3_rne(clamp(x * fl(1/s)))), for
 // each input dtype, vectorised and scalar rows (K % 8 != 0), a strided input and an all-zero row.
 // With the GELU folded in, erf's last bit may differ from ATen's, so scales agree to 1e-6 and each
 // value is within one e4m3 step (2^-3 relative) and almost all are identical.
