@@ -51,22 +51,27 @@ Geometry CheckAddLayerNormArgs(const at::Tensor& x, const at::Tensor& delta, int
 }
 
 #ifdef MASKD_WITH_CUDA
+// AddLayerNorm's output shape: [B, H, W, C] (raster) or [B * nh * nw, ws, ws, C] (windowed).
+std::vector<int64_t> OutputShape(const Geometry& g, int64_t out_window) {
+  if (out_window == 0) return {g.B, g.H, g.W, g.C};
+  const int64_t nh = (g.H + out_window - 1) / out_window, nw = (g.W + out_window - 1) / out_window;
+  return {g.B * nh * nw, out_window, out_window, g.C};
+}
+
+// With `scales` (fp8 output, the vector kernel only): `out` is float8_e4m3fn and scales [tokens, 1].
 at::Tensor AddLayerNormCuda(at::Tensor& x, const at::Tensor& delta, int64_t delta_window,
                             const at::Tensor& weight, const at::Tensor& bias, double eps,
-                            int64_t out_window, Stream stream) {
+                            int64_t out_window, Stream stream, at::Tensor* scales = nullptr) {
   const Geometry g = CheckAddLayerNormArgs(x, delta, delta_window, weight, bias, out_window);
   const detail::DType dtype = internal::ToDType(x.scalar_type(), "x");
   const bool vec = detail::AddLayerNormVectorized(static_cast<int>(g.C), dtype);
+  TORCH_CHECK(scales == nullptr || vec, "AddLayerNorm with fp8 output: no kernel for ", Describe(x));
   internal::StreamScope scope(stream, x.device());
-  at::Tensor out;
-  if (out_window > 0) {
-    const int64_t nh = (g.H + out_window - 1) / out_window, nw = (g.W + out_window - 1) / out_window;
-    out = at::empty({g.B * nh * nw, out_window, out_window, g.C}, x.options());
-  } else {
-    out = at::empty_like(x);
-  }
+  const std::vector<int64_t> shape = OutputShape(g, out_window);
+  const at::Tensor out = at::empty(shape, scales != nullptr ? x.options().dtype(at::kFloat8_e4m3fn) : x.options());
+  if (scales != nullptr) *scales = at::empty({out.numel() / g.C, 1}, x.options().dtype(at::kFloat));
   if (vec) {
-    // 16-byte vector accesses: every row starts 16-byte aligned when the bases are.
+    // 16-byte vector accesses (8-byte for fp8 output): every row starts aligned when the bases are.
     for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&x, &delta, &weight, &bias, &out})
       TORCH_CHECK(!t->defined() || reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
                   "AddLayerNorm: expected 16-byte aligned tensors, got ", Describe(*t));
@@ -85,8 +90,10 @@ at::Tensor AddLayerNormCuda(at::Tensor& x, const at::Tensor& delta, int64_t delt
   a.C = static_cast<int>(g.C);
   a.out_tokens = out.numel() / g.C;
   a.eps = static_cast<float>(eps);
+  a.out_scales = scales != nullptr ? scales->data_ptr<float>() : nullptr;
   internal::CheckLaunch(detail::LaunchAddLayerNorm(a, dtype, scope.get()),
-                        detail::AddLayerNormKernelName(a.C, dtype));
+                        scales != nullptr ? "AddLayerNormVecKernel (fp8 output)"
+                                          : detail::AddLayerNormKernelName(a.C, dtype));
   return out;
 }
 #endif
@@ -128,6 +135,30 @@ at::Tensor AddLayerNorm(at::Tensor& x, const at::Tensor& delta, int64_t delta_wi
 #endif
   (void)stream;
   return AddLayerNormReference(x, delta, delta_window, weight, bias, eps, out_window);
+}
+
+Fp8Rows AddLayerNormFp8(at::Tensor& x, const at::Tensor& delta, int64_t delta_window, const at::Tensor& weight,
+                        const at::Tensor& bias, double eps, int64_t out_window, Stream stream) {
+#ifdef MASKD_WITH_CUDA
+  if (x.is_cuda() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) &&
+      detail::AddLayerNormVectorized(static_cast<int>(x.size(-1)), internal::ToDType(x.scalar_type(), "x"))) {
+    Fp8Rows r;
+    r.values = AddLayerNormCuda(x, delta, delta_window, weight, bias, eps, out_window, stream, &r.scales);
+    return r;
+  }
+#endif
+  const at::Tensor y = AddLayerNorm(x, delta, delta_window, weight, bias, eps, out_window, stream);
+  Fp8Rows r = QuantizeRowsFp8(y.reshape({-1, y.size(-1)}), /*gelu=*/false, stream);
+  r.values = r.values.view(y.sizes());
+  return r;
+}
+
+Fp8Rows AddLayerNormFp8Reference(at::Tensor& x, const at::Tensor& delta, int64_t delta_window,
+                                 const at::Tensor& weight, const at::Tensor& bias, double eps, int64_t out_window) {
+  const at::Tensor y = AddLayerNormReference(x, delta, delta_window, weight, bias, eps, out_window);
+  Fp8Rows r = QuantizeRowsFp8Reference(y.reshape({-1, y.size(-1)}));
+  r.values = r.values.view(y.sizes());
+  return r;
 }
 
 at::Tensor ReversedRelPosTables(const at::Tensor& Rh, const at::Tensor& Rw) {

@@ -5,8 +5,15 @@
 // V chunks of 8 (16-byte loads, coalesced across the warp: chunk v of lane l is elements
 // [(v * 32 + l) * 8, +8)), so x and delta are read once and the statistics come from registers.
 // Generic path (any C, any type): strided scalar loops, re-reading the row from L1/L2.
+//
+// fp8 output (vector path, args.out_scales set): the normalised row, rounded to T as the bf16 output
+// would be, quantised to e4m3 with its row-wise scale in the same pass (QuantizeRowsFp8's
+// arithmetic: s = max(amax * fl(1/448), smallest normal), q = e4m3_rne(satfinite(v * fl(1/s))),
+// bit-identical to AddLayerNorm then QuantizeRowsFp8): the qkv / fc1 input of an fp8 encoder is
+// written once, 1 byte a value, instead of 2 bytes written, 2 read and 1 written again.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -64,7 +71,16 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-template <typename T, int V>
+constexpr float kE4m3Max = 448.0f;
+constexpr float kMinScale = 1.17549435082228750797e-38f;  // FLT_MIN, as in fp8.cc / fp8.cu
+
+__device__ __forceinline__ uint32_t PackE4m3x4(const float* v, float r) {
+  const auto lo = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(v[0], r), __fmul_rn(v[1], r)), __NV_SATFINITE, __NV_E4M3);
+  const auto hi = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(v[2], r), __fmul_rn(v[3], r)), __NV_SATFINITE, __NV_E4M3);
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
+template <typename T, int V, bool kFp8>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     AddLayerNormVecKernel(const AddLayerNormArgs a) {
   constexpr int kC = V * 256;
@@ -72,10 +88,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (t >= a.out_tokens) return;
   const TokenIndex ti = Locate(a, t);
-  T* const out = static_cast<T*>(a.out) + t * kC;
   if (!ti.valid) {
+    if constexpr (kFp8) {
+      // a zero row: e4m3 zeros, the smallest normal scale (the reference's all-zero row)
+      uint2* const q = reinterpret_cast<uint2*>(static_cast<uint8_t*>(a.out) + t * kC);
 #pragma unroll
-    for (int v = 0; v < V; ++v) reinterpret_cast<uint4*>(out)[v * 32 + lane] = make_uint4(0, 0, 0, 0);
+      for (int v = 0; v < V; ++v) q[v * 32 + lane] = make_uint2(0, 0);
+      if (lane == 0) a.out_scales[t] = kMinScale;
+    } else {
+      T* const out = static_cast<T*>(a.out) + t * kC;
+#pragma unroll
+      for (int v = 0; v < V; ++v) reinterpret_cast<uint4*>(out)[v * 32 + lane] = make_uint4(0, 0, 0, 0);
+    }
     return;
   }
   T* const x = static_cast<T*>(a.x) + ti.x * kC;
@@ -122,6 +146,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const float rstd = rsqrtf(WarpSum(sq) / kC + a.eps);
   const T* const wt = static_cast<const T*>(a.weight);
   const T* const bs = static_cast<const T*>(a.bias);
+  float amax = 0.f;  // kFp8: |max| of the rounded outputs
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const uint4 wraw = reinterpret_cast<const uint4*>(wt)[v * 32 + lane];
@@ -133,7 +158,25 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int i = 0; i < 8; ++i)
       o[i] = FromFloat<T>((vals[v][i] - mean) * rstd * ToFloat(we[i]) + ToFloat(be[i]));
-    reinterpret_cast<uint4*>(out)[v * 32 + lane] = oraw;
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        vals[v][i] = ToFloat(o[i]);
+        amax = fmaxf(amax, fabsf(vals[v][i]));
+      }
+    } else {
+      reinterpret_cast<uint4*>(static_cast<T*>(a.out) + t * kC)[v * 32 + lane] = oraw;
+    }
+  }
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float sc = fmaxf(__fmul_rn(amax, 1.0f / kE4m3Max), kMinScale);
+    const float r = __frcp_rn(sc);
+    if (lane == 0) a.out_scales[t] = sc;
+    uint2* const q = reinterpret_cast<uint2*>(static_cast<uint8_t*>(a.out) + t * kC);
+#pragma unroll
+    for (int v = 0; v < V; ++v) q[v * 32 + lane] = make_uint2(PackE4m3x4(vals[v], r), PackE4m3x4(vals[v] + 4, r));
   }
 }
 
@@ -176,21 +219,32 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     out[c] = FromFloat<T>((ToFloat(x[c]) - mean) * rstd * ToFloat(wt[c]) + ToFloat(bs[c]));
 }
 
+template <typename T, int V>
+cudaError_t LaunchVec(const AddLayerNormArgs& a, dim3 grid, dim3 block, cudaStream_t stream) {
+  if (a.out_scales != nullptr) {
+    AddLayerNormVecKernel<T, V, true><<<grid, block, 0, stream>>>(a);
+  } else {
+    AddLayerNormVecKernel<T, V, false><<<grid, block, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t LaunchForType(const AddLayerNormArgs& a, bool vector_ok, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.out_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock));
   const dim3 block(kWarpsPerBlock * 32);
   if (vector_ok) {
     switch (a.C / 256) {
-      case 1: AddLayerNormVecKernel<T, 1><<<grid, block, 0, stream>>>(a); return cudaGetLastError();
-      case 2: AddLayerNormVecKernel<T, 2><<<grid, block, 0, stream>>>(a); return cudaGetLastError();
-      case 3: AddLayerNormVecKernel<T, 3><<<grid, block, 0, stream>>>(a); return cudaGetLastError();
-      case 4: AddLayerNormVecKernel<T, 4><<<grid, block, 0, stream>>>(a); return cudaGetLastError();
-      case 5: AddLayerNormVecKernel<T, 5><<<grid, block, 0, stream>>>(a); return cudaGetLastError();
-      case 6: AddLayerNormVecKernel<T, 6><<<grid, block, 0, stream>>>(a); return cudaGetLastError();
+      case 1: return LaunchVec<T, 1>(a, grid, block, stream);
+      case 2: return LaunchVec<T, 2>(a, grid, block, stream);
+      case 3: return LaunchVec<T, 3>(a, grid, block, stream);
+      case 4: return LaunchVec<T, 4>(a, grid, block, stream);
+      case 5: return LaunchVec<T, 5>(a, grid, block, stream);
+      case 6: return LaunchVec<T, 6>(a, grid, block, stream);
       default: break;
     }
   }
+  if (a.out_scales != nullptr) return cudaErrorInvalidValue;  // fp8 output: the vector kernel only
   AddLayerNormGenericKernel<T><<<grid, block, 0, stream>>>(a);
   return cudaGetLastError();
 }

@@ -78,6 +78,9 @@ struct AddLayerNormArgs {
   int B = 0, H = 0, W = 0, C = 0;
   int64_t out_tokens = 0;
   float eps = 1e-6f;
+  // Set: `out` is float8_e4m3fn (out_tokens x C) and out_scales [out_tokens] the rows' scales
+  // (the vector kernel only; LaunchAddLayerNorm refuses the generic one with cudaErrorInvalidValue).
+  float* out_scales = nullptr;
 };
 // True when the 16-byte vector kernel applies (16-bit dtype, C = 256 k for k in 1..6); the generic
 // kernel handles everything else.

@@ -30,6 +30,11 @@ class Fp8Linear final : public FastLinear {
   // rounded to bf16 before quantising as a separate at::gelu would be).
   at::Tensor ForwardGelu(const at::Tensor& x) const override { return Run(x, /*gelu=*/true); }
   const char* name() const override { return "fp8-e4m3"; }
+  bool TakesFp8Rows() const override { return true; }
+  at::Tensor ForwardFp8Rows(const kernels::Fp8Rows& x) const override {
+    const int64_t k = x.values.size(-1);
+    return kernels::Fp8Linear({x.values.reshape({-1, k}), x.scales}, w_, bias_, at::kBFloat16);
+  }
 
  private:
   at::Tensor Run(const at::Tensor& x, bool gelu) const {
@@ -44,6 +49,10 @@ class Fp8Linear final : public FastLinear {
 };
 
 }  // namespace
+
+at::Tensor FastLinear::ForwardFp8Rows(const kernels::Fp8Rows& /*x*/) const {
+  TORCH_CHECK(false, name(), " linear: takes no fp8 rows");
+}
 
 std::shared_ptr<FastLinear> MakeFp8Linear(const torch::nn::Linear& linear) {
   return std::make_shared<Fp8Linear>(linear);

@@ -11,6 +11,8 @@
 #include <memory>
 #include <string>
 
+#include "kernels/kernels.h"
+
 namespace maskd {
 
 class FastLinear {
@@ -21,6 +23,10 @@ class FastLinear {
   // Forward(gelu(x)), erf GELU: a replacement that quantises its input may fold the GELU into that
   // pass (fp8) instead of a separate element-wise pass over the activation.
   virtual at::Tensor ForwardGelu(const at::Tensor& x) const { return Forward(at::gelu(x)); }
+  // Whether the input may come already quantised, as e4m3 rows (kernels::AddLayerNormFp8 writes the
+  // qkv / fc1 inputs so); then ForwardFp8Rows(x) [rows, out_features] = Forward of the dequantised x.
+  virtual bool TakesFp8Rows() const { return false; }
+  virtual at::Tensor ForwardFp8Rows(const kernels::Fp8Rows& x) const;
   virtual const char* name() const = 0;
 };
 

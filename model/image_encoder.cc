@@ -77,10 +77,18 @@ at::Tensor AddInto(const at::Tensor& residual, const at::Tensor& y) {
 
 // linear over [..., in] as one 2-D GEMM (bias in the epilogue), viewed back to [..., out]. With
 // `residual` ([..., out], contiguous) the result is added to it in place instead (the GEMM's
-// epilogue, beta = 1) and it is returned.
+// epilogue, beta = 1) and it is returned. With `xq` (fast taking e4m3 rows) the GEMM reads x's e4m3
+// rows, and x gives only the shape.
 at::Tensor FlatLinear(torch::nn::Linear& linear, const std::shared_ptr<FastLinear>& fast, const at::Tensor& x,
-                      const at::Tensor& residual = {}) {
+                      const at::Tensor& residual = {}, const kernels::Fp8Rows* xq = nullptr) {
   std::vector<int64_t> shape = x.sizes().vec();
+  if (xq != nullptr) {
+    TORCH_CHECK(fast && fast->TakesFp8Rows(), "fp8 rows given to a linear that does not take them");
+    const at::Tensor y = fast->ForwardFp8Rows(*xq);
+    if (residual.defined()) return AddInto(residual, y.view(residual.sizes()));
+    shape.back() = y.size(-1);
+    return y.view(shape);
+  }
   const at::Tensor x2 = x.reshape({-1, shape.back()});
   if (residual.defined()) {
     if (fast) return AddInto(residual, fast->Forward(x2).view(residual.sizes()));
@@ -95,7 +103,15 @@ at::Tensor FlatLinear(torch::nn::Linear& linear, const std::shared_ptr<FastLinea
 }  // namespace
 
 at::Tensor MlpBlockImpl::ForwardFused(const at::Tensor& x, bool gelu_epilogue, int64_t max_hidden_bytes,
-                                      const at::Tensor& residual) {
+                                      const at::Tensor& residual, const kernels::Fp8Rows* xq) {
+  if (xq != nullptr) {
+    const at::Tensor h = FlatLinear(lin1, lin1_fast, x, {}, xq);
+    at::Tensor y = lin2_fast ? lin2_fast->ForwardGelu(h) : lin2->forward(at::gelu(h));
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = y.size(-1);
+    y = y.view(shape);
+    return residual.defined() ? AddInto(residual, y) : y;
+  }
   if (!gelu_epilogue || lin1_fast || lin2_fast) {
     return residual.defined() ? AddInto(residual, forward(x)) : forward(x);
   }
@@ -275,12 +291,13 @@ at::Tensor RelPosAttentionImpl::Attend(const at::Tensor& q_in, const at::Tensor&
   return out;
 }
 
-at::Tensor RelPosAttentionImpl::Forward(const at::Tensor& x, const at::Tensor& residual) {
+at::Tensor RelPosAttentionImpl::Forward(const at::Tensor& x, const at::Tensor& residual, const kernels::Fp8Rows* xq) {
   const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
   TORCH_CHECK(H == grid && W == grid, "attention built for a ", grid, "x", grid, " grid got ", H,
               "x", W);
   const int64_t N = H * W;
-  const at::Tensor qkv_lin = flat_linear ? FlatLinear(qkv, qkv_fast, x) : LinearForward(qkv, qkv_fast, x);
+  TORCH_CHECK(xq == nullptr || flat_linear, "fp8 rows need the flat linears");
+  const at::Tensor qkv_lin = flat_linear ? FlatLinear(qkv, qkv_fast, x, {}, xq) : LinearForward(qkv, qkv_fast, x);
   const at::Tensor qkv_out = qkv_lin.reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
   // q, k, v: [B, heads, N, hd] views
   const at::Tensor o = Attend(qkv_out[0], qkv_out[1], qkv_out[2], ImplFor(B)).reshape({B, H, W, C});
@@ -289,14 +306,15 @@ at::Tensor RelPosAttentionImpl::Forward(const at::Tensor& x, const at::Tensor& r
   return residual.defined() ? AddInto(residual, y) : y;
 }
 
-at::Tensor RelPosAttentionImpl::ForwardRasterWindows(const at::Tensor& x, const at::Tensor& residual) {
+at::Tensor RelPosAttentionImpl::ForwardRasterWindows(const at::Tensor& x, const at::Tensor& residual,
+                                                     const kernels::Fp8Rows* xq) {
   const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
   TORCH_CHECK(impl == AttentionImpl::kFused, "raster windows need the fused attention");
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const at::Tensor qkv_out =
-      FlatLinear(qkv, qkv_fast, x).reshape({B, H * W, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
+      FlatLinear(qkv, qkv_fast, x, {}, xq).reshape({B, H * W, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
   // SAM pads the normalised tokens with zeros before qkv: a padded key/value is the bias.
-  const at::Tensor bias = qkv->bias.defined() ? qkv->bias : at::zeros({3 * C}, x.options());
+  const at::Tensor bias = qkv->bias.defined() ? qkv->bias : at::zeros({3 * C}, qkv->weight.options());
   const at::Tensor out = kernels::RelPosWindowAttentionFromTables(
       qkv_out[0], qkv_out[1], qkv_out[2], bias.narrow(0, C, C), bias.narrow(0, 2 * C, C), rev_tables_, grid,
       H, W, scale);
@@ -343,29 +361,47 @@ at::Tensor EncoderBlockImpl::ForwardFused(at::Tensor& x, const at::Tensor& pendi
   // With raster_windows the tokens stay raster and the attention kernel makes the windows.
   MemoryScope block(window_size > 0 ? "block.windowed" : "block.global");
   const int64_t layout_window = raster_windows ? 0 : window_size;
+  // fp8 linears taking e4m3 rows: the norms write those (see fp8_norm_fusion).
+  const bool fp8_rows = fp8_norm_fusion && attn->qkv_fast && attn->qkv_fast->TakesFp8Rows() && mlp->lin1_fast &&
+                        mlp->lin1_fast->TakesFp8Rows();
   at::Tensor xn, a, xn2;
+  kernels::Fp8Rows xq, xq2;
   {
     MemoryScope s("norm1");
-    xn = kernels::AddLayerNorm(x, pending, 0, norm1->weight, norm1->bias, norm1->options.eps(), layout_window);
+    if (fp8_rows) {
+      xq = kernels::AddLayerNormFp8(x, pending, 0, norm1->weight, norm1->bias, norm1->options.eps(), layout_window);
+      xn = xq.values;  // its shape
+    } else {
+      xn = kernels::AddLayerNorm(x, pending, 0, norm1->weight, norm1->bias, norm1->options.eps(), layout_window);
+    }
   }
   // With residual_in_gemm (raster layouts only) proj and fc2 add their outputs to x in their
   // epilogues: the norms then read x alone and write only the normalised tokens (two of the four
   // passes over the stream each did), and nothing is left pending. Otherwise the attention output
-  // is added by norm2 and the MLP's is returned, pending for the next block's norm1.
-  const bool in_gemm = residual_in_gemm && layout_window == 0;
+  // is added by norm2 and the MLP's is returned, pending for the next block's norm1. With fp8 rows
+  // the norms add them: the fp8 GEMM has no accumulating epilogue, and a separate add would be one
+  // more pass over the stream (x += y, rounded as the norms round it: the same values).
+  const bool in_gemm = residual_in_gemm && layout_window == 0 && !fp8_rows;
   const at::Tensor residual = in_gemm ? x : at::Tensor();
+  const kernels::Fp8Rows* xq_in = fp8_rows ? &xq : nullptr;
   {
     MemoryScope s("attention");
-    a = raster_windows ? attn->ForwardRasterWindows(xn, residual) : attn->Forward(xn, residual);
+    a = raster_windows ? attn->ForwardRasterWindows(xn, residual, xq_in) : attn->Forward(xn, residual, xq_in);
     if (!in_gemm) a = a.contiguous();
   }
   {
     MemoryScope s("norm2");
-    xn2 = kernels::AddLayerNorm(x, in_gemm ? at::Tensor() : a, layout_window, norm2->weight, norm2->bias,
-                                norm2->options.eps(), 0);
+    const at::Tensor delta = in_gemm ? at::Tensor() : a;
+    if (fp8_rows) {
+      xq2 = kernels::AddLayerNormFp8(x, delta, layout_window, norm2->weight, norm2->bias, norm2->options.eps(), 0);
+      xn2 = xq2.values;
+    } else {
+      xn2 = kernels::AddLayerNorm(x, delta, layout_window, norm2->weight, norm2->bias, norm2->options.eps(), 0);
+    }
   }
   MemoryScope s("mlp");
-  at::Tensor out = mlp->ForwardFused(xn2, gelu_epilogue, MlpBlockImpl::kMaxHiddenBytes, residual);
+  at::Tensor out = mlp->ForwardFused(xn2, gelu_epilogue, MlpBlockImpl::kMaxHiddenBytes, residual,
+                                     fp8_rows ? &xq2 : nullptr);
   return in_gemm ? at::Tensor() : out;
 }
 

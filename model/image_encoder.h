@@ -49,8 +49,10 @@ struct MlpBlockImpl : torch::nn::Module {
   // chunk's fc2 writing its rows of the output in place; every output row is the same two GEMM rows.
   // With `residual` (contiguous, x's rows by dim) fc2 adds to it in place in its epilogue (beta = 1)
   // and it is returned.
+  // With `xq` (x as e4m3 rows, lin1_fast taking them: kernels::AddLayerNormFp8's output) fc1 reads
+  // those, and x gives only the shape.
   at::Tensor ForwardFused(const at::Tensor& x, bool gelu_epilogue, int64_t max_hidden_bytes = kMaxHiddenBytes,
-                          const at::Tensor& residual = {});
+                          const at::Tensor& residual = {}, const kernels::Fp8Rows* xq = nullptr);
   static constexpr int64_t kMaxHiddenBytes = int64_t{256} << 20;
   torch::nn::Linear lin1{nullptr}, lin2{nullptr};
   std::shared_ptr<FastLinear> lin1_fast, lin2_fast;
@@ -66,11 +68,15 @@ struct RelPosAttentionImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   // The same, with `residual` ([B, grid, grid, dim], contiguous) defined: the output is added to it
   // in place (with flat_linear in proj's epilogue) and it is returned.
-  at::Tensor Forward(const at::Tensor& x, const at::Tensor& residual);
+  // With `xq` (flat_linear, qkv_fast taking e4m3 rows) qkv reads x's e4m3 rows instead and x gives
+  // only the shape.
+  at::Tensor Forward(const at::Tensor& x, const at::Tensor& residual, const kernels::Fp8Rows* xq = nullptr);
   // A windowed block (grid = window) on the raster [B, H, W, dim] tokens, -> same: qkv and proj on
   // the H x W tokens only, the windows (SAM's zero padding included) made in the fused kernel's
-  // indexing (kernels::RelPosWindowAttentionFromTables). Needs impl kFused. `residual` as in Forward.
-  at::Tensor ForwardRasterWindows(const at::Tensor& x, const at::Tensor& residual = {});
+  // indexing (kernels::RelPosWindowAttentionFromTables). Needs impl kFused. `residual` and `xq` as in
+  // Forward.
+  at::Tensor ForwardRasterWindows(const at::Tensor& x, const at::Tensor& residual = {},
+                                  const kernels::Fp8Rows* xq = nullptr);
   // Derives the tables the fast paths need (R_h/R_w lookups, one-hot key indicators) for the
   // current dtype/device; call after loading weights and after every .to().
   void Prepare();
@@ -142,6 +148,11 @@ struct EncoderBlockImpl : torch::nn::Module {
   // Fused path: the residual adds in proj's and fc2's epilogues (cuBLASLt, beta = 1) instead of in
   // the AddLayerNorm kernels, for blocks whose attention output is raster (global, raster windows).
   bool residual_in_gemm = false;
+  // Fused path with fp8 linears (qkv and fc1 taking e4m3 rows): the norms write their outputs as
+  // e4m3 rows (kernels::AddLayerNormFp8) instead of bf16 that the linears quantise again, and the
+  // residual adds stay in the norms (the fp8 GEMM has no accumulating epilogue: in "the GEMM" they
+  // were separate element-wise passes). Bit-identical to the path without it; off only to test that.
+  bool fp8_norm_fusion = true;
 };
 TORCH_MODULE(EncoderBlock);
 

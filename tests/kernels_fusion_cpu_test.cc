@@ -270,6 +270,37 @@ TEST(kernels_fusion_cpu, AddLayerNormAddsInPlaceAndWritesEveryLayout) {
   }
 }
 
+// The fp8-output form off CUDA: AddLayerNorm then the row quantisation, in AddLayerNorm's layout
+// (padding tokens: zero values, the smallest normal scale), dequantising to the normalised tokens
+// within e4m3's rounding, and x updated as AddLayerNorm updates it.
+TEST(kernels_fusion_cpu, AddLayerNormFp8QuantisesTheNormalisedTokens) {
+  const int64_t B = 1, H = 5, W = 6, C = 32;
+  const at::Tensor w = Randn({C}, 2), bias = Randn({C}, 3);
+  for (int64_t out_window : {0, 4}) {
+    SCOPED_TRACE("out_window " + std::to_string(out_window));
+    const at::Tensor x0 = Randn({B, H, W, C}, 4) * 3 + 1, delta = Randn({B, H, W, C}, 5);
+    at::Tensor x = x0.clone(), x_ln = x0.clone();
+    const mk::Fp8Rows q = mk::AddLayerNormFp8(x, delta, 0, w, bias, 1e-6, out_window);
+    const at::Tensor ln = mk::AddLayerNorm(x_ln, delta, 0, w, bias, 1e-6, out_window);
+    EXPECT_TRUE(at::equal(x, x_ln));
+    ASSERT_EQ(q.values.scalar_type(), at::kFloat8_e4m3fn);
+    ASSERT_EQ(q.values.sizes(), ln.sizes());
+    ASSERT_EQ(q.scales.sizes(), (std::vector<int64_t>{ln.numel() / C, 1}));
+    const at::Tensor rows = ln.reshape({-1, C});
+    const at::Tensor deq = q.values.reshape({-1, C}).to(at::kFloat) * q.scales;
+    // e4m3 rounds each value to 3 mantissa bits: within 2^-4 relative, or half the smallest
+    // subnormal step (2^-10 of the scale) near zero.
+    EXPECT_TRUE(((deq - rows).abs() <= rows.abs() / 16 + q.scales * std::ldexp(1.0, -10)).all().item<bool>());
+    // each row's largest value maps to e4m3's largest, 448
+    EXPECT_TRUE(at::allclose(q.scales.squeeze(1) * 448, rows.abs().amax(1).clamp_min(1.17549435e-38f)));
+    if (out_window > 0) {
+      const at::Tensor pad = (mk::WindowPartition(at::ones({B, H, W, 1}), out_window) == 0).reshape({-1});
+      EXPECT_EQ(q.values.reshape({-1, C}).index({pad}).to(at::kFloat).abs().sum().item<float>(), 0.f);
+      EXPECT_TRUE((q.scales.squeeze(1).index({pad}) == 1.17549435e-38f).all().item<bool>());
+    }
+  }
+}
+
 TEST(kernels_fusion_cpu, AddLayerNormRejectsMismatchedArguments) {
   at::Tensor x = Randn({1, 4, 4, 8}, 6);
   const at::Tensor w = Randn({8}, 7), b = Randn({8}, 8);

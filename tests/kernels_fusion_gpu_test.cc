@@ -116,6 +116,19 @@ TEST(kernels_fusion_gpu, AddLayerNormMatchesReference) {
         const at::Tensor pad = mk::WindowPartition(at::ones({c.B, c.H, c.W, 1}, x.options()), c.out_window) == 0;
         EXPECT_EQ(out.masked_select(pad.expand_as(out)).abs().sum().item<double>(), 0.0);
       }
+      // fp8 output (the qkv / fc1 input of an fp8 encoder): bit for bit the e4m3 quantisation of this
+      // kernel's own output (one kernel for 16-bit types with C = 256 k, two passes otherwise), with
+      // x updated exactly as above.
+      at::Tensor xq = x0.clone();
+      Poison(ref.numel() * 4 + (1 << 20));
+      const mk::Fp8Rows q = mk::AddLayerNormFp8(xq, delta, c.delta_window, w, b, 1e-6, c.out_window);
+      const mk::Fp8Rows qr = mk::QuantizeRowsFp8Reference(out.reshape({-1, c.C}));
+      ASSERT_EQ(q.values.scalar_type(), at::kFloat8_e4m3fn);
+      ASSERT_EQ(q.values.sizes(), out.sizes());
+      ASSERT_EQ(q.scales.sizes(), qr.scales.sizes());
+      EXPECT_TRUE(at::equal(q.scales, qr.scales));
+      EXPECT_TRUE(at::equal(q.values.reshape({-1, c.C}).view(at::kByte), qr.values.view(at::kByte)));
+      EXPECT_TRUE(at::equal(xq, x_ref));
     }
   }
 }

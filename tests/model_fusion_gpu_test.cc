@@ -81,6 +81,52 @@ TEST(EncoderFusionCuda, FusedEncoderMatchesUnfusedOnVitBShapes) {
   EXPECT_LE(RelL2(gelu, fp32), 1.5 * e_bf16 + 1e-3);
 }
 
+// fp8 linears on the fused path: the norms writing e4m3 rows and adding the residuals
+// (fp8_norm_fusion) against the norms writing bf16 that the linears quantise, with the adds in
+// separate passes: the same operations in the same order, so the same bits, both with the raster
+// windows and the residual in the GEMMs (the fast path's set) and with the padded window layout.
+TEST(EncoderFusionCuda, Fp8NormFusionIsBitIdenticalToQuantisingTheNormOutputs) {
+  if (!torch::cuda::is_available() || !kernels::BuiltWithCuda()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  SamConfig c = *SamPreset("vit_b");
+  c.depth = 3;  // windowed, windowed, global
+  c.global_attn_indexes = {2};
+  ImageEncoderViT enc(c);
+  RandomizeWeights(*enc, 31);
+  enc->to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  enc->Prepare();
+  enc->SetAttention(AttentionImpl::kFused);
+  for (auto& b : enc->block_list) {
+    b->attn->qkv_fast = MakeFp8Linear(b->attn->qkv);
+    b->attn->proj_fast = MakeFp8Linear(b->attn->proj);
+    b->mlp->lin1_fast = MakeFp8Linear(b->mlp->lin1);
+    b->mlp->lin2_fast = MakeFp8Linear(b->mlp->lin2);
+  }
+  torch::manual_seed(32);
+  const at::Tensor x = torch::randn({2, 3, 1024, 1024}).to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  auto run = [&](bool norm_fusion) {
+    for (auto& b : enc->block_list) b->fp8_norm_fusion = norm_fusion;
+    return enc->forward(x);
+  };
+  at::Tensor fused;
+  for (const bool raster : {true, false}) {
+    SCOPED_TRACE(raster ? "raster windows, residual in the GEMMs" : "padded window layout");
+    enc->SetFusion(true, true, raster, raster, /*residual_in_gemm=*/raster);
+    const at::Tensor separate = run(false);
+    fused = run(true);
+    ASSERT_TRUE(fused.isfinite().all().item<bool>());
+    EXPECT_TRUE(at::equal(fused, separate)) << "rel L2 " << RelL2(fused, separate);
+  }
+  // and fp8 is what ran: not the bf16 encoder's output (the last configuration's)
+  for (auto& b : enc->block_list) {
+    b->attn->qkv_fast = b->attn->proj_fast = b->mlp->lin1_fast = b->mlp->lin2_fast = nullptr;
+  }
+  const at::Tensor bf16 = enc->forward(x);
+  const double e = RelL2(fused, bf16);
+  EXPECT_GT(e, 0.0);
+  std::printf("encoder rel L2: fp8 linears vs bf16 %.3e\n", e);
+}
+
 // A vit_b global block's attention: cuDNN's attention with the rel-pos terms folded into q/k (what
 // the start-up timing may choose per batch size) against the fused kernel with the terms made in it,
 // in one piece and in chunks of one image, and both against fp32 arithmetic.
