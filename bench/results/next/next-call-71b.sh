@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run 71b (fifteenth session): next-call-71 (written last session, never started: the device's
+# starts failed) with this session's fp8 work folded in, since one call is all the session's device
+# time is likely to give. Any card (an H200 gives #13's figures on the card its targets name), ~9 min:
+#   1. tests: kernels_fusion_gpu_test whole (the decoder kernels without the removed on-keys and
+#      pipelined update kernels, 05f2a07, and AddLayerNorm's new fp8 output, bit-identical to
+#      quantising its bf16 output), model_fast_decoder_gpu_test, kernels_gpu_test's fp8 tests (the
+#      quantisation kernel after its division became a product by the reciprocal: bit-identical to
+#      the reference) and model_fusion_gpu_test (the fp8 encoder with the norms writing e4m3 rows
+#      and adding the residuals, bit-identical to the path without)
+#   2. #12: the offline encoder rows of vit_b and vit_h at bs32, bf16 and fp8, profiled (the fp8
+#      quantisation kernels and the norms' share against run 70's table); also #13's offline figure
+#   3. #13: served vit_b clicks at 1 and 16 clients and at 256; batch mode vit_b c64 and vit_h c32
+#      (>= 0.9 of the offline rows of step 2); the server's stage timings
+#   4. the seed's quick set
+#   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=540 timeout 560 bash bench/results/next/next-call-71b.sh
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench kernels_fusion_gpu_test model_fast_decoder_gpu_test kernels_gpu_test model_fusion_gpu_test"}
+source scripts/gpu-host/call-prelude.sh
+export CALL_LIMIT=${CALL_LIMIT:-540}
+gpu_tests kernels_fusion_gpu_test model_fast_decoder_gpu_test "kernels_gpu_test --gtest_filter=*Fp8*" \
+  model_fusion_gpu_test
+[ "$(left)" -gt 330 ] && encoder_rows offline vit_b,vit_h 32 "global attention,fp8" "global attention,fp8"
+[ "$(left)" -gt 260 ] && served levels 1 16
+[ "$(left)" -gt 220 ] && served c256 256
+[ "$(left)" -gt 180 ] && WORKLOAD=batch DURATION=15 served batch-b 64
+[ "$(left)" -gt 130 ] && ARCH=vit_h WORKLOAD=batch DURATION=15 served batch-h 32
+served_stages
+finish offline
