@@ -10,8 +10,8 @@
 #      and adding the residuals, bit-identical to the path without)
 #   2. #12: the offline encoder rows of vit_b and vit_h at bs32, bf16 and fp8, profiled (the fp8
 #      quantisation kernels and the norms' share against run 70's table); also #13's offline figure
-#   3. #13: served vit_b clicks at 1 and 16 clients and at 256; batch mode vit_b c64 and vit_h c32
-#      (>= 0.9 of the offline rows of step 2); the server's stage timings
+#   3. #13: served vit_b clicks at 1 and 16 clients; batch mode vit_b c64 and vit_h c32 (>= 0.9 of
+#      the offline rows of step 2); clicks at 256 clients; the server's stage timings
 #   4. the seed's quick set
 #   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=540 timeout 560 bash bench/results/next/next-call-71b.sh
 set -uo pipefail
@@ -29,9 +29,10 @@ fi
 gpu_tests kernels_fusion_gpu_test model_fast_decoder_gpu_test "kernels_gpu_test --gtest_filter=*Fp8*" \
   model_fusion_gpu_test
 [ "$(left)" -gt 330 ] && encoder_rows offline vit_b,vit_h 32 "global attention,fp8" "global attention,fp8"
-[ "$(left)" -gt 260 ] && served levels 1 16
-[ "$(left)" -gt 220 ] && served c256 256
-[ "$(left)" -gt 180 ] && WORKLOAD=batch DURATION=15 served batch-b 64
-[ "$(left)" -gt 130 ] && ARCH=vit_h WORKLOAD=batch DURATION=15 served batch-h 32
+# (in the order of what #13 lacks most recent figures for, each only if the seed's ~75 s stay)
+[ "$(left)" -gt 250 ] && served levels 1 16
+[ "$(left)" -gt 190 ] && WORKLOAD=batch DURATION=15 served batch-b 64
+[ "$(left)" -gt 140 ] && ARCH=vit_h WORKLOAD=batch DURATION=15 served batch-h 32
+[ "$(left)" -gt 110 ] && served c256 256
 served_stages
 finish offline
