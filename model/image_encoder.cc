@@ -322,6 +322,12 @@ at::Tensor RelPosAttentionImpl::ForwardRasterWindows(const at::Tensor& x, const 
 }
 
 EncoderBlockImpl::EncoderBlockImpl(const SamConfig& c, int64_t window) : window_size(window) {
+  // MASKD_FP8_NORM_FUSION=0: the fp8 path as before AddLayerNormFp8, to compare the two in one run.
+  static const bool fp8_norm_fusion_default = [] {
+    const char* v = std::getenv("MASKD_FP8_NORM_FUSION");
+    return !(v && std::string(v) == "0");
+  }();
+  fp8_norm_fusion = fp8_norm_fusion_default;
   norm1 = register_module(
       "norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embed_dim}).eps(1e-6)));
   attn = register_module(

@@ -9,7 +9,8 @@
 #      the reference) and model_fusion_gpu_test (the fp8 encoder with the norms writing e4m3 rows
 #      and adding the residuals, bit-identical to the path without)
 #   2. #12: the offline encoder rows of vit_b and vit_h at bs32, bf16 and fp8, profiled (the fp8
-#      quantisation kernels and the norms' share against run 70's table); also #13's offline figure
+#      quantisation kernels and the norms' share against run 70's table); also #13's offline figure;
+#      then the fp8 rows again with MASKD_FP8_NORM_FUSION=0 (the A-B of AddLayerNormFp8 in one call)
 #   3. #13: served vit_b clicks at 1 and 16 clients; batch mode vit_b c64 and vit_h c32 (>= 0.9 of
 #      the offline rows of step 2); clicks at 256 clients; the server's stage timings
 #   4. the seed's quick set
@@ -29,10 +30,12 @@ fi
 gpu_tests kernels_fusion_gpu_test model_fast_decoder_gpu_test "kernels_gpu_test --gtest_filter=*Fp8*" \
   model_fusion_gpu_test
 [ "$(left)" -gt 330 ] && encoder_rows offline vit_b,vit_h 32 "global attention,fp8" "global attention,fp8"
+# the same call's fp8 rows without AddLayerNormFp8 (the norms' bf16 quantised again, separate adds)
+[ "$(left)" -gt 300 ] && MASKD_FP8_NORM_FUSION=0 encoder_rows fp8-separate vit_b,vit_h 32 "fp8"
 # (in the order of what #13 lacks most recent figures for, each only if the seed's ~75 s stay)
 [ "$(left)" -gt 250 ] && served levels 1 16
 [ "$(left)" -gt 190 ] && WORKLOAD=batch DURATION=15 served batch-b 64
 [ "$(left)" -gt 140 ] && ARCH=vit_h WORKLOAD=batch DURATION=15 served batch-h 32
 [ "$(left)" -gt 110 ] && served c256 256
 served_stages
-finish offline
+finish offline fp8-separate
