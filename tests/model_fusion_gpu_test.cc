@@ -22,16 +22,23 @@ double RelL2(const at::Tensor& a, const at::Tensor& b) {
   return (x - y).norm().item<double>() / y.norm().item<double>();
 }
 
+// vit_b's encoder cut to three blocks (windowed, windowed, global), random weights from `seed`, in
+// bf16 on the GPU.
+ImageEncoderViT ThreeBlockVitB(uint64_t seed) {
+  SamConfig c = *SamPreset("vit_b");
+  c.depth = 3;
+  c.global_attn_indexes = {2};
+  ImageEncoderViT enc(c);
+  RandomizeWeights(*enc, seed);
+  enc->to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  enc->Prepare();
+  return enc;
+}
+
 TEST(EncoderFusionCuda, FusedEncoderMatchesUnfusedOnVitBShapes) {
   if (!torch::cuda::is_available() || !kernels::BuiltWithCuda()) GTEST_SKIP() << "no CUDA device";
   torch::NoGradGuard no_grad;
-  SamConfig c = *SamPreset("vit_b");
-  c.depth = 3;  // windowed, windowed, global
-  c.global_attn_indexes = {2};
-  ImageEncoderViT enc(c);
-  RandomizeWeights(*enc, 21);
-  enc->to(at::Device(at::kCUDA, 0), at::kBFloat16);
-  enc->Prepare();
+  ImageEncoderViT enc = ThreeBlockVitB(21);
   torch::manual_seed(22);
   const at::Tensor x = torch::randn({2, 3, 1024, 1024}).to(at::Device(at::kCUDA, 0), at::kBFloat16);
   enc->SetAttention(AttentionImpl::kFused);
@@ -88,13 +95,7 @@ TEST(EncoderFusionCuda, FusedEncoderMatchesUnfusedOnVitBShapes) {
 TEST(EncoderFusionCuda, Fp8NormFusionIsBitIdenticalToQuantisingTheNormOutputs) {
   if (!torch::cuda::is_available() || !kernels::BuiltWithCuda()) GTEST_SKIP() << "no CUDA device";
   torch::NoGradGuard no_grad;
-  SamConfig c = *SamPreset("vit_b");
-  c.depth = 3;  // windowed, windowed, global
-  c.global_attn_indexes = {2};
-  ImageEncoderViT enc(c);
-  RandomizeWeights(*enc, 31);
-  enc->to(at::Device(at::kCUDA, 0), at::kBFloat16);
-  enc->Prepare();
+  ImageEncoderViT enc = ThreeBlockVitB(31);
   enc->SetAttention(AttentionImpl::kFused);
   for (auto& b : enc->block_list) {
     b->attn->qkv_fast = MakeFp8Linear(b->attn->qkv);
