@@ -271,6 +271,10 @@ at::Tensor UpscaleHyper(const at::Tensor& x, const at::Tensor& w, const at::Tens
           a.norm_bias = nb.data_ptr();
           a.norm_eps = static_cast<float>(norm.eps);
         }
+        // MASKD_UPSCALE_GELU_TABLE=1: bf16's GELU by the kernel's table (the same bits; off until
+        // timed on a GPU). Read at each call, so that a test compares both in one process.
+        const char* table = std::getenv("MASKD_UPSCALE_GELU_TABLE");
+        a.gelu_table = table != nullptr && std::string(table) == "1";
         internal::CheckLaunch(detail::LaunchUpscaleHyper(a, internal::ToDType(x.scalar_type(), "x"),
                                                          internal::MultiProcessors(x.device()), scope.get()),
                               "UpscaleHyperKernel");

@@ -145,7 +145,23 @@ constexpr int kM = 4;         // masks
 constexpr int kXs = kK + 8;   // x rows in shared memory: 144 B, an ldmatrix's 8 rows on distinct banks
 constexpr int kWs = kN + 8;   // w rows: 272 B, likewise
 constexpr int kThreads = 128; // 4 warps: rows 16 (warp / 2).., columns 64 (warp % 2)..
+// GELU table (bf16, args.gelu_table): GeluRounded of every bf16 value with 2^-8 <= |v| < 8, both
+// signs, by bit pattern (exponent fields kGeluExpLo.. kGeluExpLo + kGeluExps - 1, all 128
+// mantissas), 5.5 KB; other values take erff.
+constexpr int kGeluExpLo = 127 - 8;
+constexpr int kGeluExps = 11;
+constexpr int kGeluHalf = kGeluExps * 128;  // entries a sign
 }  // namespace up
+
+// GeluRounded<T>(v) for v already rounded to bf16, by v's bit pattern from `table` (GeluRounded of the
+// values it covers, filled by the same function: the same bits) where it covers v, else erff.
+template <typename T>
+__device__ __forceinline__ float GeluRoundedLookup(float v, const T* table) {
+  const uint32_t h = __float_as_uint(v) >> 16;  // v is a bf16 value: its low 16 bits are zero
+  const uint32_t i = (h & 0x7fffu) - static_cast<uint32_t>(up::kGeluExpLo << 7);
+  if (i < static_cast<uint32_t>(up::kGeluHalf)) return ToFloat(table[i + (h >> 15) * up::kGeluHalf]);
+  return GeluRounded<T>(v);
+}
 
 // Per tile of 32 rows (one prompt b, one embedding row y, columns x0..x0+7, all (dy, dx)):
 //   1. the x tile [32, 64] arrives by cp.async, issued one tile ahead (two buffers); with the input
@@ -159,19 +175,30 @@ constexpr int kThreads = 128; // 4 warps: rows 16 (warp / 2).., columns 64 (warp
 //      keeps mask t's two values;
 //   4. the tile's 512 mask values through shared memory into the [B, 4, 4h, 4w] pixel order, written
 //      as 16 rows of 32 contiguous pixels.
-template <typename T>
+template <typename T, bool kTable>
 __global__ void __launch_bounds__(up::kThreads) UpscaleHyperKernel(const UpscaleHyperArgs a) {
   __shared__ __align__(16) T ws[up::kK * up::kWs];
   __shared__ __align__(16) T xs[2][up::kRows * up::kXs];
   __shared__ float bias[up::kN];
   __shared__ float hyper[up::kM * up::kC];
   __shared__ __align__(16) T ost[up::kM * 4 * 32];
+  static_assert(!kTable || std::is_same_v<T, __nv_bfloat16>, "the GELU table is bf16's");
+  __shared__ T gelu[kTable ? 2 * up::kGeluHalf : 1];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const T* x = static_cast<const T*>(a.x);
   const T* wg = static_cast<const T*>(a.w);
   for (int i = tid; i < up::kK * up::kN / 8; i += up::kThreads) {
     const int r = i / (up::kN / 8), c = (i % (up::kN / 8)) * 8;
     *reinterpret_cast<uint4*>(ws + r * up::kWs + c) = reinterpret_cast<const uint4*>(wg)[i];
+  }
+  const T* table = nullptr;
+  if constexpr (kTable) {  // made visible by the tile loop's first __syncthreads
+    for (int i = tid; i < 2 * up::kGeluHalf; i += up::kThreads) {
+      const uint32_t h = static_cast<uint32_t>(i / up::kGeluHalf) << 15 |
+                         (static_cast<uint32_t>(up::kGeluExpLo << 7) + static_cast<uint32_t>(i % up::kGeluHalf));
+      gelu[i] = FromFloat<T>(GeluRounded<T>(__uint_as_float(h << 16)));
+    }
+    table = gelu;
   }
   for (int i = tid; i < up::kN; i += up::kThreads) bias[i] = ToFloat(static_cast<const T*>(a.bias)[i]);
   const int64_t per_image = static_cast<int64_t>(a.grid_h) * a.grid_w * 4;
@@ -237,7 +264,7 @@ __global__ void __launch_bounds__(up::kThreads) UpscaleHyperKernel(const Upscale
         for (int e = 0; e < 4; ++e) {
           const int c = 8 * jj + 2 * t + (e % 2);
           const float v = RoundTo<T>(acc[4 * grp + jj][e] + bias[cb + 32 * grp + c]);
-          const float h = GeluRounded<T>(v);
+          const float h = kTable ? GeluRoundedLookup<T>(v, table) : GeluRounded<T>(v);
 #pragma unroll
           for (int m = 0; m < up::kM; ++m) o[e / 2][m] = fmaf(h, hyper[m * up::kC + c], o[e / 2][m]);
         }
@@ -731,7 +758,7 @@ cudaError_t LaunchImageSideKeys(const ImageSideKeysArgs& a, DType dtype, cudaStr
 }
 
 int64_t UpscaleHyperBlocks(int64_t rows, int sms) {
-  // ~29 KB of shared memory a block: 6 per SM over the tiles.
+  // ~29 KB of shared memory a block (~35 KB in bf16 with the GELU table): 6 per SM over the tiles.
   return std::min<int64_t>(rows / up::kRows, static_cast<int64_t>(sms) * 6);
 }
 
@@ -742,10 +769,12 @@ cudaError_t LaunchUpscaleHyper(const UpscaleHyperArgs& a, DType dtype, int sms, 
                         reinterpret_cast<uintptr_t>(a.norm_bias) % 16 != 0))
     return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>(UpscaleHyperBlocks(a.rows, sms));
-  if (dtype == DType::kBFloat16)
-    UpscaleHyperKernel<__nv_bfloat16><<<grid, up::kThreads, 0, stream>>>(a);
+  if (dtype == DType::kBFloat16 && a.gelu_table)
+    UpscaleHyperKernel<__nv_bfloat16, true><<<grid, up::kThreads, 0, stream>>>(a);
+  else if (dtype == DType::kBFloat16)
+    UpscaleHyperKernel<__nv_bfloat16, false><<<grid, up::kThreads, 0, stream>>>(a);
   else
-    UpscaleHyperKernel<__half><<<grid, up::kThreads, 0, stream>>>(a);
+    UpscaleHyperKernel<__half, false><<<grid, up::kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -697,6 +697,67 @@ TEST(kernels_fusion_gpu, UpscaleHyperMatchesTheUnfusedPathAndFp32) {
       const at::Tensor two_pass =
           mk::UpscaleHyper(mk::RowNorm(raw, nw, nb, 1e-6, /*gelu=*/true), wt, bt, hy, h, w);
       EXPECT_TRUE(at::equal(normed, two_pass)) << name << ": max abs " << Compare(normed, two_pass).max_abs;
+      // The GELU by the kernel's table (bf16; fp16 ignores it): the same bits as erff, also for the
+      // values outside the table (|v| < 2^-8 or >= 8: wide activations, tiny ones, exact zeros).
+      const at::Tensor wide = at::cat({x.narrow(0, 0, x.size(0) / 2) * 24, x.narrow(0, x.size(0) / 2, x.size(0) / 2) / 600}).contiguous();
+      at::Tensor off, on, off_normed, on_normed, off_wide, on_wide;
+      {
+        const mt::ScopedEnv env("MASKD_UPSCALE_GELU_TABLE", "0");
+        off = mk::UpscaleHyper(x, wt, bt, hy, h, w);
+        off_normed = mk::UpscaleHyper(raw, wt, bt, hy, h, w, {nw, nb, 1e-6});
+        off_wide = mk::UpscaleHyper(wide, wt, bt * 0, hy, h, w);
+      }
+      {
+        const mt::ScopedEnv env("MASKD_UPSCALE_GELU_TABLE", "1");
+        Poison(ref.nbytes());
+        on = mk::UpscaleHyper(x, wt, bt, hy, h, w);
+        on_normed = mk::UpscaleHyper(raw, wt, bt, hy, h, w, {nw, nb, 1e-6});
+        on_wide = mk::UpscaleHyper(wide, wt, bt * 0, hy, h, w);
+      }
+      EXPECT_TRUE(at::equal(on, off)) << name << ": max abs " << Compare(on, off).max_abs;
+      EXPECT_TRUE(at::equal(on_normed, off_normed)) << name;
+      EXPECT_TRUE(at::equal(on_wide, off_wide)) << name << ": max abs " << Compare(on_wide, off_wide).max_abs;
+    }
+  }
+}
+
+// The GELU table's reach: every bf16 value, positive and negative, through the kernel with the
+// table and without must give the same mask values. x = one-hot rows (x w = a row of w), w's rows
+// every bf16 bit pattern of the table's range and around it, hyper one-hot: each output value is one
+// GELU'd (bias 0) conv value.
+TEST(kernels_fusion_gpu, UpscaleHyperGeluTableCoversItsRangeExactly) {
+  SKIP_WITHOUT_GPU();
+  // conv values: every bf16 pattern with exponent field 100..140 (|v| from 2^-27 to 2^13), both signs,
+  // plus +-0: 2 * 41 * 128 + 2 values, spread over the w matrix's 64 x 128 entries, 5 passes.
+  std::vector<uint16_t> bits;
+  for (uint32_t sign = 0; sign < 2; ++sign)
+    for (uint32_t e = 100; e <= 140; ++e)
+      for (uint32_t m = 0; m < 128; ++m) bits.push_back(static_cast<uint16_t>(sign << 15 | e << 7 | m));
+  bits.push_back(0x0000);
+  bits.push_back(0x8000);
+  const int64_t B = 1, h = 8, wd = 8, rows = B * h * wd * 4;
+  const at::Tensor all = at::from_blob(bits.data(), {static_cast<int64_t>(bits.size())}, at::kShort).clone();
+  for (int64_t start = 0; start < all.size(0); start += 64 * 128) {
+    const int64_t n = std::min<int64_t>(64 * 128, all.size(0) - start);
+    at::Tensor wbits = at::zeros({64 * 128}, at::kShort);
+    wbits.narrow(0, 0, n).copy_(all.narrow(0, start, n));
+    const at::Tensor wt = wbits.view(at::kBFloat16).view({64, 128}).cuda();
+    // row r of x selects w's row r % 64: rows (b, y, x, dy, dx), 256 of them
+    const at::Tensor x = at::one_hot(at::arange(rows) % 64, 64).to(at::kBFloat16).cuda();
+    const at::Tensor bias = at::zeros({128}, wt.options());
+    for (int64_t m = 0; m < 32; ++m) {  // hyper picks channel m of each sub-pixel
+      const at::Tensor hy = at::one_hot(at::full({B, 4}, m, at::kLong), 32).to(at::kBFloat16).cuda();
+      at::Tensor off, on;
+      {
+        const mt::ScopedEnv env("MASKD_UPSCALE_GELU_TABLE", "0");
+        off = mk::UpscaleHyper(x, wt, bias, hy, h, wd);
+      }
+      {
+        const mt::ScopedEnv env("MASKD_UPSCALE_GELU_TABLE", "1");
+        on = mk::UpscaleHyper(x, wt, bias, hy, h, wd);
+      }
+      ASSERT_TRUE(at::equal(on.view(at::kShort), off.view(at::kShort)))
+          << "values from " << start << ", channel " << m << ": max abs " << Compare(on, off).max_abs;
     }
   }
 }

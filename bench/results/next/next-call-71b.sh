@@ -14,6 +14,7 @@
 #   3. #13: served vit_b clicks at 1 and 16 clients; batch mode vit_b c64 and vit_h c32 (>= 0.9 of
 #      the offline rows of step 2); clicks at 256 clients; the server's stage timings
 #   4. the seed's quick set
+#   (after the tests: the decoder's profiled decode cases with and without UpscaleHyper's GELU table)
 #   mkdir -p $OUT && OUT=$OUT CALL_LIMIT=540 timeout 560 bash bench/results/next/next-call-71b.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -29,6 +30,10 @@ if ! grep -q "build rc=0" "$out/perf.log" && [ -d .carry/fallback ]; then
 fi
 gpu_tests kernels_fusion_gpu_test model_fast_decoder_gpu_test "kernels_gpu_test --gtest_filter=*Fp8*" \
   model_fusion_gpu_test
+# #13: the UpscaleHyper kernel's GELU by table (MASKD_UPSCALE_GELU_TABLE=1, off by default until
+# timed: SASS ~1660 instead of 2560 instructions a tile executed, the same bits) against the default
+decode_cases gelu-erf "256/32,64/16"
+decode_cases gelu-table "256/32,64/16" MASKD_UPSCALE_GELU_TABLE=1
 [ "$(left)" -gt 330 ] && encoder_rows offline vit_b,vit_h 32 "global attention,fp8" "global attention,fp8"
 # the same call's fp8 rows without AddLayerNormFp8 (the norms' bf16 quantised again, separate adds)
 [ "$(left)" -gt 300 ] && MASKD_FP8_NORM_FUSION=0 encoder_rows fp8-separate vit_b,vit_h 32 "fp8"
@@ -38,4 +43,4 @@ gpu_tests kernels_fusion_gpu_test model_fast_decoder_gpu_test "kernels_gpu_test 
 [ "$(left)" -gt 140 ] && ARCH=vit_h WORKLOAD=batch DURATION=15 served batch-h 32
 [ "$(left)" -gt 110 ] && served c256 256
 served_stages
-finish offline fp8-separate
+finish offline fp8-separate cases-gelu-erf cases-gelu-table
