@@ -21,8 +21,11 @@ cd "$(dirname "$0")/../../.."
 export BUILD_TARGETS=${BUILD_TARGETS:-"maskd maskload maskctl maskbench kernels_fusion_gpu_test model_fast_decoder_gpu_test kernels_gpu_test model_fusion_gpu_test"}
 source scripts/gpu-host/call-prelude.sh
 export CALL_LIMIT=${CALL_LIMIT:-540}
-# The fp8 commits were compiled here only piecewise: if the build fails, rebuild c130626's versions of
-# the files they changed (.carry/fallback, made with git show) and measure that instead.
+# The fifteenth session's kernel commits were compiled here only piecewise: if the build fails,
+# rebuild c130626's versions of the files they changed and measure that instead. .carry/fallback is
+# made before the call (.carry is not committed):
+#   for f in $(git diff --name-only c130626 HEAD -- kernels model tests); do
+#     mkdir -p .carry/fallback/$(dirname $f); git show c130626:$f > .carry/fallback/$f; done
 if ! grep -q "build rc=0" "$out/perf.log" && [ -d .carry/fallback ]; then
   echo "BUILD FAILED: falling back to c130626's kernels/model/tests files" >> "$out/perf.log"
   cp -r .carry/fallback/. . && STEPS="build" OUT=$out bash scripts/gpu-host/encoder-perf.sh >> "$out/perf.log" 2>&1
