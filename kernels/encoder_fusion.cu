@@ -13,12 +13,12 @@
 // written once, 1 byte a value, instead of 2 bytes written, 2 read and 1 written again.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "kernels/float_convert.cuh"
+#include "kernels/fp8_convert.cuh"
 #include "kernels/launchers.h"
 #include "kernels/mma_sync.cuh"
 #include "kernels/vec_load.cuh"
@@ -71,15 +71,6 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-constexpr float kE4m3Max = 448.0f;
-constexpr float kMinScale = 1.17549435082228750797e-38f;  // FLT_MIN, as in fp8.cc / fp8.cu
-
-__device__ __forceinline__ uint32_t PackE4m3x4(const float* v, float r) {
-  const auto lo = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(v[0], r), __fmul_rn(v[1], r)), __NV_SATFINITE, __NV_E4M3);
-  const auto hi = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(v[2], r), __fmul_rn(v[3], r)), __NV_SATFINITE, __NV_E4M3);
-  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
-}
-
 template <typename T, int V, bool kFp8>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     AddLayerNormVecKernel(const AddLayerNormArgs a) {
@@ -94,7 +85,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       uint2* const q = reinterpret_cast<uint2*>(static_cast<uint8_t*>(a.out) + t * kC);
 #pragma unroll
       for (int v = 0; v < V; ++v) q[v * 32 + lane] = make_uint2(0, 0);
-      if (lane == 0) a.out_scales[t] = kMinScale;
+      if (lane == 0) a.out_scales[t] = kE4m3MinScale;
     } else {
       T* const out = static_cast<T*>(a.out) + t * kC;
 #pragma unroll
@@ -171,12 +162,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if constexpr (kFp8) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float sc = fmaxf(__fmul_rn(amax, 1.0f / kE4m3Max), kMinScale);
+    const float sc = E4m3RowScale(amax);
     const float r = __frcp_rn(sc);
     if (lane == 0) a.out_scales[t] = sc;
     uint2* const q = reinterpret_cast<uint2*>(static_cast<uint8_t*>(a.out) + t * kC);
 #pragma unroll
-    for (int v = 0; v < V; ++v) q[v * 32 + lane] = make_uint2(PackE4m3x4(vals[v], r), PackE4m3x4(vals[v] + 4, r));
+    for (int v = 0; v < V; ++v) q[v * 32 + lane] = make_uint2(E4m3x4(vals[v], r), E4m3x4(vals[v] + 4, r));
   }
 }
 

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "kernels/fp8_convert.cuh"
 #include "kernels/launchers.h"
 #include "kernels/vec_load.cuh"
 
@@ -27,8 +28,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / 32;
-constexpr float kE4m3Max = 448.0f;
-constexpr float kMinScale = 1.17549435082228750797e-38f;  // FLT_MIN, as in fp8.cc
 
 template <bool kGelu>
 __device__ __forceinline__ float Prepare(float v) {
@@ -40,24 +39,14 @@ __device__ __forceinline__ float Prepare(float v) {
   }
 }
 
-// e4m3 of v * r (r = fl(1/s)), saturating: the clamp to +-448 without its instructions.
-__device__ __forceinline__ __nv_fp8x2_storage_t ToE4m3x2(float a, float b, float r) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, r), __fmul_rn(b, r)), __NV_SATFINITE, __NV_E4M3);
-}
-
 // kVec (4 or 8) values -> e4m3, stored as one 4- or 8-byte word.
 template <int kVec>
 __device__ __forceinline__ void StoreE4m3(const float (&v)[kVec], float r, __nv_fp8_storage_t* dst) {
   static_assert(kVec == 4 || kVec == 8, "4 or 8 values");
-  uint32_t w[kVec / 4];
-#pragma unroll
-  for (int i = 0; i < kVec / 4; ++i)
-    w[i] = static_cast<uint32_t>(ToE4m3x2(v[4 * i], v[4 * i + 1], r)) |
-           (static_cast<uint32_t>(ToE4m3x2(v[4 * i + 2], v[4 * i + 3], r)) << 16);
   if constexpr (kVec == 8) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    *reinterpret_cast<uint2*>(dst) = make_uint2(E4m3x4(v, r), E4m3x4(v + 4, r));
   } else {
-    *reinterpret_cast<uint32_t*>(dst) = w[0];
+    *reinterpret_cast<uint32_t*>(dst) = E4m3x4(v, r);
   }
 }
 
@@ -84,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-  const float s = fmaxf(__fmul_rn(amax, 1.0f / kE4m3Max), kMinScale);
+  const float s = E4m3RowScale(amax);
   const float r = __frcp_rn(s);
   if (lane == 0) scales[row] = s;
 
@@ -135,7 +124,7 @@ __global__ void __launch_bounds__(kRowThreads)
   __syncthreads();
 #pragma unroll
   for (int w = 0; w < kRowThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
-  const float s = fmaxf(__fmul_rn(amax, 1.0f / kE4m3Max), kMinScale);
+  const float s = E4m3RowScale(amax);
   const float r = __frcp_rn(s);
   if (threadIdx.x == 0) scales[row] = s;
 #pragma unroll
