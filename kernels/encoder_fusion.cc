@@ -153,14 +153,6 @@ Fp8Rows AddLayerNormFp8(at::Tensor& x, const at::Tensor& delta, int64_t delta_wi
   return r;
 }
 
-Fp8Rows AddLayerNormFp8Reference(at::Tensor& x, const at::Tensor& delta, int64_t delta_window,
-                                 const at::Tensor& weight, const at::Tensor& bias, double eps, int64_t out_window) {
-  const at::Tensor y = AddLayerNormReference(x, delta, delta_window, weight, bias, eps, out_window);
-  Fp8Rows r = QuantizeRowsFp8Reference(y.reshape({-1, y.size(-1)}));
-  r.values = r.values.view(y.sizes());
-  return r;
-}
-
 at::Tensor ReversedRelPosTables(const at::Tensor& Rh, const at::Tensor& Rw) {
   // R[r, k] = table[r - k + g - 1]; rev[j] = table[2g - 2 - j], so rev[(g - 1 - r) + k] = R[r, k]:
   // rev[0..g) = R[g - 1, :] and rev[g - 1 + m] = R[g - 1 - m, g - 1] for m in [1, g).

@@ -359,9 +359,6 @@ at::Tensor Fp8LinearReference(const Fp8Rows& x, const Fp8Weight& w, const at::Te
 // AddLayerNorm then QuantizeRowsFp8 (any device).
 Fp8Rows AddLayerNormFp8(at::Tensor& x, const at::Tensor& delta, int64_t delta_window, const at::Tensor& weight,
                         const at::Tensor& bias, double eps, int64_t out_window, Stream stream = nullptr);
-// AddLayerNormReference then QuantizeRowsFp8Reference.
-Fp8Rows AddLayerNormFp8Reference(at::Tensor& x, const at::Tensor& delta, int64_t delta_window,
-                                 const at::Tensor& weight, const at::Tensor& bias, double eps, int64_t out_window);
 
 
 // ---------------------------------------------------------------------------------------------------
